@@ -1,0 +1,1 @@
+"""The public HTTP API: wire schemas (``schemas``) apart from the handlers (``server``)."""

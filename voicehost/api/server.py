@@ -1,0 +1,227 @@
+"""HTTP handlers (aiohttp): thin adapters between the wire schemas and the synthesis pipeline."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import TypeVar
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from voicehost.api.schemas import (
+    PLANNED_FORMATS,
+    SUPPORTED_FORMATS,
+    ErrorDetail,
+    ErrorResponse,
+    SpeechRequest,
+    VoiceInfo,
+    VoiceList,
+)
+from voicehost.audio import to_pcm16, wav_header
+from voicehost.config import Settings
+from voicehost.runtime import NotReady, Runtime
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Runtime)
+Body = TypeVar("Body", bound=BaseModel)
+CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav"}
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    body = ErrorResponse(error=ErrorDetail(code=code, message=message))
+    return web.json_response(body.model_dump(), status=status)
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        request.app[RUNTIME].metrics.errors.labels(exc.code).inc()
+        return error_response(exc.status, exc.code, exc.message)
+    except NotReady as exc:
+        return error_response(503, "not_ready", str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    try:
+        payload = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ApiError(400, "invalid_request", problems) from exc
+
+
+def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
+    if not body.input.strip():
+        raise ApiError(400, "empty_input", "input is empty")
+    if len(body.input) > max_chars:
+        raise ApiError(
+            413,
+            "input_too_long",
+            f"input has {len(body.input)} characters; the limit is {max_chars}",
+        )
+    if body.response_format not in SUPPORTED_FORMATS:
+        planned = " (not supported yet)" if body.response_format in PLANNED_FORMATS else ""
+        raise ApiError(
+            400,
+            "unsupported_format",
+            f"response_format {body.response_format!r}{planned}; "
+            f"use one of {', '.join(SUPPORTED_FORMATS)}",
+        )
+    if body.speed != 1.0:
+        raise ApiError(400, "unsupported_speed", "only speed 1.0 is supported for now")
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME]
+    body = await read_body(request, SpeechRequest)
+    check_speech_request(body, runtime.settings.max_input_chars)
+    synthesizer = runtime.require_synthesizer()
+    voice = runtime.registry.get(body.voice)
+    if voice is None:
+        broken = runtime.registry.broken.get(body.voice)
+        if broken is not None:
+            raise ApiError(
+                422, "voice_unusable", f"voice {body.voice!r} is unusable: {broken.error}"
+            )
+        raise ApiError(404, "voice_not_found", f"voice {body.voice!r} does not exist")
+    async with aclosing(synthesizer.stream(body.input, voice, body.seed)) as chunks:
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise ApiError(500, "no_audio", "the model produced no audio for this input") from None
+        except Exception as exc:
+            runtime.metrics.errors.labels("engine").inc()
+            log.exception("synthesis failed before the first audio")
+            raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
+        if body.stream_format == "sse":
+            return await send_sse(request, body.response_format, first, chunks)
+        return await send_audio(request, body.response_format, first, chunks)
+
+
+async def send_audio(
+    request: web.Request, fmt: str, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt]})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    await response.write((wav_header() if fmt == "wav" else b"") + to_pcm16(first))
+    async for pcm in rest:
+        await response.write(to_pcm16(pcm))
+    await response.write_eof()
+    return response
+
+
+async def send_sse(
+    request: web.Request, fmt: str, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+
+    async def event(payload: dict[str, object]) -> None:
+        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+    samples = first.size
+    audio = (wav_header() if fmt == "wav" else b"") + to_pcm16(first)
+    await event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode()})
+    async for pcm in rest:
+        samples += pcm.size
+        await event(
+            {"type": "speech.audio.delta", "audio": base64.b64encode(to_pcm16(pcm)).decode()}
+        )
+    await event({"type": "speech.audio.done", "samples": samples})
+    await response.write_eof()
+    return response
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    registry = request.app[RUNTIME].registry
+    voices = [
+        VoiceInfo(id=v.voice_id, name=v.name, kind="adapter" if v.adapter_path else "builtin")
+        for v in registry.voices()
+    ]
+    voices += [
+        VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
+        for b in registry.broken.values()
+    ]
+    return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.startup_error:
+        return error_response(503, "startup_failed", runtime.startup_error)
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    runtime.require_synthesizer()
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[RUNTIME].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def create_app(settings: Settings) -> web.Application:
+    """The application; the runtime starts in the background when the app starts."""
+    app = web.Application(middlewares=[error_middleware])
+    app[RUNTIME] = Runtime(settings)
+
+    async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[RUNTIME].start()
+        yield
+        await app[RUNTIME].close()
+
+    app.cleanup_ctx.append(runtime_ctx)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/voices", list_voices)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def serve(settings: Settings) -> None:
+    """Run the server until interrupted; a disconnecting client cancels its handler."""
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,
+        print=lambda msg: log.info("%s", msg),
+    )

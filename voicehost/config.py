@@ -1,0 +1,93 @@
+"""All settings in one place: defaults, overridden by ``VOICEHOST_*`` variables, then by flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
+
+
+def _default_dev_dir() -> Path:
+    return Path.home() / ".cache" / "voicehost" / "dev-model"
+
+
+class Settings(BaseSettings):
+    """The service configuration (see the table in the README)."""
+
+    model_config = SettingsConfigDict(env_prefix="VOICEHOST_", extra="ignore")
+
+    # What to serve
+    dev: bool = Field(False, description="Serve the built-in tiny random-weight dev model.")
+    model: str | None = Field(None, description="Orpheus weights: a local path or a hub id.")
+    codec: str = Field("hubertsiuzdak/snac_24khz", description="SNAC 24 kHz: a path or hub id.")
+    base_model_name: str | None = Field(
+        None, description="Name adapters must declare as their base (default: the model's name)."
+    )
+    dev_dir: Path = Field(default_factory=_default_dev_dir, description="Dev model cache.")
+    adapters_dir: Path = Field(Path("adapters"), description="Voice adapters: <dir>/<voice_id>/.")
+    builtin_voices: list[str] = Field(
+        default_factory=lambda: list(ORPHEUS_VOICES),
+        description="Voices of the base model, spoken by prompt prefix without an adapter.",
+    )
+    adapter_scan_seconds: float = Field(2.0, description="How often the adapters dir is rescanned.")
+
+    # HTTP
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8080, description="Port to bind.")
+    max_input_chars: int = Field(4096, description="Longest accepted input (413 beyond).")
+
+    # Engine
+    quantization: str = Field(
+        "auto", description="auto (FP8 on CUDA >= 8.9), none, or a vLLM name."
+    )
+    dtype: str = Field("auto", description="Model dtype (auto: bfloat16).")
+    max_model_len: int = Field(4096, description="Context length (prompt + audio tokens).")
+    max_loras: int = Field(8, description="Distinct adapters in one batch.")
+    max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
+    max_cpu_loras: int = Field(64, description="Adapters kept loaded in the engine's cache.")
+    max_num_seqs: int = Field(64, description="Streams batched in one engine step.")
+    gpu_memory_utilization: float | None = Field(
+        None, description="Share of accelerator memory for vLLM (auto: 0.9 GPU, 0.3 CPU)."
+    )
+    cpu_kv_cache_gib: int = Field(1, description="KV cache GiB for the CPU engine.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start).")
+
+    # Sampling (Orpheus' stable defaults)
+    temperature: float = 0.6
+    top_p: float = 0.8
+    repetition_penalty: float = 1.1
+
+    # Decoding
+    lookahead_frames: Literal[0, 1, 2] = Field(
+        2, description="Right context per decode: 2 is exact, 0 and 1 trade exactness for latency."
+    )
+    codec_device: str | None = Field(None, description="SNAC device (auto: cuda if available).")
+    codec_noise: bool = Field(True, description="Keep SNAC's decoder noise (as trained).")
+
+    def served_model(self) -> str:
+        """The weights to load: the dev model's directory or the configured model."""
+        if self.dev:
+            return str(self.dev_dir / "model")
+        if not self.model:
+            raise ValueError("no model configured: pass --model (or VOICEHOST_MODEL) or --dev")
+        return self.model
+
+    def served_codec(self) -> str:
+        return str(self.dev_dir / "snac") if self.dev else self.codec
+
+    def served_base_name(self) -> str:
+        """The base model name that adapters must declare."""
+        if self.base_model_name:
+            return self.base_model_name
+        return "voicehost-dev" if self.dev else self.served_model().rstrip("/").split("/")[-1]
+
+    def adapter_roots(self) -> list[Path]:
+        """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""
+        roots = [self.adapters_dir]
+        if self.dev:
+            roots.append(self.dev_dir / "adapters")
+        return roots

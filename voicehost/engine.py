@@ -1,0 +1,155 @@
+"""The vLLM engine serving Orpheus: prompt token ids in, audio token ids out as deltas.
+
+One ``AsyncLLM`` serves the base model and every LoRA voice; requests for different voices are
+batched together in the same forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from voicehost import orpheus
+from voicehost.config import Settings
+from voicehost.voices import Voice
+
+log = logging.getLogger(__name__)
+
+FP8_MIN_CAPABILITY = (8, 9)  # W8A8 FP8 kernels: Ada, Hopper and newer
+
+
+def resolve_quantization(setting: str) -> str | None:
+    """``auto``: FP8 on CUDA GPUs that support it, none elsewhere; ``none``: off; else as given."""
+    if setting == "none":
+        return None
+    if setting != "auto":
+        return setting
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= FP8_MIN_CAPABILITY:
+        return "fp8"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Per-request sampling; defaults come from the settings (Orpheus' stable values)."""
+
+    temperature: float
+    top_p: float
+    repetition_penalty: float
+    max_tokens: int
+    seed: int | None = None
+
+
+class SpeechEngine:
+    """Orpheus on vLLM with LoRA voices; each voice keeps one LoRA int id for the engine's life."""
+
+    def __init__(self, llm: object, tokenizer: object, settings: Settings) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self._lora_ids: dict[tuple[str, str | None], int] = {}
+
+    @classmethod
+    def start(cls, settings: Settings) -> SpeechEngine:
+        """Build the engine (blocking: loads weights and profiles memory)."""
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
+        model = settings.served_model()
+        quantization = resolve_quantization(settings.quantization)
+        args = AsyncEngineArgs(
+            model=model,
+            dtype="bfloat16" if settings.dtype == "auto" else settings.dtype,
+            quantization=quantization,
+            max_model_len=settings.max_model_len,
+            enable_lora=True,
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank,
+            max_cpu_loras=settings.max_cpu_loras,
+            max_num_seqs=settings.max_num_seqs,
+            gpu_memory_utilization=settings.gpu_memory_utilization or (0.9 if on_gpu else 0.3),
+            enforce_eager=settings.enforce_eager,
+            enable_prefix_caching=True,
+            enable_log_requests=False,
+            disable_log_stats=True,
+        )
+        log.info("starting vLLM: model=%s quantization=%s", model, quantization or "none")
+        llm = AsyncLLM.from_engine_args(args)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        return cls(llm, tokenizer, settings)
+
+    def prompt(self, text: str, voice: Voice) -> list[int]:
+        """The Orpheus prompt token ids for ``text`` in ``voice``."""
+        return orpheus.encode_prompt(
+            lambda s: self.tokenizer.encode(s, add_special_tokens=False), text, voice.prompt_name()
+        )
+
+    def sampling(self, text: str, seed: int | None, prompt_tokens: int) -> SamplingOptions:
+        """Sampling defaults; ``max_tokens`` follows the text length and the context left."""
+        s = self.settings
+        limit = s.max_model_len - prompt_tokens
+        return SamplingOptions(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            repetition_penalty=s.repetition_penalty,
+            max_tokens=orpheus.max_audio_tokens(text, limit),
+            seed=seed,
+        )
+
+    def lora_request(self, voice: Voice) -> object | None:
+        """The ``LoRARequest`` of an adapter voice (``None`` for a base-model voice)."""
+        from vllm.lora.request import LoRARequest
+
+        if voice.adapter_path is None:
+            return None
+        key = (voice.voice_id, voice.checksum)
+        lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
+        return LoRARequest(f"{voice.voice_id}@{lora_id}", lora_id, str(voice.adapter_path))
+
+    async def audio_tokens(
+        self, prompt: Sequence[int], voice: Voice, options: SamplingOptions
+    ) -> AsyncIterator[list[int]]:
+        """Stream the generated token ids as deltas; closing the iterator aborts the request."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            temperature=options.temperature,
+            top_p=options.top_p,
+            repetition_penalty=options.repetition_penalty,
+            max_tokens=options.max_tokens,
+            seed=options.seed,
+            stop_token_ids=[orpheus.END_OF_SPEECH],
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+        )
+        request_id = f"speech-{uuid.uuid4().hex}"
+        stream = self.llm.generate(
+            {"prompt_token_ids": list(prompt)},
+            params,
+            request_id,
+            lora_request=self.lora_request(voice),
+        )
+        try:
+            async for output in stream:
+                token_ids = list(output.outputs[0].token_ids)
+                if token_ids:
+                    yield token_ids
+        finally:
+            await stream.aclose()
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine still holds (running or waiting)."""
+        return self.llm.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()

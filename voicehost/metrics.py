@@ -1,0 +1,50 @@
+"""Prometheus metrics of the synthesis pipeline, in one registry per process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class SpeechMetrics:
+    """What operators watch: latency to first audio, real-time factor, load, throughput, errors."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.time_to_first_audio = Histogram(
+            "voicehost_time_to_first_audio_seconds",
+            "From request accepted to the first audio samples ready.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.real_time_factor = Histogram(
+            "voicehost_real_time_factor",
+            "Generation time / audio duration per finished stream (< 1 is faster than real time).",
+            buckets=RTF_BUCKETS,
+            registry=r,
+        )
+        self.active_streams = Gauge("voicehost_active_streams", "Streams in progress.", registry=r)
+        self.audio_tokens = Counter(
+            "voicehost_audio_tokens", "Audio tokens generated (rate() gives tokens/s).", registry=r
+        )
+        self.tokens_per_second = Gauge(
+            "voicehost_stream_tokens_per_second",
+            "Tokens/s of the last finished stream.",
+            registry=r,
+        )
+        self.audio_seconds = Counter("voicehost_audio_seconds", "Audio produced.", registry=r)
+        self.errors = Counter("voicehost_errors", "Errors by kind.", ["kind"], registry=r)
+        self.engine_requests = Gauge(
+            "voicehost_engine_unfinished_requests", "Requests held by the vLLM engine.", registry=r
+        )
+
+    def watch_engine(self, unfinished: Callable[[], int]) -> None:
+        self.engine_requests.set_function(unfinished)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,82 @@
+"""The streaming pipeline: text -> prompt tokens -> engine -> audio tokens -> frames -> PCM."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import numpy as np
+
+from voicehost import orpheus
+from voicehost.codec import FrameDecoder, SnacCodec
+from voicehost.engine import SpeechEngine
+from voicehost.metrics import SpeechMetrics
+from voicehost.voices import Voice
+
+log = logging.getLogger(__name__)
+
+
+class Synthesizer:
+    """Turns (text, voice) into a stream of 24 kHz float PCM chunks, as the engine generates."""
+
+    def __init__(
+        self, engine: SpeechEngine, codec: SnacCodec, metrics: SpeechMetrics, lookahead: int
+    ) -> None:
+        self.engine = engine
+        self.codec = codec
+        self.metrics = metrics
+        self.lookahead = lookahead
+
+    async def stream(
+        self, text: str, voice: Voice, seed: int | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        """Yield PCM chunks in order; closing the iterator aborts the engine request."""
+        started = time.monotonic()
+        prompt = self.engine.prompt(text, voice)
+        options = self.engine.sampling(text, seed, len(prompt))
+        assembler = orpheus.FrameAssembler()
+        decoder = FrameDecoder(self.codec, self.lookahead)
+        first_audio: float | None = None
+        tokens = 0
+        self.metrics.active_streams.inc()
+        try:
+            async with aclosing(self.engine.audio_tokens(prompt, voice, options)) as deltas:
+                async for delta in deltas:
+                    tokens += len(delta)
+                    self.metrics.audio_tokens.inc(len(delta))
+                    frames = assembler.push(delta)
+                    if not frames:
+                        continue
+                    pcm = await decoder.push(frames)
+                    if pcm.size:
+                        if first_audio is None:
+                            first_audio = time.monotonic() - started
+                            self.metrics.time_to_first_audio.observe(first_audio)
+                        yield pcm
+            pcm = await decoder.finish()
+            if pcm.size:
+                yield pcm
+            self._record(started, tokens, assembler)
+        finally:
+            self.metrics.active_streams.dec()
+
+    def _record(self, started: float, tokens: int, assembler: orpheus.FrameAssembler) -> None:
+        elapsed = time.monotonic() - started
+        audio_seconds = assembler.frames * orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+        if audio_seconds:
+            self.metrics.real_time_factor.observe(elapsed / audio_seconds)
+            self.metrics.audio_seconds.inc(audio_seconds)
+        if elapsed:
+            self.metrics.tokens_per_second.set(tokens / elapsed)
+        if assembler.malformed_frames:
+            self.metrics.errors.labels("malformed_frame").inc(assembler.malformed_frames)
+            log.warning("dropped %d malformed frames", assembler.malformed_frames)
+
+    async def warm_up(self, voice: Voice) -> int:
+        """Synthesize one short sentence to completion; returns the samples produced."""
+        samples = 0
+        async for pcm in self.stream("Warming up.", voice, seed=0):
+            samples += pcm.size
+        return samples

@@ -1,0 +1,279 @@
+"""Voices: built-in prompt voices of the base model and LoRA voice adapters found on disk.
+
+An adapter lives in ``<root>/<voice_id>/``: a PEFT ``adapter_config.json`` and
+``adapter_model.safetensors``, plus an optional ``voice.json`` manifest. Every adapter is
+validated before use; a bad one is listed with its error and never stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+VOICE_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MANIFEST = "voice.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+LORA_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+)
+PromptStyle = Literal["plain", "named"]
+
+
+class InvalidAdapter(ValueError):
+    """An adapter that vLLM must not load; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The projection sizes an adapter's matrices must match."""
+
+    hidden: int
+    intermediate: int
+    q_out: int
+    kv_out: int
+
+    @classmethod
+    def from_config(cls, config_path: Path) -> ModelShape:
+        config = json.loads(config_path.read_text())
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        return cls(
+            hidden=config["hidden_size"],
+            intermediate=config["intermediate_size"],
+            q_out=heads * head_dim,
+            kv_out=config.get("num_key_value_heads", heads) * head_dim,
+        )
+
+    def in_out(self, module: str) -> tuple[int, int]:
+        """(in_features, out_features) of a target module."""
+        return {
+            "q_proj": (self.hidden, self.q_out),
+            "k_proj": (self.hidden, self.kv_out),
+            "v_proj": (self.hidden, self.kv_out),
+            "o_proj": (self.q_out, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }[module]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRules:
+    """What the served engine accepts."""
+
+    base_model: str
+    max_rank: int
+    shape: ModelShape | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """A voice a request can name: a prompt voice of the base model, or a LoRA adapter."""
+
+    voice_id: str
+    name: str
+    prompt_style: PromptStyle = "named"
+    adapter_path: Path | None = None
+    checksum: str | None = None  # of the adapter weights; a changed adapter is a new adapter
+
+    def prompt_name(self) -> str | None:
+        """The speaker name put before the text, or ``None`` for a plain prompt."""
+        return self.voice_id if self.prompt_style == "named" else None
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenAdapter:
+    """An adapter folder that failed validation."""
+
+    voice_id: str
+    path: Path
+    error: str
+
+
+def _same_base(declared: str, served: str) -> bool:
+    return declared.rstrip("/").split("/")[-1].lower() == served.rstrip("/").split("/")[-1].lower()
+
+
+def validate_adapter(path: Path, rules: AdapterRules) -> Voice:
+    """Check an adapter folder without loading any weights; raises ``InvalidAdapter``."""
+    voice_id = path.name
+    if not VOICE_ID_PATTERN.match(voice_id):
+        raise InvalidAdapter(f"voice id {voice_id!r} must match {VOICE_ID_PATTERN.pattern}")
+    pickles = [p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
+    if pickles:
+        raise InvalidAdapter(f"pickle files are refused (safetensors only): {', '.join(pickles)}")
+    config_path = path / ADAPTER_CONFIG
+    weights_path = path / ADAPTER_WEIGHTS
+    if not config_path.is_file():
+        raise InvalidAdapter(f"{ADAPTER_CONFIG} is missing")
+    if not weights_path.is_file():
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} is missing")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidAdapter(f"{ADAPTER_CONFIG} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidAdapter(f"{ADAPTER_CONFIG} must be a JSON object")
+    manifest = _read_manifest(path / MANIFEST)
+    _check_config(config, manifest, rules)
+    rank = int(config["r"])
+    _check_weights(weights_path, rank, rules.shape)
+    return Voice(
+        voice_id=voice_id,
+        name=str(manifest.get("name") or voice_id),
+        prompt_style=manifest.get("prompt_style", "plain"),
+        adapter_path=path,
+        checksum=hashlib.sha256(weights_path.read_bytes()).hexdigest(),
+    )
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidAdapter(f"{MANIFEST} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise InvalidAdapter(f"{MANIFEST} must be a JSON object")
+    if manifest.get("prompt_style", "plain") not in ("plain", "named"):
+        raise InvalidAdapter(f"{MANIFEST}: prompt_style must be 'plain' or 'named'")
+    return manifest
+
+
+def _check_config(config: dict, manifest: dict, rules: AdapterRules) -> None:
+    if config.get("peft_type", "LORA") != "LORA":
+        raise InvalidAdapter(f"peft_type {config.get('peft_type')!r} is not LORA")
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise InvalidAdapter(f"rank r={rank!r} must be a positive integer")
+    if rank > rules.max_rank:
+        raise InvalidAdapter(f"rank {rank} exceeds max_lora_rank {rules.max_rank}")
+    if config.get("modules_to_save"):
+        raise InvalidAdapter(f"modules_to_save {config['modules_to_save']} is not servable")
+    if config.get("bias", "none") != "none":
+        raise InvalidAdapter(f"bias {config.get('bias')!r} must be 'none'")
+    targets = config.get("target_modules")
+    if isinstance(targets, str) or not targets:
+        raise InvalidAdapter(f"target_modules {targets!r} must list modules")
+    unknown = set(targets) - LORA_MODULES
+    if unknown:
+        raise InvalidAdapter(f"target modules {sorted(unknown)} are not attention/MLP projections")
+    declared = manifest.get("base_model") or config.get("base_model_name_or_path")
+    if not declared or not _same_base(str(declared), rules.base_model):
+        raise InvalidAdapter(
+            f"base model {declared!r} does not match the served {rules.base_model!r}"
+        )
+
+
+def _check_weights(path: Path, rank: int, shape: ModelShape | None) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            names = list(weights.keys())
+            shapes = {name: weights.get_slice(name).get_shape() for name in names}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InvalidAdapter(
+            f"{ADAPTER_WEIGHTS} is not a readable safetensors file: {exc}"
+        ) from exc
+    if not names:
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} holds no tensors")
+    for name in names:
+        match = re.search(r"\.(\w+_proj)\.lora_([AB])(?:\.\w+)?\.weight$", name)
+        if not match or match.group(1) not in LORA_MODULES:
+            raise InvalidAdapter(f"unexpected tensor {name!r} (only LoRA A/B of projections)")
+        module, side = match.groups()
+        dims = shapes[name]
+        expected_in, expected_out = shape.in_out(module) if shape else (dims[-1], dims[0])
+        want = [rank, expected_in] if side == "A" else [expected_out, rank]
+        if list(dims) != want:
+            raise InvalidAdapter(f"tensor {name!r} has shape {list(dims)}, expected {want}")
+
+
+class VoiceRegistry:
+    """The local voice registry: built-in voices plus the adapters under the adapter roots.
+
+    Adapters are found at start-up, on a periodic rescan, and at once when a request names a
+    folder that appeared since the last scan.
+    """
+
+    def __init__(self, roots: Iterable[Path], builtin: Iterable[str], rules: AdapterRules) -> None:
+        self.roots = list(roots)
+        self.rules = rules
+        self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
+        self.adapters: dict[str, Voice] = {}
+        self.broken: dict[str, BrokenAdapter] = {}
+        self._seen: dict[Path, float] = {}
+
+    def scan(self) -> None:
+        """Validate new or changed adapter folders; forget removed ones."""
+        present: set[Path] = set()
+        for root in self.roots:
+            if not root.is_dir():
+                continue
+            for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+                present.add(folder)
+                self._load(folder)
+        for folder in set(self._seen) - present:
+            del self._seen[folder]
+            self.adapters.pop(folder.name, None)
+            self.broken.pop(folder.name, None)
+
+    def _load(self, folder: Path) -> None:
+        stamp = _folder_stamp(folder)
+        if self._seen.get(folder) == stamp:
+            return
+        self._seen[folder] = stamp
+        voice_id = folder.name
+        try:
+            voice = validate_adapter(folder, self.rules)
+        except (InvalidAdapter, OSError) as exc:
+            self.adapters.pop(voice_id, None)
+            self.broken[voice_id] = BrokenAdapter(voice_id, folder, str(exc))
+            log.error("voice adapter %s is unusable: %s", folder, exc)
+            return
+        self.broken.pop(voice_id, None)
+        self.adapters[voice_id] = voice
+        log.info("voice adapter %s ready (%s)", voice_id, folder)
+
+    def get(self, voice_id: str) -> Voice | None:
+        """The voice named ``voice_id``, looking on disk at once if it is not known yet."""
+        voice = self.adapters.get(voice_id) or self.builtin.get(voice_id)
+        if voice is None and VOICE_ID_PATTERN.match(voice_id):
+            for root in self.roots:
+                if (root / voice_id).is_dir():
+                    self._load(root / voice_id)
+            voice = self.adapters.get(voice_id)
+        return voice
+
+    def voices(self) -> list[Voice]:
+        return sorted([*self.builtin.values(), *self.adapters.values()], key=lambda v: v.voice_id)
+
+    async def watch(self, interval: float) -> None:
+        """Rescan forever (run as a task); a failing scan is logged and retried."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(self.scan)
+            except OSError:
+                log.exception("scanning the adapter folders failed")
+
+
+def _folder_stamp(folder: Path) -> float:
+    """Changes whenever a file in the folder is added, removed or rewritten."""
+    try:
+        return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.iterdir())])
+    except OSError:
+        return -1.0
