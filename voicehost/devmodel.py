@@ -12,6 +12,7 @@ on the voice adapter), which is what the tests need to tell voices apart.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -87,22 +88,30 @@ def _stamp(seed: int) -> dict[str, int]:
 
 
 def ensure_dev_model(root: Path, seed: int = DEV_SEED) -> DevModelPaths:
-    """Build the dev model under ``root`` unless an identical build is already there."""
+    """Build the dev model under ``root`` unless an identical build is already there.
+
+    Safe to call from several processes at once: one builds, the others wait for it.
+    """
     paths = DevModelPaths(root)
-    if paths.stamp.exists() and json.loads(paths.stamp.read_text()) == _stamp(seed):
-        return paths
-    log.info("building the dev model in %s (seed %d)", root, seed)
-    staging = root.with_name(root.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    staged = DevModelPaths(staging)
-    build_tokenizer(staged.model)
-    build_llama(staged.model, seed)
-    build_snac(staged.codec, seed)
-    for index, voice_id in enumerate(DEV_VOICES):
-        build_voice_adapter(staged.model, staged.adapters / voice_id, voice_id, seed + 1 + index)
-    staged.stamp.write_text(json.dumps(_stamp(seed)))
-    shutil.rmtree(root, ignore_errors=True)
-    staging.rename(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with (root.parent / f"{root.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if paths.stamp.exists() and json.loads(paths.stamp.read_text()) == _stamp(seed):
+            return paths
+        log.info("building the dev model in %s (seed %d)", root, seed)
+        staging = root.with_name(root.name + ".building")
+        shutil.rmtree(staging, ignore_errors=True)
+        staged = DevModelPaths(staging)
+        build_tokenizer(staged.model)
+        build_llama(staged.model, seed)
+        build_snac(staged.codec, seed)
+        for index, voice_id in enumerate(DEV_VOICES):
+            build_voice_adapter(
+                staged.model, staged.adapters / voice_id, voice_id, seed + 1 + index
+            )
+        staged.stamp.write_text(json.dumps(_stamp(seed)))
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
     return paths
 
 

@@ -34,6 +34,14 @@ def resolve_quantization(setting: str) -> str | None:
     return None
 
 
+def resolve_dtype(setting: str, on_gpu: bool) -> str:
+    """``auto``: bfloat16 on GPUs; float32 on CPU, where bf16 rounding makes seeded sampling
+    depend on which other requests share the batch."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if on_gpu else "float32"
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """Per-request sampling; defaults come from the settings (Orpheus' stable values)."""
@@ -68,7 +76,7 @@ class SpeechEngine:
         quantization = resolve_quantization(settings.quantization)
         args = AsyncEngineArgs(
             model=model,
-            dtype="bfloat16" if settings.dtype == "auto" else settings.dtype,
+            dtype=resolve_dtype(settings.dtype, on_gpu),
             quantization=quantization,
             max_model_len=settings.max_model_len,
             enable_lora=True,

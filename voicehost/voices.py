@@ -215,7 +215,7 @@ class VoiceRegistry:
         self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
         self.adapters: dict[str, Voice] = {}
         self.broken: dict[str, BrokenAdapter] = {}
-        self._seen: dict[Path, float] = {}
+        self._seen: dict[Path, tuple[tuple[str, int, int], ...]] = {}
 
     def scan(self) -> None:
         """Validate new or changed adapter folders; forget removed ones."""
@@ -271,9 +271,10 @@ class VoiceRegistry:
                 log.exception("scanning the adapter folders failed")
 
 
-def _folder_stamp(folder: Path) -> float:
+def _folder_stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:
     """Changes whenever a file in the folder is added, removed or rewritten."""
     try:
-        return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.iterdir())])
+        files = sorted(folder.iterdir())
+        return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     except OSError:
-        return -1.0
+        return ()

@@ -1,0 +1,259 @@
+"""The HTTP API end to end: a real ``voicehost serve --dev`` (vLLM, LoRA voices, SNAC) over HTTP."""
+
+import asyncio
+import base64
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import wave
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+SPEECH = "/v1/audio/speech"
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        yield session
+
+
+async def speak(http, server, voice, text="Hello there.", seed=None, fmt="wav"):
+    body = {"input": text, "voice": voice, "response_format": fmt}
+    if seed is not None:
+        body["seed"] = seed
+    async with http.post(server.url + SPEECH, json=body) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"] == {"wav": "audio/wav", "pcm": "audio/pcm"}[fmt]
+        return await response.read()
+
+
+def wav_samples(data: bytes) -> np.ndarray:
+    """Check a streamed WAV header and return its samples."""
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt "
+    fmt, channels, rate, byte_rate, align, bits = struct.unpack("<HHIIHH", data[20:36])
+    assert (fmt, channels, rate, byte_rate, align, bits) == (1, 1, 24000, 48000, 2, 16)
+    assert data[36:40] == b"data"
+    return np.frombuffer(data[44:], dtype="<i2")
+
+
+def assert_valid_audio(samples: np.ndarray) -> None:
+    assert samples.size > 0
+    assert samples.size % 2048 == 0  # whole frames, first and last included
+    assert np.abs(samples.astype(np.int32)).max() > 100  # not silence
+
+
+async def metric(http, server, name):
+    async with http.get(server.url + "/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def error_of(response):
+    body = await response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    return body["error"]["code"]
+
+
+def test_readiness_is_503_until_warm_then_200(server):
+    assert server.readiness[0] == 503
+    assert server.readiness[-1] == 200
+
+
+async def test_healthz(http, server):
+    async with http.get(server.url + "/healthz") as response:
+        assert response.status == 200
+
+
+async def test_voices_lists_dev_voices_and_builtin_voices(http, server):
+    async with http.get(server.url + "/v1/audio/voices") as response:
+        voices = {v["id"]: v for v in (await response.json())["voices"]}
+    assert {"dev-a", "dev-b", "dev-c", "tara"} <= set(voices)
+    assert voices["dev-a"]["name"] == "Dev voice A"
+    assert voices["tara"]["kind"] == "builtin"
+
+
+async def test_three_voices_and_the_base_stream_at_once_each_get_valid_audio(http, server):
+    voices = ["dev-a", "dev-b", "dev-c", "tara"]
+    results = await asyncio.gather(*(speak(http, server, v, seed=5) for v in voices))
+    for data in results:
+        assert_valid_audio(wav_samples(data))
+
+
+@pytest.fixture(scope="module")
+def zero_voice(server, dev_model):
+    """dev-a with its LoRA B matrices zeroed: exactly the base model, through the LoRA path."""
+    folder = server.adapters / "zero-voice"
+    shutil.copytree(dev_model.adapters / "dev-a", folder)
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(path)
+    save_file({k: torch.zeros_like(t) if "lora_B" in k else t for k, t in weights.items()}, path)
+    return "zero-voice"
+
+
+def pcm(data):
+    return np.frombuffer(data, dtype="<i2").astype(np.int32)
+
+
+def same_audio(a, b):
+    """Equal up to the float rounding of different decode windows (noise is off)."""
+    return a.size == b.size and np.abs(a - b).max() <= 64
+
+
+async def test_a_voice_differs_from_the_base_and_repeats_alone_or_batched(http, server, zero_voice):
+    text = "Two voices."
+    alone = pcm(await speak(http, server, "dev-a", text, seed=42, fmt="pcm"))
+    base = pcm(await speak(http, server, zero_voice, text, seed=42, fmt="pcm"))
+    batched, *_ = await asyncio.gather(
+        speak(http, server, "dev-a", text, seed=42, fmt="pcm"),
+        speak(http, server, "dev-b", text, seed=42, fmt="pcm"),
+        speak(http, server, "dev-c", text, seed=7, fmt="pcm"),
+        speak(http, server, zero_voice, text, seed=42, fmt="pcm"),
+    )
+    batched = pcm(batched)
+    assert_valid_audio(alone)
+    assert not same_audio(alone, base)
+    assert same_audio(alone, batched)
+
+
+async def test_a_new_voice_folder_is_served_without_a_restart(http, server, dev_model):
+    shutil.copytree(dev_model.adapters / "dev-c", server.adapters / "fresh-voice")
+    assert_valid_audio(wav_samples(await speak(http, server, "fresh-voice", "Hi.")))
+    async with http.get(server.url + "/v1/audio/voices") as response:
+        assert "fresh-voice" in {v["id"] for v in (await response.json())["voices"]}
+
+
+async def test_a_broken_adapter_is_listed_with_its_error_and_refused(http, server, dev_model):
+    folder = server.adapters / "broken-voice"
+    shutil.copytree(dev_model.adapters / "dev-c", folder)
+    (folder / "adapter_model.bin").write_bytes(b"pickle")
+    async with http.post(server.url + SPEECH, json={"input": "Hi.", "voice": "broken-voice"}) as r:
+        assert r.status == 422
+        assert await error_of(r) == "voice_unusable"
+    async with http.get(server.url + "/v1/audio/voices") as response:
+        voices = {v["id"]: v for v in (await response.json())["voices"]}
+    assert voices["broken-voice"]["status"] == "error"
+    assert "pickle" in voices["broken-voice"]["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_request"),
+        (b'{"voice": "dev-a"}', 400, "invalid_request"),
+        (b'{"input": "", "voice": "dev-a"}', 400, "empty_input"),
+        (b'{"input": "   ", "voice": "dev-a"}', 400, "empty_input"),
+        (json.dumps({"input": "a" * 5000, "voice": "dev-a"}).encode(), 413, "input_too_long"),
+        (b'{"input": "Hi.", "voice": "nobody"}', 404, "voice_not_found"),
+        (b'{"input": "Hi.", "voice": "../etc"}', 404, "voice_not_found"),
+        (
+            b'{"input": "Hi.", "voice": "dev-a", "response_format": "mp3"}',
+            400,
+            "unsupported_format",
+        ),
+        (
+            b'{"input": "Hi.", "voice": "dev-a", "response_format": "xyz"}',
+            400,
+            "unsupported_format",
+        ),
+        (b'{"input": "Hi.", "voice": "dev-a", "speed": 9}', 400, "invalid_request"),
+        (b'{"input": "Hi.", "voice": "dev-a", "speed": 2}', 400, "unsupported_speed"),
+        (b'{"input": "Hi.", "voice": "dev-a", "stream_format": "x"}', 400, "invalid_request"),
+    ],
+)
+async def test_bad_requests_get_one_error_shape(http, server, body, status, code):
+    headers = {"Content-Type": "application/json"}
+    async with http.post(server.url + SPEECH, data=body, headers=headers) as response:
+        assert response.status == status
+        assert await error_of(response) == code
+
+
+async def test_unknown_route_is_a_json_404(http, server):
+    async with http.get(server.url + "/v1/nothing") as response:
+        assert response.status == 404
+        assert await error_of(response) == "not_found"
+
+
+async def test_sse_stream_carries_base64_audio_then_done(http, server):
+    body = {"input": "Hi.", "voice": "dev-b", "response_format": "pcm", "stream_format": "sse"}
+    async with http.post(server.url + SPEECH, json=body) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        text = (await response.read()).decode()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    assert len(audio) == events[-1]["samples"] * 2
+    assert_valid_audio(pcm(audio))
+
+
+async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request(http, server):
+    text = "A long sentence that keeps the engine busy for a good while. " * 4
+    # Find a seed whose full stream lasts a while, so an abort is what ends it early.
+    for seed in range(20):
+        started = time.monotonic()
+        await speak(http, server, "dev-b", text, seed=seed, fmt="pcm")
+        full = time.monotonic() - started
+        if full > 4:
+            break
+    else:
+        pytest.skip("no long stream found")
+    async with aiohttp.ClientSession() as own:
+        response = await own.post(
+            server.url + SPEECH, json={"input": text, "voice": "dev-b", "seed": seed}
+        )
+        await response.content.readany()
+        assert await metric(http, server, "voicehost_engine_unfinished_requests") >= 1
+        response.close()  # drop the connection mid-stream
+        dropped = time.monotonic()
+    while await metric(http, server, "voicehost_engine_unfinished_requests") > 0:
+        assert time.monotonic() - dropped < 1.5, "the engine request outlived its client"
+        await asyncio.sleep(0.05)
+    assert time.monotonic() - dropped < full - 1
+
+
+async def test_metrics_report_latency_rtf_load_throughput_and_errors(http, server):
+    await speak(http, server, "dev-a", "Hi.")
+    async with http.post(server.url + SPEECH, json={"input": "Hi.", "voice": "nobody"}):
+        pass
+    assert await metric(http, server, "voicehost_time_to_first_audio_seconds_count") >= 1
+    assert await metric(http, server, "voicehost_real_time_factor_count") >= 1
+    assert await metric(http, server, "voicehost_audio_tokens_total") > 0
+    assert await metric(http, server, "voicehost_active_streams") == 0
+    assert await metric(http, server, 'voicehost_errors_total{kind="voice_not_found"}') >= 1
+
+
+def test_say_writes_a_playable_wav(server, tmp_path):
+    out = tmp_path / "hello.wav"
+    command = [sys.executable, "-m", "voicehost", "say", "Hello there.", "--voice", "dev-a"]
+    result = subprocess.run(
+        [*command, "-o", str(out), "--url", server.url], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    with wave.open(str(out)) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
+        assert wav.getnframes() == (out.stat().st_size - 44) // 2
+        assert wav.getnframes() % 2048 == 0 and wav.getnframes() > 0
+
+
+def test_say_reports_a_server_error(server, tmp_path):
+    command = [sys.executable, "-m", "voicehost", "say", "Hi.", "--voice", "nobody"]
+    result = subprocess.run(
+        [*command, "-o", str(tmp_path / "x.wav"), "--url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "404" in result.stderr and "does not exist" in result.stderr

@@ -1,0 +1,71 @@
+"""The dev model: deterministic, Orpheus' vocabulary and ids, working SNAC, non-zero voices."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from voicehost import orpheus
+from voicehost.devmodel import DEV_VOICES, LORA_TARGET_MODULES, ensure_dev_model, fingerprint
+
+
+def test_the_same_seed_builds_identical_weights(tmp_path, dev_model):
+    rebuilt = ensure_dev_model(tmp_path / "again")
+    assert fingerprint(rebuilt) == fingerprint(dev_model)
+
+
+def test_a_cached_build_is_reused(dev_model):
+    stamp = dev_model.stamp.stat().st_mtime_ns
+    ensure_dev_model(dev_model.root)
+    assert dev_model.stamp.stat().st_mtime_ns == stamp
+
+
+def test_model_has_orpheus_vocabulary(dev_model):
+    config = json.loads((dev_model.model / "config.json").read_text())
+    assert config["vocab_size"] == orpheus.VOCAB_SIZE == 156940
+    assert config["model_type"] == "llama"
+
+
+def test_tokenizer_keeps_text_below_the_audio_ids(dev_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(dev_model.model)
+    ids = tokenizer.encode("Hello there, naïve café! <laugh>", add_special_tokens=False)
+    assert ids and max(ids) < orpheus.TEXT_VOCAB_SIZE
+    assert len(tokenizer) == orpheus.VOCAB_SIZE
+    assert tokenizer.convert_tokens_to_ids("<|begin_of_text|>") == orpheus.BEGIN_OF_TEXT
+    assert tokenizer.convert_tokens_to_ids("<|eot_id|>") == orpheus.EOT_ID
+    assert tokenizer.convert_tokens_to_ids("<custom_token_2>") == orpheus.END_OF_SPEECH
+    assert tokenizer.decode(ids) == "Hello there, naïve café! <laugh>"
+
+
+def test_snac_encodes_and_decodes(dev_model):
+    from snac import SNAC
+
+    codec = SNAC.from_pretrained(str(dev_model.codec)).eval()
+    audio = torch.randn(1, 1, 4096) * 0.1
+    with torch.inference_mode():
+        codes = codec.encode(audio)
+        decoded = codec.decode(codes)
+    assert [c.shape[-1] for c in codes] == [2, 4, 8]
+    assert decoded.shape == (1, 1, 4096)
+
+
+@pytest.mark.parametrize("voice", DEV_VOICES)
+def test_dev_voices_are_rank_16_loras_with_non_zero_weights(dev_model, voice):
+    folder = dev_model.adapters / voice
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["r"] == 16
+    assert set(config["target_modules"]) == set(LORA_TARGET_MODULES)
+    assert not config.get("modules_to_save")
+    weights = load_file(folder / "adapter_model.safetensors")
+    assert {name.split(".")[-3] for name in weights} >= set(LORA_TARGET_MODULES)
+    assert all(np.abs(t.float().numpy()).max() > 0 for t in weights.values())
+    assert json.loads((folder / "voice.json").read_text())["voice_id"] == voice
+
+
+def test_dev_voices_differ_from_each_other(dev_model):
+    a, b = (load_file(dev_model.adapters / v / "adapter_model.safetensors") for v in DEV_VOICES[:2])
+    assert any(not torch.equal(a[name], b[name]) for name in a)

@@ -1,0 +1,137 @@
+"""The Orpheus token format: ids, prompt, frame layout and its validation."""
+
+import pytest
+
+from voicehost import orpheus
+from voicehost.orpheus import Frame, FrameAssembler, MalformedAudioToken
+
+
+def test_special_ids_match_orpheus():
+    assert orpheus.START_OF_SPEECH == 128257
+    assert orpheus.END_OF_SPEECH == 128258
+    assert orpheus.START_OF_HUMAN == 128259
+    assert orpheus.END_OF_HUMAN == 128260
+    assert orpheus.START_OF_AI == 128261
+    assert orpheus.END_OF_AI == 128262
+    assert orpheus.AUDIO_TOKEN_BASE == 128266
+    assert orpheus.AUDIO_TOKEN_BASE + 7 * 4096 == orpheus.VOCAB_SIZE - 2
+
+
+def test_prompt_wraps_text_tokens_with_one_bos():
+    prompt = orpheus.encode_prompt(lambda s: [ord(c) for c in s], "Hi", "tara")
+    assert prompt == [128259, 128000, *map(ord, "tara: Hi"), 128009, 128260, 128261, 128257]
+    assert prompt.count(orpheus.BEGIN_OF_TEXT) == 1
+
+
+def test_prompt_without_voice_has_no_prefix():
+    assert orpheus.encode_prompt(lambda s: [ord(c) for c in s], "Hi", None)[2:4] == [72, 105]
+
+
+def test_prompt_refuses_text_ids_outside_the_text_vocabulary():
+    with pytest.raises(ValueError, match="text vocabulary"):
+        orpheus.build_prompt([5, orpheus.START_OF_SPEECH])
+
+
+@pytest.mark.parametrize("position", range(7))
+@pytest.mark.parametrize("code", [0, 1, 2048, 4095])
+def test_every_position_and_edge_code_round_trips(position, code):
+    token = orpheus.audio_token_id(position, code)
+    assert token == 128266 + position * 4096 + code
+    assert orpheus.decode_audio_token(token) == (position, code)
+    assert orpheus.code_at(token, position) == code
+
+
+@pytest.mark.parametrize("position", range(7))
+def test_a_code_at_the_wrong_position_is_malformed(position):
+    token = orpheus.audio_token_id((position + 1) % 7, 17)
+    with pytest.raises(MalformedAudioToken, match="position"):
+        orpheus.code_at(token, position)
+
+
+@pytest.mark.parametrize(
+    "token", [0, 128000, orpheus.END_OF_SPEECH, 128265, 128266 + 7 * 4096, orpheus.VOCAB_SIZE]
+)
+def test_non_audio_tokens_are_malformed(token):
+    with pytest.raises(MalformedAudioToken):
+        orpheus.decode_audio_token(token)
+
+
+def test_audio_token_id_refuses_out_of_range_codes():
+    with pytest.raises(ValueError):
+        orpheus.audio_token_id(0, 4096)
+    with pytest.raises(ValueError):
+        orpheus.audio_token_id(7, 0)
+
+
+def test_frame_layout_maps_positions_to_snac_layers():
+    codes = [10, 11, 12, 13, 14, 15, 16]
+    frame = Frame.from_tokens([orpheus.audio_token_id(k, c) for k, c in enumerate(codes)])
+    # positions 0..6 -> L0[i], L1[2i], L2[4i], L2[4i+1], L1[2i+1], L2[4i+2], L2[4i+3]
+    assert frame == Frame((10,), (11, 14), (12, 13, 15, 16))
+    assert frame.tokens() == [orpheus.audio_token_id(k, c) for k, c in enumerate(codes)]
+
+
+def test_frames_to_codes_interleaves_consecutive_frames():
+    a = Frame((1,), (2, 3), (4, 5, 6, 7))
+    b = Frame((0,), (4095, 0), (0, 4095, 0, 1))
+    l0, l1, l2 = orpheus.frames_to_codes([a, b])
+    assert (l0, l1, l2) == ([1, 0], [2, 3, 4095, 0], [4, 5, 6, 7, 0, 4095, 0, 1])
+    assert orpheus.codes_to_frames(l0, l1, l2) == [a, b]
+
+
+def test_codes_to_frames_refuses_ragged_layers():
+    with pytest.raises(ValueError, match="n, 2n, 4n"):
+        orpheus.codes_to_frames([1], [1, 2], [1, 2, 3])
+    with pytest.raises(ValueError, match="outside"):
+        orpheus.codes_to_frames([4096], [1, 2], [1, 2, 3, 4])
+
+
+def test_frame_from_tokens_refuses_a_short_frame():
+    with pytest.raises(MalformedAudioToken, match="7 tokens"):
+        Frame.from_tokens([orpheus.audio_token_id(0, 1)])
+
+
+def _tokens(frames):
+    return [t for f in frames for t in f.tokens()]
+
+
+def test_assembler_keeps_code_zero_and_every_frame_whatever_the_chunking():
+    frames = [Frame((0,), (0, 0), (0, 0, 0, 0)), Frame((4095,), (1, 0), (0, 2, 0, 3))]
+    tokens = [*_tokens(frames), orpheus.END_OF_SPEECH, orpheus.END_OF_AI]
+    for size in (1, 2, 3, 7, 100):
+        assembler = FrameAssembler()
+        got = []
+        for i in range(0, len(tokens), size):
+            got += assembler.push(tokens[i : i + size])
+        assert got == frames
+        assert assembler.stopped and assembler.incomplete_tokens == 0
+
+
+def test_assembler_stops_at_the_stop_token():
+    frame = Frame((5,), (6, 7), (8, 9, 10, 11))
+    assembler = FrameAssembler()
+    assert assembler.push([*frame.tokens(), orpheus.END_OF_SPEECH, *frame.tokens()]) == [frame]
+    assert assembler.push(frame.tokens()) == []
+
+
+def test_assembler_drops_a_malformed_frame_and_stays_aligned():
+    good = Frame((5,), (6, 7), (8, 9, 10, 11))
+    bad = good.tokens()
+    bad[3] = orpheus.audio_token_id(2, 9)  # a position-2 code at position 3
+    assembler = FrameAssembler()
+    assert assembler.push([*good.tokens(), *bad, *good.tokens()]) == [good, good]
+    assert assembler.malformed_frames == 1
+
+
+def test_assembler_reports_an_unfinished_frame():
+    assembler = FrameAssembler()
+    assembler.push(Frame((5,), (6, 7), (8, 9, 10, 11)).tokens()[:4])
+    assert assembler.incomplete_tokens == 4
+
+
+def test_max_tokens_grows_with_text_in_whole_frames_plus_stop():
+    short = orpheus.max_audio_tokens("Hi.", 4000)
+    long = orpheus.max_audio_tokens("word " * 100, 4000)
+    assert short < long
+    assert (short - 1) % 7 == 0 and (long - 1) % 7 == 0
+    assert orpheus.max_audio_tokens("word " * 10000, 1000) <= 1000

@@ -1,0 +1,168 @@
+"""Voice adapters: the validator refuses each kind of bad adapter; the registry finds new ones."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from voicehost.voices import (
+    AdapterRules,
+    InvalidAdapter,
+    ModelShape,
+    VoiceRegistry,
+    validate_adapter,
+)
+
+
+@pytest.fixture
+def rules(dev_model):
+    return AdapterRules(
+        "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
+    )
+
+
+@pytest.fixture
+def adapter(dev_model, tmp_path):
+    """A copy of a good dev voice, to break in each test."""
+    folder = tmp_path / "my-voice"
+    shutil.copytree(dev_model.adapters / "dev-a", folder)
+    return folder
+
+
+def edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_a_good_adapter_passes(adapter, rules):
+    voice = validate_adapter(adapter, rules)
+    assert voice.voice_id == "my-voice"
+    assert voice.name == "Dev voice A"
+    assert voice.adapter_path == adapter
+    assert len(voice.checksum) == 64
+
+
+def break_pickle(folder):
+    (folder / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
+
+
+def break_missing_config(folder):
+    (folder / "adapter_config.json").unlink()
+
+
+def break_missing_weights(folder):
+    (folder / "adapter_model.safetensors").unlink()
+
+
+def break_config_json(folder):
+    (folder / "adapter_config.json").write_text("{not json")
+
+
+def break_rank(folder):
+    edit_json(folder / "adapter_config.json", r=64)
+
+
+def break_modules_to_save(folder):
+    edit_json(folder / "adapter_config.json", modules_to_save=["lm_head", "embed_tokens"])
+
+
+def break_bias(folder):
+    edit_json(folder / "adapter_config.json", bias="all")
+
+
+def break_base_model(folder):
+    edit_json(folder / "voice.json", base_model="meta-llama/Llama-3.2-3B")
+
+
+def break_target_modules(folder):
+    edit_json(folder / "adapter_config.json", target_modules=["q_proj", "embed_tokens"])
+
+
+def break_weights_file(folder):
+    (folder / "adapter_model.safetensors").write_bytes(b"this is not safetensors at all")
+
+
+def break_tensor_shape(folder):
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(path)
+    name = next(n for n in weights if "q_proj.lora_A" in n)
+    weights[name] = torch.zeros(16, 7)
+    save_file(weights, path)
+
+
+def break_extra_tensor(folder):
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(path)
+    weights["base_model.model.lm_head.weight"] = torch.zeros(4, 4)
+    save_file(weights, path)
+
+
+def break_manifest_style(folder):
+    edit_json(folder / "voice.json", prompt_style="shout")
+
+
+@pytest.mark.parametrize(
+    ("breaker", "message"),
+    [
+        (break_pickle, "pickle"),
+        (break_missing_config, "adapter_config.json is missing"),
+        (break_missing_weights, "adapter_model.safetensors is missing"),
+        (break_config_json, "not valid JSON"),
+        (break_rank, "exceeds max_lora_rank"),
+        (break_modules_to_save, "modules_to_save"),
+        (break_bias, "bias"),
+        (break_base_model, "base model"),
+        (break_target_modules, "target modules"),
+        (break_weights_file, "not a readable safetensors"),
+        (break_tensor_shape, "shape"),
+        (break_extra_tensor, "unexpected tensor"),
+        (break_manifest_style, "prompt_style"),
+    ],
+)
+def test_each_kind_of_bad_adapter_is_refused(adapter, rules, breaker, message):
+    breaker(adapter)
+    with pytest.raises(InvalidAdapter, match=message):
+        validate_adapter(adapter, rules)
+
+
+def test_a_voice_id_outside_the_pattern_is_refused(adapter, rules):
+    bad = adapter.rename(adapter.parent / "Bad Voice")
+    with pytest.raises(InvalidAdapter, match="voice id"):
+        validate_adapter(bad, rules)
+
+
+def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
+    shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "good")
+    shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "broken")
+    break_rank(tmp_path / "broken")
+    registry = VoiceRegistry([tmp_path], ["tara"], rules)
+    registry.scan()
+    assert [v.voice_id for v in registry.voices()] == ["good", "tara"]
+    assert "max_lora_rank" in registry.broken["broken"].error
+    assert registry.get("broken") is None
+
+
+def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model, tmp_path, rules):
+    registry = VoiceRegistry([tmp_path], [], rules)
+    registry.scan()
+    assert registry.get("late") is None
+    shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "late")
+    assert registry.get("late").adapter_path == tmp_path / "late"
+    shutil.rmtree(tmp_path / "late")
+    registry.scan()
+    assert registry.get("late") is None
+
+
+def test_registry_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
+    shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "v")
+    registry = VoiceRegistry([tmp_path], [], rules)
+    registry.scan()
+    before = registry.get("v").checksum
+    path = tmp_path / "v" / "adapter_model.safetensors"
+    weights = {k: t * 2 for k, t in load_file(path).items()}
+    save_file(weights, path)
+    registry.scan()
+    assert registry.get("v").checksum != before
