@@ -38,7 +38,7 @@ class Stream:
     ttfb_ms: float | None = None
     total_s: float = 0.0
     audio_s: float = 0.0
-    rtf: float | None = None  # audio seconds / total seconds; > 1 is faster than real time
+    rtf: float | None = None  # total seconds / audio seconds; < 1 is faster than real time
     underruns: int = 0  # chunks that arrived after the audio before them had finished playing
     error: str | None = None
     chunks: int = 0
@@ -52,7 +52,7 @@ class Level:
     ttfb_p50_ms: float | None
     ttfb_p95_ms: float | None
     rtf_p50: float | None
-    rtf_min: float | None
+    rtf_max: float | None
     no_underrun_streams: int
     audio_tokens_per_s: float
     errors: int
@@ -77,7 +77,7 @@ async def run_stream(
     result = Stream(voice)
     body = {"input": text, "voice": voice, "response_format": "pcm", "seed": seed}
     started = time.monotonic()
-    first: float | None = None
+    playing_until: float | None = None  # when a player started at the first byte runs dry
     received = 0
     try:
         async with session.post(f"{url}/v1/audio/speech", json=body) as response:
@@ -86,11 +86,12 @@ async def run_stream(
             else:
                 async for chunk in response.content.iter_any():
                     now = time.monotonic()
-                    if first is None:
-                        first = now
+                    if playing_until is None:
                         result.ttfb_ms = round((now - started) * 1000, 1)
-                    elif now > first + received / BYTES_PER_SECOND:  # the player ran dry
+                    elif now > playing_until:  # the player ran dry; it resumes with this chunk
                         result.underruns += 1
+                    start = now if playing_until is None else max(now, playing_until)
+                    playing_until = start + len(chunk) / BYTES_PER_SECOND
                     received += len(chunk)
                     result.chunks += 1
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -100,7 +101,7 @@ async def run_stream(
     if result.error is None and received == 0:
         result.error = "no audio received"
     if result.error is None:
-        result.rtf = round(received / BYTES_PER_SECOND / total, 4)
+        result.rtf = round(total / (received / BYTES_PER_SECOND), 4)
     return result
 
 
@@ -127,7 +128,7 @@ async def run_level(
         ttfb_p50_ms=percentile(ttfbs, 50),
         ttfb_p95_ms=percentile(ttfbs, 95),
         rtf_p50=percentile(rtfs, 50),
-        rtf_min=percentile(rtfs, 0),
+        rtf_max=percentile(rtfs, 100),
         no_underrun_streams=sum(1 for s in ok if s.underruns == 0),
         audio_tokens_per_s=round(sum(s.audio_s for s in ok) * TOKENS_PER_AUDIO_SECOND / wall, 2),
         errors=len(streams) - len(ok),
@@ -158,14 +159,14 @@ def print_table(levels: list[Level]) -> None:
         return "-" if value is None else format(value, spec)
 
     print(
-        f"{'conc':>5} {'n':>4} {'ttfb p50':>9} {'ttfb p95':>9} {'rtf p50':>8} {'rtf min':>8} "
+        f"{'conc':>5} {'n':>4} {'ttfb p50':>9} {'ttfb p95':>9} {'rtf p50':>8} {'rtf max':>8} "
         f"{'no-underrun':>12} {'tok/s':>8} {'errors':>6}"
     )
     for lv in levels:
         print(
             f"{lv.concurrency:>5} {lv.n:>4} {fmt(lv.ttfb_p50_ms, '.0f'):>9} "
             f"{fmt(lv.ttfb_p95_ms, '.0f'):>9} {fmt(lv.rtf_p50, '.2f'):>8} "
-            f"{fmt(lv.rtf_min, '.2f'):>8} {f'{lv.no_underrun_streams}/{lv.n}':>12} "
+            f"{fmt(lv.rtf_max, '.2f'):>8} {f'{lv.no_underrun_streams}/{lv.n}':>12} "
             f"{lv.audio_tokens_per_s:>8.1f} {lv.errors:>6}"
         )
         for message in lv.error_messages[:5]:

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     quantization: str = Field(
         "auto", description="auto (FP8 on CUDA >= 8.9), none, or a vLLM name."
     )
-    dtype: str = Field("auto", description="Model dtype (auto: bfloat16).")
+    dtype: str = Field("auto", description="Model dtype (auto: bfloat16 on GPU, float32 on CPU).")
     max_model_len: int = Field(4096, description="Context length (prompt + audio tokens).")
     max_loras: int = Field(8, description="Distinct adapters in one batch.")
     max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
@@ -57,9 +57,9 @@ class Settings(BaseSettings):
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start).")
 
     # Sampling (Orpheus' stable defaults)
-    temperature: float = 0.6
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
+    temperature: float = Field(0.6, description="Sampling temperature.")
+    top_p: float = Field(0.8, description="Nucleus sampling.")
+    repetition_penalty: float = Field(1.1, description="Higher also speeds speech up.")
 
     # Decoding
     lookahead_frames: Literal[0, 1, 2] = Field(

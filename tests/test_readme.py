@@ -1,0 +1,23 @@
+"""The README stays true: its commands come first and its table lists every setting."""
+
+from pathlib import Path
+
+from voicehost.config import Settings
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_readme_starts_with_the_serve_and_test_commands():
+    first_blocks = README.split("## ")[0]
+    assert "\nmake serve\n" in first_blocks and "\nmake test\n" in first_blocks
+
+
+def test_every_setting_is_in_the_configuration_table():
+    table = README.split("## Configuration")[1].split("\n## ")[0]
+    for name in Settings.model_fields:
+        assert f"| `VOICEHOST_{name.upper()}` |" in table, name
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert "\nmake test\n" in ci
