@@ -148,9 +148,10 @@ def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
 def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model, tmp_path, rules):
     registry = VoiceRegistry([tmp_path], [], rules)
     registry.scan()
-    assert registry.get("late") is None
+    assert registry.discover("late") is None
     shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "late")
-    assert registry.get("late").adapter_path == tmp_path / "late"
+    assert registry.get("late") is None  # not scanned yet
+    assert registry.discover("late").adapter_path == tmp_path / "late"
     shutil.rmtree(tmp_path / "late")
     registry.scan()
     assert registry.get("late") is None

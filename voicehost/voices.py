@@ -249,14 +249,22 @@ class VoiceRegistry:
         log.info("voice adapter %s ready (%s)", voice_id, folder)
 
     def get(self, voice_id: str) -> Voice | None:
-        """The voice named ``voice_id``, looking on disk at once if it is not known yet."""
-        voice = self.adapters.get(voice_id) or self.builtin.get(voice_id)
+        """The voice named ``voice_id`` among those already found."""
+        return self.adapters.get(voice_id) or self.builtin.get(voice_id)
+
+    def discover(self, voice_id: str) -> Voice | None:
+        """Like ``get``, but first looks on disk for a folder that appeared since the last scan."""
+        voice = self.get(voice_id)
         if voice is None and VOICE_ID_PATTERN.match(voice_id):
             for root in self.roots:
                 if (root / voice_id).is_dir():
                     self._load(root / voice_id)
             voice = self.adapters.get(voice_id)
         return voice
+
+    async def find(self, voice_id: str) -> Voice | None:
+        """``discover`` without blocking the event loop on disk reads."""
+        return self.get(voice_id) or await asyncio.to_thread(self.discover, voice_id)
 
     def voices(self) -> list[Voice]:
         return sorted([*self.builtin.values(), *self.adapters.values()], key=lambda v: v.voice_id)

@@ -107,7 +107,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, runtime.settings.max_input_chars)
     synthesizer = runtime.require_synthesizer()
-    voice = runtime.registry.get(body.voice)
+    voice = await runtime.registry.find(body.voice)
     if voice is None:
         broken = runtime.registry.broken.get(body.voice)
         if broken is not None:

@@ -1,0 +1,51 @@
+"""Engine settings that need no running engine: quantization, dtype, LoRA ids, sampling."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from voicehost import orpheus
+from voicehost.config import Settings
+from voicehost.engine import SpeechEngine, resolve_dtype, resolve_quantization
+from voicehost.voices import Voice
+
+
+def test_quantization_auto_is_off_without_a_cuda_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert resolve_quantization("auto") is None
+
+
+def test_quantization_can_be_forced_or_switched_off():
+    assert resolve_quantization("fp8") == "fp8"
+    assert resolve_quantization("none") is None
+
+
+def test_dtype_auto_is_bf16_on_gpu_and_fp32_on_cpu():
+    assert resolve_dtype("auto", on_gpu=True) == "bfloat16"
+    assert resolve_dtype("auto", on_gpu=False) == "float32"
+    assert resolve_dtype("float16", on_gpu=False) == "float16"
+
+
+def adapter(voice_id: str, checksum: str) -> Voice:
+    return Voice(voice_id, voice_id, "plain", Path(f"/voices/{voice_id}"), checksum)
+
+
+def test_each_adapter_keeps_one_lora_id_for_the_engine_life():
+    engine = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True))
+    a, b = adapter("a", "1"), adapter("b", "2")
+    first = [engine.lora_request(v).lora_int_id for v in (a, b, a, b)]
+    assert first[0] == first[2] != first[1] == first[3]
+    assert engine.lora_request(adapter("a", "changed")).lora_int_id not in first
+    assert engine.lora_request(Voice("tara", "Tara")) is None
+
+
+def test_max_tokens_follows_the_text_and_the_context_left():
+    engine = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True, max_model_len=512))
+    short = engine.sampling("Hi.", seed=1, prompt_tokens=20)
+    long = engine.sampling("word " * 200, seed=1, prompt_tokens=20)
+    assert short.max_tokens < long.max_tokens <= 512 - 20
+    assert (short.temperature, short.top_p, short.repetition_penalty) == (0.6, 0.8, 1.1)
+    assert short.seed == 1
+    assert (long.max_tokens - 1) % orpheus.TOKENS_PER_FRAME == 0
