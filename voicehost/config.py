@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from voicehost.devmodel import DevModelPaths
+
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 
 
@@ -71,13 +73,13 @@ class Settings(BaseSettings):
     def served_model(self) -> str:
         """The weights to load: the dev model's directory or the configured model."""
         if self.dev:
-            return str(self.dev_dir / "model")
+            return str(DevModelPaths(self.dev_dir).model)
         if not self.model:
             raise ValueError("no model configured: pass --model (or VOICEHOST_MODEL) or --dev")
         return self.model
 
     def served_codec(self) -> str:
-        return str(self.dev_dir / "snac") if self.dev else self.codec
+        return str(DevModelPaths(self.dev_dir).codec) if self.dev else self.codec
 
     def served_base_name(self) -> str:
         """The base model name that adapters must declare."""
@@ -89,5 +91,5 @@ class Settings(BaseSettings):
         """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""
         roots = [self.adapters_dir]
         if self.dev:
-            roots.append(self.dev_dir / "adapters")
+            roots.append(DevModelPaths(self.dev_dir).adapters)
         return roots

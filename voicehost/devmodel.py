@@ -20,8 +20,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from voicehost import orpheus
 
 log = logging.getLogger(__name__)
@@ -182,6 +180,7 @@ def _llama_config():  # noqa: ANN202 - transformers' config type
 
 def build_llama(out: Path, seed: int) -> None:
     """The tiny Llama with Orpheus' vocabulary and the structural signal described above."""
+    import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -210,6 +209,7 @@ def build_llama(out: Path, seed: int) -> None:
 
 def build_snac(out: Path, seed: int) -> None:
     """A small SNAC with the 24 kHz model's rates and codebooks (hop 512, strides 4, 2, 1)."""
+    import torch
     from snac import SNAC
 
     torch.manual_seed(seed)
@@ -221,6 +221,7 @@ def build_snac(out: Path, seed: int) -> None:
 
 def build_voice_adapter(model_dir: Path, out: Path, voice_id: str, seed: int) -> None:
     """A PEFT LoRA (rank 16 on q,k,v,o,gate,up,down) with non-zero A and B, plus its manifest."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 

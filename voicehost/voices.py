@@ -119,13 +119,10 @@ def validate_adapter(path: Path, rules: AdapterRules) -> Voice:
         raise InvalidAdapter(f"{ADAPTER_CONFIG} is missing")
     if not weights_path.is_file():
         raise InvalidAdapter(f"{ADAPTER_WEIGHTS} is missing")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidAdapter(f"{ADAPTER_CONFIG} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise InvalidAdapter(f"{ADAPTER_CONFIG} must be a JSON object")
-    manifest = _read_manifest(path / MANIFEST)
+    config = _read_json_object(config_path)
+    manifest = _read_json_object(path / MANIFEST) if (path / MANIFEST).exists() else {}
+    if manifest.get("prompt_style", "plain") not in ("plain", "named"):
+        raise InvalidAdapter(f"{MANIFEST}: prompt_style must be 'plain' or 'named'")
     _check_config(config, manifest, rules)
     rank = int(config["r"])
     _check_weights(weights_path, rank, rules.shape)
@@ -138,18 +135,14 @@ def validate_adapter(path: Path, rules: AdapterRules) -> Voice:
     )
 
 
-def _read_manifest(path: Path) -> dict:
-    if not path.exists():
-        return {}
+def _read_json_object(path: Path) -> dict:
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidAdapter(f"{MANIFEST} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise InvalidAdapter(f"{MANIFEST} must be a JSON object")
-    if manifest.get("prompt_style", "plain") not in ("plain", "named"):
-        raise InvalidAdapter(f"{MANIFEST}: prompt_style must be 'plain' or 'named'")
-    return manifest
+        raise InvalidAdapter(f"{path.name} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidAdapter(f"{path.name} must be a JSON object")
+    return data
 
 
 def _check_config(config: dict, manifest: dict, rules: AdapterRules) -> None:
