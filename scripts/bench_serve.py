@@ -27,8 +27,9 @@ from pathlib import Path
 
 import aiohttp
 
-BYTES_PER_SECOND = 24000 * 2  # 24 kHz mono s16le
-TOKENS_PER_AUDIO_SECOND = 82.03  # SNAC 24 kHz: 7 codes per ~85 ms frame
+from voicehost.orpheus import AUDIO_TOKENS_PER_SECOND, SAMPLE_RATE
+
+BYTES_PER_SECOND = SAMPLE_RATE * 2  # mono s16le
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog while the sun slowly sets."
 
 
@@ -130,7 +131,7 @@ async def run_level(
         rtf_p50=percentile(rtfs, 50),
         rtf_max=percentile(rtfs, 100),
         no_underrun_streams=sum(1 for s in ok if s.underruns == 0),
-        audio_tokens_per_s=round(sum(s.audio_s for s in ok) * TOKENS_PER_AUDIO_SECOND / wall, 2),
+        audio_tokens_per_s=round(sum(s.audio_s for s in ok) * AUDIO_TOKENS_PER_SECOND / wall, 2),
         errors=len(streams) - len(ok),
         error_messages=[f"{s.voice}: {s.error}" for s in streams if s.error],
         streams=list(streams),

@@ -89,6 +89,8 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
             server.readiness.append(status)
             if status == 200:
                 break
+            if http_status(f"{server.url}/healthz") != 200:
+                pytest.fail(f"server start-up failed:\n{server.log_text()[-3000:]}")
             time.sleep(0.5)
         else:
             pytest.fail(f"server not ready in 300 s:\n{server.log_text()[-3000:]}")

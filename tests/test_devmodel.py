@@ -1,6 +1,7 @@
 """The dev model: deterministic, Orpheus' vocabulary and ids, working SNAC, non-zero voices."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ from voicehost import orpheus
 from voicehost.devmodel import DEV_VOICES, LORA_TARGET_MODULES, ensure_dev_model, fingerprint
 
 
-def test_the_same_seed_builds_identical_weights(tmp_path, dev_model):
+def test_the_same_seed_builds_identical_weights_in_under_a_minute(tmp_path, dev_model):
+    started = time.monotonic()
     rebuilt = ensure_dev_model(tmp_path / "again")
+    assert time.monotonic() - started < 60
     assert fingerprint(rebuilt) == fingerprint(dev_model)
 
 

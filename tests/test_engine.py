@@ -7,11 +7,29 @@ import torch
 
 from voicehost import orpheus
 from voicehost.config import Settings
-from voicehost.engine import SpeechEngine, resolve_dtype, resolve_quantization
+from voicehost.engine import InputTooLong, SpeechEngine, resolve_dtype, resolve_quantization
 from voicehost.voices import Voice
 
 
-def test_quantization_auto_is_off_without_a_cuda_gpu():
+@pytest.mark.parametrize(
+    ("cuda", "capability", "expected"),
+    [(False, 0, None), (True, 80, None), (True, 89, "fp8"), (True, 90, "fp8")],
+)
+def test_quantization_auto_is_fp8_only_on_cuda_gpus_that_support_it(
+    monkeypatch, cuda, capability, expected
+):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: cuda)
+    monkeypatch.setattr(
+        type(current_platform),
+        "has_device_capability",
+        lambda self, wanted, device_id=0: cuda and capability >= wanted,
+    )
+    assert resolve_quantization("auto") == expected
+
+
+def test_quantization_auto_is_off_on_this_cpu_machine():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert resolve_quantization("auto") is None
@@ -41,11 +59,17 @@ def test_each_adapter_keeps_one_lora_id_for_the_engine_life():
     assert engine.lora_request(Voice("tara", "Tara")) is None
 
 
-def test_max_tokens_follows_the_text_and_the_context_left():
+def test_text_that_cannot_fit_the_context_is_refused():
     engine = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True, max_model_len=512))
+    with pytest.raises(InputTooLong, match="max_model_len is 512"):
+        engine.sampling("word " * 40, seed=None, prompt_tokens=210)
+
+
+def test_max_tokens_follows_the_text_and_the_context_left():
+    engine = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True, max_model_len=4096))
     short = engine.sampling("Hi.", seed=1, prompt_tokens=20)
-    long = engine.sampling("word " * 200, seed=1, prompt_tokens=20)
-    assert short.max_tokens < long.max_tokens <= 512 - 20
+    long = engine.sampling("word " * 100, seed=1, prompt_tokens=20)
+    assert short.max_tokens < long.max_tokens <= 4096 - 20
     assert (short.temperature, short.top_p, short.repetition_penalty) == (0.6, 0.8, 1.1)
     assert short.seed == 1
     assert (long.max_tokens - 1) % orpheus.TOKENS_PER_FRAME == 0

@@ -114,18 +114,43 @@ def test_assembler_stops_at_the_stop_token():
     assert assembler.push(frame.tokens()) == []
 
 
-def test_assembler_drops_a_malformed_frame_and_stays_aligned():
-    good = Frame((5,), (6, 7), (8, 9, 10, 11))
-    bad = good.tokens()
+GOOD = Frame((5,), (6, 7), (8, 9, 10, 11))
+
+
+def test_assembler_drops_a_frame_with_a_wrong_position_and_resyncs():
+    bad = GOOD.tokens()
     bad[3] = orpheus.audio_token_id(2, 9)  # a position-2 code at position 3
     assembler = FrameAssembler()
-    assert assembler.push([*good.tokens(), *bad, *good.tokens()]) == [good, good]
+    assert assembler.push([*GOOD.tokens(), *bad, *GOOD.tokens()]) == [GOOD, GOOD]
     assert assembler.malformed_frames == 1
+
+
+def test_assembler_recovers_from_a_missing_token():
+    short = GOOD.tokens()[:3] + GOOD.tokens()[4:]  # position 3 never came
+    assembler = FrameAssembler()
+    got = assembler.push([*short, *GOOD.tokens(), *GOOD.tokens()])
+    assert got == [GOOD, GOOD]
+    assert assembler.malformed_frames == 1
+
+
+def test_assembler_recovers_from_an_extra_token():
+    extra = [*GOOD.tokens()[:2], GOOD.tokens()[1], *GOOD.tokens()[2:]]  # position 1 twice
+    assembler = FrameAssembler()
+    assert assembler.push([*extra, *GOOD.tokens()]) == [GOOD]
+    assert assembler.malformed_frames == 1
+
+
+def test_assembler_skips_stray_non_audio_tokens_without_losing_the_frame():
+    tokens = GOOD.tokens()
+    tokens.insert(4, orpheus.PAD)
+    assembler = FrameAssembler()
+    assert assembler.push([orpheus.END_OF_AI, *tokens]) == [GOOD]
+    assert (assembler.stray_tokens, assembler.malformed_frames) == (2, 0)
 
 
 def test_assembler_reports_an_unfinished_frame():
     assembler = FrameAssembler()
-    assembler.push(Frame((5,), (6, 7), (8, 9, 10, 11)).tokens()[:4])
+    assembler.push(GOOD.tokens()[:4])
     assert assembler.incomplete_tokens == 4
 
 

@@ -100,6 +100,22 @@ def break_extra_tensor(folder):
     save_file(weights, path)
 
 
+def break_target_modules_type(folder):
+    edit_json(folder / "adapter_config.json", target_modules=5)
+
+
+def break_rank_type(folder):
+    edit_json(folder / "adapter_config.json", r="16")
+
+
+def break_tensor_rank(folder):
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(path)
+    name = next(n for n in weights if "v_proj.lora_B" in n)
+    weights[name] = torch.zeros(())
+    save_file(weights, path)
+
+
 def break_manifest_style(folder):
     edit_json(folder / "voice.json", prompt_style="shout")
 
@@ -120,6 +136,9 @@ def break_manifest_style(folder):
         (break_tensor_shape, "shape"),
         (break_extra_tensor, "unexpected tensor"),
         (break_manifest_style, "prompt_style"),
+        (break_target_modules_type, "target_modules"),
+        (break_rank_type, "rank"),
+        (break_tensor_rank, "expected a matrix"),
     ],
 )
 def test_each_kind_of_bad_adapter_is_refused(adapter, rules, breaker, message):
@@ -141,7 +160,8 @@ def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
     registry = VoiceRegistry([tmp_path], ["tara"], rules)
     registry.scan()
     assert [v.voice_id for v in registry.voices()] == ["good", "tara"]
-    assert "max_lora_rank" in registry.broken["broken"].error
+    assert [b.voice_id for b in registry.broken_adapters()] == ["broken"]
+    assert "max_lora_rank" in registry.broken_adapters()[0].error
     assert registry.get("broken") is None
 
 

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
         "auto", description="auto (FP8 on CUDA >= 8.9), none, or a vLLM name."
     )
     dtype: str = Field("auto", description="Model dtype (auto: bfloat16 on GPU, float32 on CPU).")
-    max_model_len: int = Field(4096, description="Context length (prompt + audio tokens).")
+    max_model_len: int = Field(8192, description="Context length (prompt + audio tokens).")
     max_loras: int = Field(8, description="Distinct adapters in one batch.")
     max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
     max_cpu_loras: int = Field(64, description="Adapters kept loaded in the engine's cache.")

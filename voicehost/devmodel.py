@@ -28,14 +28,14 @@ DEV_SEED = 1234
 DEV_VOICES = ("dev-a", "dev-b", "dev-c")
 LORA_RANK = 16
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FORMAT_VERSION = 1  # bump when the built files change, so old caches are rebuilt
+FORMAT_VERSION = 2  # bump when the built files change, so old caches are rebuilt
 
 HIDDEN = 256
 LAYERS = 2
 HEADS = 4
 KV_HEADS = 2
 INTERMEDIATE = 512
-MAX_POSITIONS = 4096
+MAX_POSITIONS = 8192
 
 SNAC_CONFIG = {
     "sampling_rate": orpheus.SAMPLE_RATE,

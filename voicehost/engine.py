@@ -11,25 +11,36 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from voicehost import orpheus
 from voicehost.config import Settings
 from voicehost.voices import Voice
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 log = logging.getLogger(__name__)
 
-FP8_MIN_CAPABILITY = (8, 9)  # W8A8 FP8 kernels: Ada, Hopper and newer
+FP8_MIN_CAPABILITY = 89  # W8A8 FP8 kernels: Ada, Hopper and newer
+
+
+class InputTooLong(ValueError):
+    """The prompt plus the speech it needs do not fit in the model's context."""
 
 
 def resolve_quantization(setting: str) -> str | None:
     """``auto``: FP8 on CUDA GPUs that support it, none elsewhere; ``none``: off; else as given."""
+    from vllm.platforms import current_platform
+
     if setting == "none":
         return None
     if setting != "auto":
         return setting
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= FP8_MIN_CAPABILITY:
+    # vLLM's platform check reads NVML, so CUDA stays uninitialised for vLLM's workers.
+    if current_platform.is_cuda() and current_platform.has_device_capability(FP8_MIN_CAPABILITY):
         return "fp8"
     return None
 
@@ -56,7 +67,9 @@ class SamplingOptions:
 class SpeechEngine:
     """Orpheus on vLLM with LoRA voices; each voice keeps one LoRA int id for the engine's life."""
 
-    def __init__(self, llm: object, tokenizer: object, settings: Settings) -> None:
+    def __init__(
+        self, llm: AsyncLLM | None, tokenizer: PreTrainedTokenizerBase | None, settings: Settings
+    ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.settings = settings
@@ -67,9 +80,10 @@ class SpeechEngine:
         """Build the engine (blocking: loads weights and profiles memory)."""
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        on_gpu = torch.cuda.is_available()
+        on_gpu = current_platform.is_cuda()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
         model = settings.served_model()
@@ -102,9 +116,18 @@ class SpeechEngine:
         )
 
     def sampling(self, text: str, seed: int | None, prompt_tokens: int) -> SamplingOptions:
-        """Sampling defaults; ``max_tokens`` follows the text length and the context left."""
+        """Sampling defaults; ``max_tokens`` follows the text length and the context left.
+
+        Raises ``InputTooLong`` when the context cannot hold the speech the text needs.
+        """
         s = self.settings
         limit = s.max_model_len - prompt_tokens
+        needed = orpheus.min_audio_tokens(text)
+        if needed > limit:
+            raise InputTooLong(
+                f"the text needs about {needed + prompt_tokens} tokens of context and "
+                f"max_model_len is {s.max_model_len}: send less text per request"
+            )
         return SamplingOptions(
             temperature=s.temperature,
             top_p=s.top_p,
@@ -113,7 +136,7 @@ class SpeechEngine:
             seed=seed,
         )
 
-    def lora_request(self, voice: Voice) -> object | None:
+    def lora_request(self, voice: Voice) -> LoRARequest | None:
         """The ``LoRARequest`` of an adapter voice (``None`` for a base-model voice)."""
         from vllm.lora.request import LoRARequest
 
@@ -154,6 +177,11 @@ class SpeechEngine:
                     yield token_ids
         finally:
             await stream.aclose()
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine core has died; every request would fail."""
+        return not self.llm.errored
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""

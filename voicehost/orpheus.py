@@ -174,13 +174,22 @@ def training_sequence(text_token_ids: Sequence[int], frames: Sequence[Frame]) ->
     return [*build_prompt(text_token_ids), *audio, END_OF_SPEECH, END_OF_AI]
 
 
+CHARACTERS_PER_SECOND = 14.0  # typical speech rate
+
+
+def min_audio_tokens(text: str) -> int:
+    """Audio tokens that saying ``text`` at a typical pace takes, plus the stop token."""
+    seconds = len(text) / CHARACTERS_PER_SECOND
+    return math.ceil(seconds * AUDIO_TOKENS_PER_SECOND / TOKENS_PER_FRAME) * TOKENS_PER_FRAME + 1
+
+
 def max_audio_tokens(text: str, limit: int) -> int:
     """A ``max_tokens`` for ``text``: whole frames of generous speech time plus the stop token.
 
     Speech runs at about 14 characters per second; allow twice that time plus one second, but
     never more than ``limit`` tokens.
     """
-    seconds = 1.0 + 2.0 * len(text) / 14.0
+    seconds = 1.0 + 2.0 * len(text) / CHARACTERS_PER_SECOND
     frames = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND / TOKENS_PER_FRAME)
     frames = max(1, min(frames, (limit - 1) // TOKENS_PER_FRAME))
     return frames * TOKENS_PER_FRAME + 1
@@ -189,32 +198,44 @@ def max_audio_tokens(text: str, limit: int) -> int:
 class FrameAssembler:
     """Groups a stream of generated token ids into frames, in order, keeping every code.
 
-    Positions are counted from the first audio token. A frame with a wrong or non-audio token
-    is dropped whole (counted in ``malformed_frames``) and the count stays aligned. The stop
-    token ends the stream; tokens after it are ignored.
+    Each audio token carries its frame position, so a stream that goes wrong recovers: a token
+    at the wrong position drops the frame in progress (counted in ``malformed_frames``) and
+    assembly resumes at the next position-0 token. Non-audio tokens are skipped (counted in
+    ``stray_tokens``). The stop token ends the stream; tokens after it are ignored.
     """
 
     def __init__(self) -> None:
         self.pending: list[int] = []
         self.frames = 0
         self.malformed_frames = 0
+        self.stray_tokens = 0
         self.stopped = False
+        self._resyncing = False
 
     def push(self, token_ids: Sequence[int]) -> list[Frame]:
         """Add new token ids; returns the frames they complete."""
         frames: list[Frame] = []
         for token_id in token_ids:
-            if self.stopped:
-                break
             if token_id == END_OF_SPEECH:
                 self.stopped = True
+            if self.stopped:
                 break
+            try:
+                position, _ = decode_audio_token(token_id)
+            except MalformedAudioToken:
+                self.stray_tokens += 1
+                continue
+            if position != len(self.pending):
+                if not self._resyncing:
+                    self.malformed_frames += 1
+                self.pending.clear()
+                self._resyncing = position != 0
+                if self._resyncing:
+                    continue
+            self._resyncing = False
             self.pending.append(token_id)
             if len(self.pending) == TOKENS_PER_FRAME:
-                try:
-                    frames.append(Frame.from_tokens(self.pending))
-                except MalformedAudioToken:
-                    self.malformed_frames += 1
+                frames.append(Frame.from_tokens(self.pending))
                 self.pending.clear()
         self.frames += len(frames)
         return frames

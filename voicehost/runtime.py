@@ -39,6 +39,7 @@ class Runtime:
         self.synthesizer: Synthesizer | None = None
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._engine_start: asyncio.Future[SpeechEngine] | None = None
 
     def _rules(self, shape: ModelShape | None = None) -> AdapterRules:
         return AdapterRules(self.settings.served_base_name(), self.settings.max_lora_rank, shape)
@@ -47,9 +48,20 @@ class Runtime:
     def ready(self) -> bool:
         return self.synthesizer is not None
 
+    @property
+    def failure(self) -> str | None:
+        """Why this process cannot serve at all (start-up failed, or the engine died)."""
+        if self.startup_error:
+            return self.startup_error
+        if self.engine is not None and not self.engine.healthy:
+            return "the engine has died; the process must be restarted"
+        return None
+
     def require_synthesizer(self) -> Synthesizer:
+        if self.failure:
+            raise NotReady(self.failure)
         if self.synthesizer is None:
-            raise NotReady(self.startup_error or "the engine is warming up")
+            raise NotReady("the engine is warming up")
         return self.synthesizer
 
     def start(self) -> None:
@@ -75,11 +87,13 @@ class Runtime:
         if config.is_file():
             self.registry.rules = self._rules(ModelShape.from_config(config))
         await asyncio.to_thread(self.registry.scan)
+        # The engine first, so that vLLM's workers start before this process touches CUDA.
+        self._engine_start = asyncio.get_running_loop().run_in_executor(None, SpeechEngine.start, s)
+        self.engine = await asyncio.shield(self._engine_start)
+        self.metrics.watch_engine(self.engine.unfinished_requests)
         self.codec = await asyncio.to_thread(
             SnacCodec.load, s.served_codec(), device=s.codec_device, noise=s.codec_noise
         )
-        self.engine = await asyncio.to_thread(SpeechEngine.start, s)
-        self.metrics.watch_engine(self.engine.unfinished_requests)
         synthesizer = Synthesizer(self.engine, self.codec, self.metrics, s.lookahead_frames)
         warm_voice = next(iter(self.registry.builtin.values()), None) or self.registry.voices()[0]
         await synthesizer.warm_up(warm_voice)
@@ -90,6 +104,11 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._engine_start is not None and self.engine is None:
+            # Closed while vLLM was still starting: wait for it, so its processes are shut down.
+            engine = await asyncio.gather(self._engine_start, return_exceptions=True)
+            if isinstance(engine[0], SpeechEngine):
+                self.engine = engine[0]
         if self.engine is not None:
             self.engine.shutdown()
         if self.codec is not None:

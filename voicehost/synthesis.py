@@ -70,9 +70,14 @@ class Synthesizer:
             self.metrics.audio_seconds.inc(audio_seconds)
         if elapsed:
             self.metrics.tokens_per_second.set(tokens / elapsed)
-        if assembler.malformed_frames:
+        if assembler.malformed_frames or assembler.stray_tokens:
             self.metrics.errors.labels("malformed_frame").inc(assembler.malformed_frames)
-            log.warning("dropped %d malformed frames", assembler.malformed_frames)
+            self.metrics.errors.labels("stray_token").inc(assembler.stray_tokens)
+            log.warning(
+                "dropped %d malformed frames and %d stray tokens",
+                assembler.malformed_frames,
+                assembler.stray_tokens,
+            )
 
     async def warm_up(self, voice: Voice) -> int:
         """Synthesize one short sentence to completion; returns the samples produced."""

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,8 +159,8 @@ def _check_config(config: dict, manifest: dict, rules: AdapterRules) -> None:
     if config.get("bias", "none") != "none":
         raise InvalidAdapter(f"bias {config.get('bias')!r} must be 'none'")
     targets = config.get("target_modules")
-    if isinstance(targets, str) or not targets:
-        raise InvalidAdapter(f"target_modules {targets!r} must list modules")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise InvalidAdapter(f"target_modules {targets!r} must list module names")
     unknown = set(targets) - LORA_MODULES
     if unknown:
         raise InvalidAdapter(f"target modules {sorted(unknown)} are not attention/MLP projections")
@@ -189,6 +190,8 @@ def _check_weights(path: Path, rank: int, shape: ModelShape | None) -> None:
             raise InvalidAdapter(f"unexpected tensor {name!r} (only LoRA A/B of projections)")
         module, side = match.groups()
         dims = shapes[name]
+        if len(dims) != 2:
+            raise InvalidAdapter(f"tensor {name!r} has shape {list(dims)}, expected a matrix")
         expected_in, expected_out = shape.in_out(module) if shape else (dims[-1], dims[0])
         want = [rank, expected_in] if side == "A" else [expected_out, rank]
         if list(dims) != want:
@@ -208,10 +211,15 @@ class VoiceRegistry:
         self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
         self.adapters: dict[str, Voice] = {}
         self.broken: dict[str, BrokenAdapter] = {}
+        self._lock = threading.Lock()  # scans run on worker threads; readers take copies
         self._seen: dict[Path, tuple[tuple[str, int, int], ...]] = {}
 
     def scan(self) -> None:
         """Validate new or changed adapter folders; forget removed ones."""
+        with self._lock:
+            self._scan()
+
+    def _scan(self) -> None:
         present: set[Path] = set()
         for root in self.roots:
             if not root.is_dir():
@@ -232,9 +240,10 @@ class VoiceRegistry:
         voice_id = folder.name
         try:
             voice = validate_adapter(folder, self.rules)
-        except (InvalidAdapter, OSError) as exc:
+        except Exception as exc:  # whatever is in the folder, the server stays up
+            reason = str(exc) if isinstance(exc, InvalidAdapter) else f"{type(exc).__name__}: {exc}"
             self.adapters.pop(voice_id, None)
-            self.broken[voice_id] = BrokenAdapter(voice_id, folder, str(exc))
+            self.broken[voice_id] = BrokenAdapter(voice_id, folder, reason)
             log.error("voice adapter %s is unusable: %s", folder, exc)
             return
         self.broken.pop(voice_id, None)
@@ -249,9 +258,10 @@ class VoiceRegistry:
         """Like ``get``, but first looks on disk for a folder that appeared since the last scan."""
         voice = self.get(voice_id)
         if voice is None and VOICE_ID_PATTERN.match(voice_id):
-            for root in self.roots:
-                if (root / voice_id).is_dir():
-                    self._load(root / voice_id)
+            with self._lock:
+                for root in self.roots:
+                    if (root / voice_id).is_dir():
+                        self._load(root / voice_id)
             voice = self.adapters.get(voice_id)
         return voice
 
@@ -260,7 +270,15 @@ class VoiceRegistry:
         return self.get(voice_id) or await asyncio.to_thread(self.discover, voice_id)
 
     def voices(self) -> list[Voice]:
-        return sorted([*self.builtin.values(), *self.adapters.values()], key=lambda v: v.voice_id)
+        """Every usable voice, sorted by id."""
+        with self._lock:
+            found = list(self.adapters.values())
+        return sorted([*self.builtin.values(), *found], key=lambda v: v.voice_id)
+
+    def broken_adapters(self) -> list[BrokenAdapter]:
+        """Adapter folders that failed validation, with why."""
+        with self._lock:
+            return sorted(self.broken.values(), key=lambda b: b.voice_id)
 
     async def watch(self, interval: float) -> None:
         """Rescan forever (run as a task); a failing scan is logged and retried."""
@@ -268,8 +286,8 @@ class VoiceRegistry:
             await asyncio.sleep(interval)
             try:
                 await asyncio.to_thread(self.scan)
-            except OSError:
-                log.exception("scanning the adapter folders failed")
+            except Exception:
+                log.exception("scanning the adapter folders failed; retrying")
 
 
 def _folder_stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:

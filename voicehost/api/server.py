@@ -24,6 +24,7 @@ from voicehost.api.schemas import (
 )
 from voicehost.audio import to_pcm16, wav_header
 from voicehost.config import Settings
+from voicehost.engine import InputTooLong
 from voicehost.runtime import NotReady, Runtime
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,12 @@ async def error_middleware(
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except ConnectionResetError:
+        raise  # the client went away; nothing to answer
+    except Exception as exc:
+        request.app[RUNTIME].metrics.errors.labels("internal").inc()
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
 
 
 async def read_body(request: web.Request, model: type[Body]) -> Body:
@@ -109,7 +116,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
     synthesizer = runtime.require_synthesizer()
     voice = await runtime.registry.find(body.voice)
     if voice is None:
-        broken = runtime.registry.broken.get(body.voice)
+        broken = next(
+            (b for b in runtime.registry.broken_adapters() if b.voice_id == body.voice), None
+        )
         if broken is not None:
             raise ApiError(
                 422, "voice_unusable", f"voice {body.voice!r} is unusable: {broken.error}"
@@ -118,6 +127,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     async with aclosing(synthesizer.stream(body.input, voice, body.seed)) as chunks:
         try:
             first = await anext(chunks)
+        except InputTooLong as exc:
+            raise ApiError(413, "input_too_long", str(exc)) from exc
         except StopAsyncIteration:
             raise ApiError(500, "no_audio", "the model produced no audio for this input") from None
         except Exception as exc:
@@ -174,15 +185,15 @@ async def list_voices(request: web.Request) -> web.Response:
     ]
     voices += [
         VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
-        for b in registry.broken.values()
+        for b in registry.broken_adapters()
     ]
     return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
 
 
 async def healthz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    if runtime.startup_error:
-        return error_response(503, "startup_failed", runtime.startup_error)
+    if runtime.failure:
+        return error_response(503, "failed", runtime.failure)
     return web.json_response({"status": "ok"})
 
 
