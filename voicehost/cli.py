@@ -71,6 +71,50 @@ def cmd_say(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from lora_training.recipe import NotEnoughSpeech, VoiceJob, train_voice
+    from lora_training.train import TrainSettings
+    from lora_training.transcripts import FasterWhisper, MissingTranscripts
+    from lora_training.trim import TrimSettings
+    from voicehost.devmodel import ensure_dev_model
+    from voicehost.voices import VOICE_ID_PATTERN
+
+    if not VOICE_ID_PATTERN.match(args.voice):
+        print(f"voicehost train: --voice must match {VOICE_ID_PATTERN.pattern}", file=sys.stderr)
+        return 2
+    settings = Settings(dev=args.dev, **({"model": args.base} if args.base else {}))
+    if args.dev:
+        ensure_dev_model(settings.dev_dir)
+    elif not settings.model:
+        print("voicehost train: pass --base (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
+        return 2
+    job = VoiceJob(
+        audio=args.audio,
+        voice_id=args.voice,
+        name=args.name,
+        transcripts=args.transcripts,
+        base_model=settings.served_model(),
+        base_model_name=settings.served_base_name(),
+        codec=args.codec or settings.served_codec(),
+        adapters_dir=args.out or settings.adapters_dir,
+        work_dir=args.work_dir or settings.dev_dir.parent / "train" / args.voice,
+        prompt_style=args.prompt_style,
+        train=TrainSettings(epochs=args.epochs, rank=args.rank, alpha=2 * args.rank),
+        trim=TrimSettings(lead_pad_ms=args.lead_pad_ms),
+        trim_leading_silence=not args.keep_leading_silence,
+        drop_repeated_frames=args.drop_repeated_frames,
+        min_speech_seconds=args.min_speech_seconds,
+    )
+    recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
+    try:
+        folder = train_voice(job, recognizer)
+    except (NotEnoughSpeech, MissingTranscripts) as exc:
+        print(f"voicehost train: {exc}", file=sys.stderr)
+        return 1
+    print(f"voice {args.voice} written to {folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voicehost", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--format", default="wav", choices=["wav", "pcm"])
     say.add_argument("--seed", type=int)
     say.set_defaults(func=cmd_say)
+
+    train = commands.add_parser("train", help="train a LoRA voice from a few minutes of audio")
+    train.add_argument("--audio", type=Path, nargs="+", required=True, help="files or folders")
+    train.add_argument("--voice", required=True, help="the new voice's id")
+    train.add_argument("--name", help="a display name")
+    train.add_argument("--transcripts", type=Path, help="metadata.csv (file|text)")
+    train.add_argument("--base", help="base Orpheus weights (path or hub id)")
+    train.add_argument("--codec", help="SNAC 24 kHz (path or hub id)")
+    train.add_argument("--out", type=Path, help="adapters folder to write the voice into")
+    train.add_argument("--work-dir", type=Path, help="dataset cache and checkpoints")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--rank", type=int, default=16)
+    train.add_argument("--dev", action="store_true", help="train on the dev model")
+    train.add_argument("--prompt-style", choices=["plain", "named"], default="plain")
+    train.add_argument("--lead-pad-ms", type=float, default=40.0, help="silence kept before speech")
+    train.add_argument(
+        "--keep-leading-silence", action="store_true", help="do not trim (for comparisons)"
+    )
+    train.add_argument("--drop-repeated-frames", action="store_true")
+    train.add_argument("--min-speech-seconds", type=float, default=30.0)
+    train.add_argument("--asr-model", type=Path, help="a local faster-whisper model folder")
+    train.set_defaults(func=cmd_train)
     return parser
 
 

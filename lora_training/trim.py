@@ -1,0 +1,84 @@
+"""Trim: cut each clip's leading silence to a small pad and bound its trailing silence.
+
+Stock Orpheus voices open with about 600 ms of silence that still costs tokens to generate; a
+voice trained on trimmed clips starts speaking at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from voicehost.orpheus import SAMPLE_RATE
+
+WINDOW_MS = 10
+RELATIVE_THRESHOLD_DB = 35.0  # a window this far below the clip's loud windows is silence
+FLOOR_DB = -60.0  # and so is anything below this level, however quiet the clip
+
+
+@dataclass(frozen=True, slots=True)
+class TrimSettings:
+    lead_pad_ms: float = 40.0
+    max_trailing_ms: float = 200.0
+
+
+@dataclass(frozen=True, slots=True)
+class TrimmedClip:
+    samples: np.ndarray
+    leading_before_ms: float
+    leading_after_ms: float
+
+
+def _window_levels_db(samples: np.ndarray) -> np.ndarray:
+    size = SAMPLE_RATE * WINDOW_MS // 1000
+    count = samples.size // size
+    if count == 0:
+        return np.zeros(0)
+    windows = samples[: count * size].reshape(count, size).astype(np.float64)
+    rms = np.sqrt((windows**2).mean(axis=1))
+    return 20 * np.log10(np.maximum(rms, 1e-10))
+
+
+def speech_bounds(samples: np.ndarray) -> tuple[int, int] | None:
+    """Sample indices of the first and past the last non-silent window; ``None`` if all silent."""
+    levels = _window_levels_db(samples)
+    if levels.size == 0:
+        return None
+    threshold = max(np.percentile(levels, 95) - RELATIVE_THRESHOLD_DB, FLOOR_DB)
+    loud = np.nonzero(levels > threshold)[0]
+    if loud.size == 0:
+        return None
+    size = SAMPLE_RATE * WINDOW_MS // 1000
+    return int(loud[0]) * size, min(int(loud[-1] + 1) * size, samples.size)
+
+
+def leading_silence_ms(samples: np.ndarray) -> float:
+    """How long the clip is silent before speech starts (the whole clip if it never does)."""
+    bounds = speech_bounds(samples)
+    start = samples.size if bounds is None else bounds[0]
+    return start * 1000 / SAMPLE_RATE
+
+
+def trim(samples: np.ndarray, settings: TrimSettings = TrimSettings()) -> TrimmedClip | None:
+    """The clip with ``lead_pad_ms`` of silence before speech and at most ``max_trailing_ms``
+    after it; ``None`` for a clip with no speech at all."""
+    bounds = speech_bounds(samples)
+    if bounds is None:
+        return None
+    start, end = bounds
+    pad = int(settings.lead_pad_ms * SAMPLE_RATE / 1000)
+    tail = int(settings.max_trailing_ms * SAMPLE_RATE / 1000)
+    trimmed = samples[max(0, start - pad) : min(samples.size, end + tail)]
+    return TrimmedClip(trimmed, start * 1000 / SAMPLE_RATE, leading_silence_ms(trimmed))
+
+
+def percentiles_ms(values: Sequence[float]) -> dict[str, float]:
+    """``{"p50", "p95"}`` of a list of durations, rounded to 0.1 ms."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0}
+    return {
+        "p50": round(float(np.percentile(values, 50)), 1),
+        "p95": round(float(np.percentile(values, 95)), 1),
+    }

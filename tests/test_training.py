@@ -1,0 +1,193 @@
+"""Cloning a voice from real (espeak-ng) speech: ingest, trim, dataset, training, export."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import aiohttp
+
+import numpy as np
+import pytest
+from speech import build_corpus
+
+from lora_training import segment
+from lora_training.ingest import decode, ingest
+from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare, train_voice
+from lora_training.tokenise import build_dataset, drop_repeated_frames
+from lora_training.train import TrainSettings
+from lora_training.transcripts import MissingTranscripts, find_transcripts
+from lora_training.trim import TrimSettings, leading_silence_ms, trim
+from voicehost import orpheus
+from voicehost.codec import SnacCodec
+from voicehost.voices import AdapterRules, ModelShape, validate_adapter
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def job(corpus, dev_model, tmp_path, **changes):
+    settings = {
+        "audio": [corpus.folder],
+        "voice_id": "espeak",
+        "base_model": str(dev_model.model),
+        "base_model_name": "voicehost-dev",
+        "codec": str(dev_model.codec),
+        "adapters_dir": tmp_path / "adapters",
+        "work_dir": tmp_path / "work",
+        "train": TrainSettings(epochs=2, batch_size=4, grad_accumulation=1, learning_rate=2e-3),
+    }
+    return VoiceJob(**{**settings, **changes})
+
+
+def test_ingest_decodes_by_content_and_reports_bad_files(corpus, tmp_path):
+    disguised = tmp_path / "really_a_wav.ogg"
+    shutil.copy(corpus.good[0], disguised)
+    recordings, rejected = ingest([corpus.folder, disguised])
+    assert {r.source for r in recordings} == {*corpus.good, disguised}
+    assert {r.source for r in rejected} == {corpus.corrupt, corpus.not_audio}
+    assert all(r.reason for r in rejected)
+    for recording in recordings:
+        assert recording.samples.dtype == np.float32 and recording.samples.ndim == 1
+        assert 1.0 < recording.seconds < 10.0  # 24 kHz: espeak's 22.05 kHz was resampled
+
+
+def test_decode_refuses_audio_over_the_duration_cap(corpus):
+    with pytest.raises(ValueError, match="limit"):
+        decode(corpus.good[0], max_seconds=0.5)
+
+
+def test_trim_cuts_leading_silence_to_the_pad(corpus):
+    recordings, _ = ingest(corpus.good)
+    settings = TrimSettings(lead_pad_ms=40)
+    before, after = [], []
+    for recording in recordings:
+        clip = trim(recording.samples, settings)
+        before.append(clip.leading_before_ms)
+        after.append(leading_silence_ms(clip.samples))
+        assert clip.leading_after_ms == after[-1]
+    assert np.percentile(before, 50) >= 300  # the corpus adds 0.3-1 s
+    assert np.percentile(after, 95) <= 40 + 20
+
+
+def test_trim_finds_no_speech_in_silence():
+    assert trim(np.zeros(24000, dtype=np.float32)) is None
+
+
+def test_transcripts_come_from_metadata_or_sidecars(corpus, tmp_path):
+    texts = find_transcripts(corpus.good)
+    assert len(texts) == len(corpus.good)
+    lone = tmp_path / "lone.wav"
+    shutil.copy(corpus.good[0], lone)
+    (tmp_path / "lone.lab").write_text("Hello sidecar.")
+    assert find_transcripts([lone]) == {lone: "Hello sidecar."}
+
+
+def test_missing_transcripts_say_what_to_provide(corpus, dev_model, tmp_path):
+    folder = tmp_path / "untranscribed"
+    folder.mkdir()
+    for path in corpus.good[:3]:
+        shutil.copy(path, folder / path.name)
+    with pytest.raises(MissingTranscripts, match=r"metadata\.csv"):
+        prepare(job(corpus, dev_model, tmp_path, audio=[folder]))
+
+
+def test_too_little_speech_says_how_much_was_found(corpus, dev_model, tmp_path):
+    with pytest.raises(NotEnoughSpeech, match=r"found \d+\.\d s"):
+        prepare(job(corpus, dev_model, tmp_path, min_speech_seconds=10_000))
+
+
+def test_a_long_recording_without_asr_is_refused_not_guessed():
+    with pytest.raises(segment.NeedsRecognizer, match="ASR"):
+        segment.split_recording(np.zeros(24000 * 20, dtype=np.float32), None)
+
+
+def test_speech_regions_group_into_two_to_fifteen_second_utterances():
+    rate = orpheus.SAMPLE_RATE
+    regions = [
+        (0, 4 * rate),
+        (5 * rate, 9 * rate),
+        (10 * rate, 14 * rate),
+        (15 * rate, 15 * rate + 100),
+    ]
+    regions.append((20 * rate, 52 * rate))  # 32 s of unbroken speech
+    groups = segment.group_regions(regions)
+    assert all(2 * rate <= e - s <= 15 * rate for s, e in groups)
+    assert groups[0] == (0, 14 * rate)
+
+
+def test_dataset_holds_orpheus_sequences_and_is_reused(corpus, dev_model, tmp_path):
+    prepared = prepare(job(corpus, dev_model, tmp_path))
+    codec = SnacCodec.load(dev_model.codec, device="cpu")
+    tokenize = lambda text: [ord(c) % 256 for c in text]  # noqa: E731
+    dataset, path = build_dataset(prepared.utterances[:4], codec, tokenize, tmp_path / "cache")
+    row = dataset[0]
+    prompt = orpheus.build_prompt(tokenize(prepared.utterances[0].text))
+    assert row["input_ids"][: len(prompt)] == prompt
+    assert row["input_ids"][-2:] == [orpheus.END_OF_SPEECH, orpheus.END_OF_AI]
+    audio = row["input_ids"][len(prompt) : -2]
+    assert len(audio) % 7 == 0 and orpheus.FrameAssembler().push(audio)
+    assert row["labels"][: len(prompt)] == [-100] * len(prompt)
+    again, again_path = build_dataset(prepared.utterances[:4], codec, tokenize, tmp_path / "cache")
+    assert again_path == path and again["input_ids"] == dataset["input_ids"]
+
+
+def test_repeated_frames_are_dropped_by_their_layer_zero_code():
+    a, b = orpheus.Frame((1,), (2, 3), (4, 5, 6, 7)), orpheus.Frame((1,), (9, 9), (9, 9, 9, 9))
+    c = orpheus.Frame((2,), (2, 3), (4, 5, 6, 7))
+    assert drop_repeated_frames([a, b, c, c]) == [a, c]
+
+
+@pytest.fixture(scope="module")
+def trained_voice(corpus, dev_model, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("trained")
+    folder = train_voice(job(corpus, dev_model, tmp_path), progress=False)
+    return folder
+
+
+def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, dev_model):
+    manifest = json.loads((trained_voice / "voice.json").read_text())
+    losses = manifest["train"]["eval_loss"]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert manifest["voice_id"] == "espeak" and manifest["base_model"] == "voicehost-dev"
+    data = manifest["data"]
+    assert data["clips"] == 36 and 1.0 < data["minutes"] < 3.0
+    assert data["leading_silence_ms"]["before"]["p50"] >= 300
+    assert data["leading_silence_ms"]["after"]["p95"] <= 60
+    assert {"created", "version", "prompt_style", "name"} <= set(manifest)
+    assert (trained_voice / "loss.png").stat().st_size > 1000
+    rules = AdapterRules(
+        "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
+    )
+    assert validate_adapter(trained_voice, rules).voice_id == "espeak"
+
+
+def test_train_command_writes_a_voice(corpus, dev_model, tmp_path):
+    command = [sys.executable, "-m", "voicehost", "train", "--dev", "--audio", str(corpus.folder)]
+    command += ["--voice", "cli-voice", "--out", str(tmp_path), "--epochs", "1"]
+    command += ["--work-dir", str(tmp_path / "work"), "--name", "CLI voice"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "voice cli-voice written to" in result.stdout
+    assert json.loads((tmp_path / "cli-voice" / "voice.json").read_text())["name"] == "CLI voice"
+    assert "broken.wav" in result.stderr  # the skipped file is reported
+
+
+def test_train_command_reports_too_little_speech(corpus, tmp_path):
+    command = [sys.executable, "-m", "voicehost", "train", "--dev", "--audio", str(corpus.good[0])]
+    command += ["--voice", "tiny", "--out", str(tmp_path), "--work-dir", str(tmp_path / "w")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "usable speech" in result.stderr and "at least 30 s" in result.stderr
+
+
+async def test_a_trained_voice_streams_from_the_running_server(trained_voice, server):
+    shutil.copytree(trained_voice, server.adapters / "trained-espeak")
+    body = {"input": "Hello there.", "voice": "trained-espeak", "response_format": "pcm"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+            assert response.status == 200, await response.text()
+            audio = await response.read()
+    assert len(audio) > 0 and len(audio) % (2 * 2048) == 0
