@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import aiohttp
-
 import numpy as np
 import pytest
 from speech import build_corpus
