@@ -7,6 +7,7 @@ train -> export. ``voicehost train`` and the REST clone jobs both run this.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,24 @@ class VoiceJob:
     drop_repeated_frames: bool = False
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
+
+
+def job_to_json(job: VoiceJob) -> dict[str, object]:
+    """A JSON-ready form of a job (paths as strings), for a job that runs in another process."""
+    data = asdict(job)
+    data["audio"] = [str(p) for p in job.audio]
+    for key in ("adapters_dir", "work_dir", "transcripts"):
+        data[key] = None if data[key] is None else str(data[key])
+    return data
+
+
+def job_from_json(data: dict) -> VoiceJob:
+    paths = {"adapters_dir", "work_dir", "transcripts"}
+    fields = {k: (Path(v) if k in paths and v is not None else v) for k, v in data.items()}
+    fields["audio"] = [Path(p) for p in data["audio"]]
+    fields["train"] = TrainSettings(**data["train"])
+    fields["trim"] = TrimSettings(**data["trim"])
+    return VoiceJob(**fields)
 
 
 @dataclass
@@ -95,10 +114,21 @@ def prepare(job: VoiceJob, recognizer: SpeechRecognizer | None = None) -> Prepar
     return prepared
 
 
+Report = Callable[[str, float, list[float]], None]  # (stage, fraction done, eval losses)
+
+
 def train_voice(
-    job: VoiceJob, recognizer: SpeechRecognizer | None = None, progress: bool = True
+    job: VoiceJob,
+    recognizer: SpeechRecognizer | None = None,
+    progress: bool = True,
+    report: Report | None = None,
 ) -> Path:
-    """Run the whole recipe; returns the exported voice folder."""
+    """Run the whole recipe; returns the exported voice folder.
+
+    ``report`` hears each stage (preparing, training, exporting) and the training progress.
+    """
+    report = report or (lambda stage, fraction, losses: None)
+    report("preparing", 0.0, [])
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -121,7 +151,17 @@ def train_voice(
         )
     codec.close()
     run_dir = job.work_dir / f"run-{dataset_path.name}"  # a checkpoint resumes the same data only
-    model, history = train(job.base_model, list(dataset), job.train, run_dir, PAD, progress)
+    report("training", 0.0, [])
+    model, history = train(
+        job.base_model,
+        list(dataset),
+        job.train,
+        run_dir,
+        PAD,
+        progress,
+        on_step=lambda h, total: report("training", h.steps / total, h.eval_loss),
+    )
+    report("exporting", 1.0, history.eval_loss)
     data = VoiceData(
         minutes=prepared.seconds / 60,
         clips=len(prepared.utterances),

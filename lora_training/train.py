@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -123,6 +123,7 @@ def train(
     work_dir: Path,
     pad_id: int,
     progress: bool = True,
+    on_step: Callable[[TrainHistory, int], None] | None = None,
 ) -> tuple[torch.nn.Module, TrainHistory]:
     """Train (or resume) a LoRA; returns the PEFT model and its loss history."""
     from tqdm import tqdm
@@ -175,9 +176,13 @@ def train(
                 epoch=epoch + 1, loss=f"{loss_sum:.3f}", eval=f"{history.eval_loss[-1]:.3f}"
             )
             bar.update(1)
+            if on_step:
+                on_step(history, total_steps)
         history.eval_loss.append(evaluate(model, held_out, device))
         history.epochs_done = epoch + 1
         _save_checkpoint(checkpoint, model, optimizer, scheduler, history)
+        if on_step:
+            on_step(history, total_steps)
     bar.close()
     return model, history
 

@@ -67,6 +67,9 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
         **os.environ,
         "VOICEHOST_DEV_DIR": str(DEV_DIR),
         "VOICEHOST_CODEC_NOISE": "false",
+        "VOICEHOST_JOBS_DIR": str(root / "jobs"),
+        "VOICEHOST_CLONE_EPOCHS": "1",
+        "VOICEHOST_MAX_UPLOAD_MB": "20",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     }
     command = [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(port)]

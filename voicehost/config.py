@@ -37,6 +37,13 @@ class Settings(BaseSettings):
     )
     adapter_scan_seconds: float = Field(2.0, description="How often the adapters dir is rescanned.")
 
+    # Voice cloning
+    jobs_dir: Path = Field(Path("jobs"), description="Clone jobs: state and uploaded inputs.")
+    max_upload_mb: float = Field(200.0, description="Largest upload to POST /v1/voices (413).")
+    max_upload_minutes: float = Field(60.0, description="Most audio in one upload (413).")
+    min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
+    clone_epochs: int = Field(3, description="Training epochs of a clone job.")
+
     # HTTP
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8080, description="Port to bind.")

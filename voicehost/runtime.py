@@ -10,6 +10,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from voicehost.cloning import CloneJobs
 from voicehost.codec import SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import ensure_dev_model
@@ -37,6 +38,7 @@ class Runtime:
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
         self.synthesizer: Synthesizer | None = None
+        self.jobs = CloneJobs(settings.jobs_dir, on_voice_ready=self.registry.discover)
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_start: asyncio.Future[SpeechEngine] | None = None
@@ -67,6 +69,9 @@ class Runtime:
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
         self._tasks.append(asyncio.create_task(self._start(), name="voicehost-startup"))
+        self._tasks.append(
+            asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
+        )
 
     async def _start(self) -> None:
         try:

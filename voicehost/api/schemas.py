@@ -51,3 +51,26 @@ class ErrorResponse(BaseModel):
     """Every error the API returns: ``{"error": {"code", "message"}}``."""
 
     error: ErrorDetail
+
+
+class VoiceDetail(BaseModel):
+    """``GET /v1/voices/{id}``: a voice and its manifest (``voice.json``)."""
+
+    id: str
+    name: str
+    kind: Literal["builtin", "adapter"]
+    manifest: dict[str, object] = Field(default_factory=dict)
+
+
+class CloneJobInfo(BaseModel):
+    """A clone job: queued, preparing, training (with progress), done, failed or cancelled."""
+
+    id: str
+    voice_id: str
+    status: Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
+    progress: float = Field(description="0..1 of the training steps")
+    stage: str | None = None
+    error: str | None = None
+    eval_loss: list[float] = Field(default_factory=list)
+    created: float
+    updated: float

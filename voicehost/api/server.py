@@ -13,11 +13,11 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from voicehost.api import voices as voice_routes
+from voicehost.api.common import RUNTIME, ApiError, error_response
 from voicehost.api.schemas import (
     PLANNED_FORMATS,
     SUPPORTED_FORMATS,
-    ErrorDetail,
-    ErrorResponse,
     SpeechRequest,
     VoiceInfo,
     VoiceList,
@@ -29,24 +29,8 @@ from voicehost.runtime import NotReady, Runtime
 
 log = logging.getLogger(__name__)
 
-RUNTIME = web.AppKey("runtime", Runtime)
 Body = TypeVar("Body", bound=BaseModel)
 CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav"}
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def error_response(status: int, code: str, message: str) -> web.Response:
-    body = ErrorResponse(error=ErrorDetail(code=code, message=message))
-    return web.json_response(body.model_dump(), status=status)
 
 
 @web.middleware
@@ -221,6 +205,8 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(runtime_ctx)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", list_voices)
+    app.router.add_get("/v1/voices", list_voices)
+    voice_routes.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

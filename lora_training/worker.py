@@ -1,0 +1,50 @@
+"""Run one clone job in its own process: ``python -m lora_training.worker JOB_DIR``.
+
+The server writes ``JOB_DIR/spec.json``; this process trains, reports into ``progress.json``
+(written atomically) and, if it fails, leaves the reason in ``error.txt``. Training never
+shares a process with the engine, so it cannot stall live streams.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from lora_training.recipe import job_from_json, train_voice
+
+PROGRESS = "progress.json"
+ERROR = "error.txt"
+SPEC = "spec.json"
+
+
+def write_progress(job_dir: Path, stage: str, fraction: float, eval_loss: list[float]) -> None:
+    state = {"stage": stage, "progress": round(fraction, 4), "eval_loss": eval_loss}
+    state["updated"] = time.time()
+    tmp = job_dir / f"{PROGRESS}.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.replace(job_dir / PROGRESS)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    job_dir = Path(argv[0])
+    job = job_from_json(json.loads((job_dir / SPEC).read_text()))
+    (job_dir / ERROR).unlink(missing_ok=True)
+    try:
+        train_voice(
+            job,
+            progress=False,
+            report=lambda stage, fraction, losses: write_progress(job_dir, stage, fraction, losses),
+        )
+    except Exception as exc:
+        logging.exception("clone job failed")
+        (job_dir / ERROR).write_text(f"{type(exc).__name__}: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

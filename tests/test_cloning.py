@@ -1,0 +1,189 @@
+"""Cloning over the API: upload audio -> job -> voice; adapters; bad uploads; job persistence."""
+
+import asyncio
+import json
+import os
+import time
+
+import aiohttp
+import pytest
+from speech import build_corpus
+
+from lora_training.recipe import VoiceJob
+from voicehost.cloning import CloneJobs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_corpus(tmp_path_factory.mktemp("clone-corpus"))
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        yield session
+
+
+def audio_form(paths, metadata=None, **fields):
+    form = aiohttp.FormData()
+    for key, value in fields.items():
+        form.add_field(key, value)
+    for path in paths:
+        form.add_field("audio", path.read_bytes(), filename=path.name)
+    if metadata is not None:
+        form.add_field("transcripts", metadata.read_bytes(), filename="metadata.csv")
+    return form
+
+
+async def error_code(response):
+    body = await response.json()
+    return body["error"]["code"]
+
+
+async def wait_for_job(http, server, job_id, until):
+    seen = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        async with http.get(f"{server.url}/v1/jobs/{job_id}") as response:
+            job = (await response.json())["job"]
+        seen.append(job)
+        if job["status"] in until:
+            return job, seen
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"job stuck: {seen[-1]}")
+
+
+async def test_cloning_from_audio_makes_a_voice_that_speaks(http, server, corpus):
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Clone Test")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 202, await response.text()
+        job = (await response.json())["job"]
+        assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
+    assert job["voice_id"] == "clone-test" and job["status"] == "queued"
+    job, seen = await wait_for_job(http, server, job["id"], {"done", "failed"})
+    assert job["status"] == "done", job
+    assert any(s["status"] == "training" for s in seen)
+    assert len(job["eval_loss"]) == 2
+    async with http.get(f"{server.url}/v1/voices/clone-test") as response:
+        voice = (await response.json())["voice"]
+    assert voice["name"] == "Clone Test"
+    assert voice["manifest"]["data"]["clips"] == len(corpus.good)
+    body = {"input": "Hello there.", "voice": "clone-test", "response_format": "pcm"}
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 200
+        assert len(await response.read()) % 4096 == 0
+
+
+async def test_a_file_posing_as_audio_is_415_and_nothing_is_kept(http, server, corpus):
+    before = set(os.listdir(server.adapters.parent / "jobs"))
+    form = audio_form([corpus.good[0], corpus.not_audio], name="Fake")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 415
+        assert await error_code(response) == "not_audio"
+    assert set(os.listdir(server.adapters.parent / "jobs")) == before
+
+
+async def test_too_little_speech_is_400_with_how_much(http, server, corpus):
+    form = audio_form(corpus.good[:2], corpus.folder / "metadata.csv", name="Short")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 400
+        body = await response.json()
+    assert body["error"]["code"] == "not_enough_speech"
+    assert "found" in body["error"]["message"] and "30 s" in body["error"]["message"]
+
+
+async def test_missing_transcripts_is_400(http, server, corpus):
+    form = audio_form(corpus.good[:3], name="Untold")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 400
+        assert await error_code(response) == "missing_transcripts"
+
+
+async def test_an_oversized_upload_is_413(http, server):
+    form = aiohttp.FormData()
+    form.add_field("audio", os.urandom(21_000_000), filename="huge.wav")
+    started = time.monotonic()
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 413
+        assert await error_code(response) == "upload_too_large"
+    assert time.monotonic() - started < 10
+
+
+async def test_a_job_can_be_cancelled_and_retried(http, server, corpus):
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", voice_id="to-cancel")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        job = (await response.json())["job"]
+    async with http.delete(f"{server.url}/v1/jobs/{job['id']}") as response:
+        assert response.status == 200
+        assert (await response.json())["job"]["status"] == "cancelled"
+    await asyncio.sleep(2)
+    job, _ = await wait_for_job(http, server, job["id"], {"cancelled", "done", "failed"})
+    assert job["status"] == "cancelled"
+    async with http.post(f"{server.url}/v1/jobs/{job['id']}/retry") as response:
+        assert response.status == 202
+        assert (await response.json())["job"]["status"] == "queued"
+    async with http.delete(f"{server.url}/v1/jobs/{job['id']}") as response:
+        assert (await response.json())["job"]["status"] == "cancelled"
+    async with http.get(server.url + "/v1/jobs/job-0000000000000000") as response:
+        assert response.status == 404
+
+
+def adapter_form(dev_model, voice_id, config=None):
+    folder = dev_model.adapters / "dev-b"
+    form = aiohttp.FormData()
+    form.add_field("voice_id", voice_id)
+    form.add_field("name", "Uploaded")
+    cfg = config or json.loads((folder / "adapter_config.json").read_text())
+    form.add_field("adapter_config", json.dumps(cfg).encode(), filename="adapter_config.json")
+    weights = (folder / "adapter_model.safetensors").read_bytes()
+    form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
+    return form
+
+
+async def test_an_uploaded_adapter_is_validated_served_and_deletable(http, server, dev_model):
+    async with http.post(server.url + "/v1/voices", data=adapter_form(dev_model, "up")) as r:
+        assert r.status == 201, await r.text()
+        assert (await r.json())["voice"]["id"] == "up"
+    async with http.post(server.url + "/v1/voices", data=adapter_form(dev_model, "up")) as r:
+        assert r.status == 409
+    body = {"input": "Hi.", "voice": "up", "response_format": "pcm"}
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 200
+    async with http.delete(server.url + "/v1/voices/up") as response:
+        assert response.status == 204
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 404
+    async with http.delete(server.url + "/v1/voices/tara") as response:
+        assert response.status == 403
+
+
+async def test_a_bad_adapter_upload_is_400(http, server, dev_model):
+    config = json.loads((dev_model.adapters / "dev-b" / "adapter_config.json").read_text())
+    config["modules_to_save"] = ["lm_head"]
+    form = adapter_form(dev_model, "bad-up", config)
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 400
+        assert await error_code(response) == "invalid_adapter"
+    assert not (server.adapters / "bad-up").exists()
+
+
+def test_job_state_survives_a_restart(tmp_path, dev_model):
+    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=lambda voice_id: None)
+    job_id, inputs = jobs.new_job_dir()
+    spec = VoiceJob(
+        audio=[inputs],
+        voice_id="v",
+        base_model=str(dev_model.model),
+        base_model_name="x",
+        codec=str(dev_model.codec),
+        adapters_dir=tmp_path,
+        work_dir=tmp_path / "w",
+    )
+    jobs.submit(job_id, spec)
+    state_file = tmp_path / "jobs" / job_id / "job.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "status": "training"}))  # died mid-training
+    restarted = CloneJobs(tmp_path / "jobs", on_voice_ready=lambda voice_id: None)
+    restarted.recover()
+    assert restarted.get(job_id).status == "queued"
+    assert (tmp_path / "jobs" / job_id / "spec.json").exists()

@@ -1,0 +1,259 @@
+"""Voice management over HTTP: clone from audio, register an adapter, jobs, manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from aiohttp import BodyPartReader, web
+
+from lora_training.ingest import UnreadableAudio, decode
+from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
+from lora_training.train import TrainSettings
+from lora_training.transcripts import MissingTranscripts
+from voicehost.api.common import RUNTIME, ApiError
+from voicehost.api.schemas import CloneJobInfo, VoiceDetail
+from voicehost.cloning import CloneJob
+from voicehost.runtime import Runtime
+from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, validate_adapter
+
+CHUNK = 1 << 16
+ADAPTER_PARTS = {
+    "adapter_config": "adapter_config.json",
+    "adapter_model": "adapter_model.safetensors",
+}
+
+
+def _safe_name(filename: str | None, index: int) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename or "").name)
+    return name if name and not name.startswith(".") else f"audio-{index}"
+
+
+async def _receive(request: web.Request, folder: Path, max_bytes: int) -> tuple[dict, dict]:
+    """Stream a multipart upload into ``folder``; returns (text fields, {part: [paths]}).
+
+    The size cap is enforced while reading: an oversized upload stops at the cap with 413.
+    """
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
+    reader = await request.multipart()
+    fields: dict[str, str] = {}
+    files: dict[str, list[Path]] = {}
+    received = 0
+    index = 0
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader) or not part.name:
+            continue
+        if part.filename is None:
+            value = await part.read(decode=True)
+            received += len(value)
+            if received > max_bytes:
+                raise ApiError(413, "upload_too_large", f"uploads are limited to {max_bytes} bytes")
+            fields[part.name] = value.decode("utf-8", errors="replace").strip()
+            continue
+        index += 1
+        target = folder / _safe_name(part.filename, index)
+        while target.exists():
+            target = target.with_name(f"{index}-{target.name}")
+        with target.open("wb") as sink:
+            while chunk := await part.read_chunk(CHUNK):
+                received += len(chunk)
+                if received > max_bytes:
+                    raise ApiError(
+                        413, "upload_too_large", f"uploads are limited to {max_bytes} bytes"
+                    )
+                sink.write(chunk)
+        files.setdefault(part.name, []).append(target)
+    return fields, files
+
+
+def _voice_id(runtime: Runtime, fields: dict[str, str]) -> str:
+    voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
+    voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
+    if not VOICE_ID_PATTERN.match(voice_id):
+        raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+    if runtime.registry.get(voice_id) or (runtime.settings.adapters_dir / voice_id).exists():
+        raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
+    if runtime.jobs.voice_in_progress(voice_id):
+        raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
+    return voice_id
+
+
+async def create_voice(request: web.Request) -> web.Response:
+    """``POST /v1/voices``: audio files -> a clone job (202); a PEFT adapter -> a voice (201)."""
+    runtime = request.app[RUNTIME]
+    settings = runtime.settings
+    job_id, inputs = runtime.jobs.new_job_dir()
+    try:
+        fields, files = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
+        voice_id = _voice_id(runtime, fields)
+        if "adapter_config" in files or "adapter_model" in files:
+            voice = await _register_adapter(runtime, voice_id, fields, files, inputs)
+            runtime.jobs.discard(job_id)
+            return web.json_response({"voice": voice.model_dump()}, status=201)
+        spec = await _check_audio(runtime, voice_id, fields, files, inputs)
+    except BaseException:
+        runtime.jobs.discard(job_id)
+        raise
+    job = runtime.jobs.submit(job_id, spec)
+    return web.json_response(
+        {"job": _job_info(job).model_dump()},
+        status=202,
+        headers={"Location": f"/v1/jobs/{job.id}"},
+    )
+
+
+async def _check_audio(
+    runtime: Runtime, voice_id: str, fields: dict, files: dict, inputs: Path
+) -> VoiceJob:
+    settings = runtime.settings
+    audio = files.get("audio", [])
+    if not audio:
+        raise ApiError(400, "no_audio", "send one or more 'audio' files (or an adapter)")
+    budget = settings.max_upload_minutes * 60
+    for path in audio:
+        try:
+            seconds = (await asyncio.to_thread(decode, path, budget)).size / 24000
+        except UnreadableAudio as exc:
+            if "limit" in str(exc):
+                raise ApiError(413, "audio_too_long", f"{path.name}: {exc}") from exc
+            raise ApiError(
+                415, "not_audio", f"{path.name} is not audio we can read: {exc}"
+            ) from exc
+        budget -= seconds
+    for path in files.get("transcripts", []):
+        path.replace(inputs / "metadata.csv")
+    spec = VoiceJob(
+        audio=[inputs],
+        voice_id=voice_id,
+        name=fields.get("name") or voice_id,
+        base_model=settings.served_model(),
+        base_model_name=settings.served_base_name(),
+        codec=settings.served_codec(),
+        adapters_dir=settings.adapters_dir,
+        work_dir=inputs.parent / "work",
+        train=TrainSettings(epochs=settings.clone_epochs),
+        min_speech_seconds=settings.min_speech_seconds,
+    )
+    try:
+        await asyncio.to_thread(prepare, spec)
+    except (NotEnoughSpeech, MissingTranscripts) as exc:
+        raise ApiError(
+            400,
+            "not_enough_speech" if isinstance(exc, NotEnoughSpeech) else "missing_transcripts",
+            str(exc),
+        ) from exc
+    return spec
+
+
+async def _register_adapter(
+    runtime: Runtime, voice_id: str, fields: dict, files: dict, inputs: Path
+) -> VoiceDetail:
+    staging = inputs / voice_id
+    staging.mkdir()
+    for part, name in ADAPTER_PARTS.items():
+        if len(files.get(part, [])) != 1:
+            raise ApiError(400, "invalid_adapter", f"send exactly one '{part}' file")
+        files[part][0].replace(staging / name)
+    manifest_part = files.get("voice", [])
+    manifest = json.loads(manifest_part[0].read_text()) if manifest_part else {}
+    if not isinstance(manifest, dict):
+        raise ApiError(400, "invalid_adapter", "'voice' must be a JSON object")
+    manifest = {
+        "base_model": runtime.settings.served_base_name(),
+        "prompt_style": "plain",
+        **manifest,
+        "voice_id": voice_id,
+        "name": fields.get("name") or manifest.get("name") or voice_id,
+        "version": manifest.get("version", 1),
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    try:
+        await asyncio.to_thread(validate_adapter, staging, runtime.registry.rules)
+    except InvalidAdapter as exc:
+        raise ApiError(400, "invalid_adapter", str(exc)) from exc
+    runtime.settings.adapters_dir.mkdir(parents=True, exist_ok=True)
+    staging.replace(runtime.settings.adapters_dir / voice_id)
+    voice = await runtime.registry.find(voice_id)
+    if voice is None:
+        raise ApiError(500, "internal", "the registered adapter could not be loaded")
+    return _voice_detail(runtime, voice_id)
+
+
+def _voice_detail(runtime: Runtime, voice_id: str) -> VoiceDetail:
+    voice = runtime.registry.get(voice_id)
+    if voice is None:
+        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    manifest = {}
+    if voice.adapter_path and (voice.adapter_path / MANIFEST).exists():
+        manifest = json.loads((voice.adapter_path / MANIFEST).read_text())
+    kind = "adapter" if voice.adapter_path else "builtin"
+    return VoiceDetail(id=voice.voice_id, name=voice.name, kind=kind, manifest=manifest)
+
+
+async def get_voice(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    voice_id = request.match_info["voice_id"]
+    await runtime.registry.find(voice_id)
+    return web.json_response({"voice": _voice_detail(runtime, voice_id).model_dump()})
+
+
+async def delete_voice(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    voice_id = request.match_info["voice_id"]
+    voice = await runtime.registry.find(voice_id)
+    if voice is None:
+        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    folder = runtime.settings.adapters_dir / voice_id
+    if voice.adapter_path is None or voice.adapter_path.resolve() != folder.resolve():
+        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is not a deletable adapter")
+    await asyncio.to_thread(shutil.rmtree, folder)
+    await asyncio.to_thread(runtime.registry.scan)
+    return web.Response(status=204)
+
+
+def _job_info(job: CloneJob) -> CloneJobInfo:
+    return CloneJobInfo.model_validate(job, from_attributes=True)
+
+
+def _job(runtime: Runtime, job_id: str) -> CloneJob:
+    job = runtime.jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, "job_not_found", f"job {job_id!r} does not exist")
+    return job
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job = _job(request.app[RUNTIME], request.match_info["job_id"])
+    return web.json_response({"job": _job_info(job).model_dump()})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    _job(runtime, request.match_info["job_id"])
+    job = await runtime.jobs.cancel(request.match_info["job_id"])
+    return web.json_response({"job": _job_info(job).model_dump()})
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    job = _job(runtime, request.match_info["job_id"])
+    if job.status not in ("failed", "cancelled"):
+        raise ApiError(
+            409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
+        )
+    job = runtime.jobs.retry(job.id)
+    return web.json_response({"job": _job_info(job).model_dump()}, status=202)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/voices", create_voice)
+    app.router.add_get("/v1/voices/{voice_id}", get_voice)
+    app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
+    app.router.add_get("/v1/jobs/{job_id}", get_job)
+    app.router.add_delete("/v1/jobs/{job_id}", cancel_job)
+    app.router.add_post("/v1/jobs/{job_id}/retry", retry_job)

@@ -1,0 +1,196 @@
+"""Clone jobs: uploaded audio in, a trained voice out, trained in a separate process.
+
+Each job lives in ``<jobs_dir>/<job_id>/``: ``job.json`` (its state, owned by this process),
+``spec.json`` (what the training worker runs), ``inputs/`` (the uploaded files, kept until the
+job is deleted so a failed job can be retried), and the worker's ``progress.json``/``error.txt``.
+Jobs run one at a time, in the order they were made; on restart, a job that was running is
+queued again and resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lora_training.recipe import VoiceJob, job_to_json
+from lora_training.worker import ERROR, PROGRESS, SPEC
+
+log = logging.getLogger(__name__)
+
+JOB_ID_PATTERN = re.compile(r"^job-[0-9a-f]{16}$")
+JobStatus = Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
+RUNNING: tuple[JobStatus, ...] = ("preparing", "training")
+FINISHED: tuple[JobStatus, ...] = ("done", "failed", "cancelled")
+
+
+@dataclass
+class CloneJob:
+    """What ``GET /v1/jobs/{id}`` reports."""
+
+    id: str
+    voice_id: str
+    status: JobStatus
+    created: float
+    updated: float
+    progress: float = 0.0
+    stage: str | None = None
+    error: str | None = None
+    eval_loss: list[float] = field(default_factory=list)
+
+
+class CloneJobs:
+    """The persisted job queue and its single runner."""
+
+    def __init__(self, root: Path, on_voice_ready: Callable[[str], None]) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.on_voice_ready = on_voice_ready
+        self._wake = asyncio.Event()
+        self._process: asyncio.subprocess.Process | None = None
+        self._running: str | None = None
+
+    def _dir(self, job_id: str) -> Path:
+        if not JOB_ID_PATTERN.match(job_id):
+            raise KeyError(job_id)
+        return self.root / job_id
+
+    def _save(self, job: CloneJob) -> None:
+        job.updated = time.time()
+        path = self._dir(job.id) / "job.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(job)))
+        tmp.replace(path)
+
+    def _load(self, job_id: str) -> CloneJob | None:
+        try:
+            data = json.loads((self._dir(job_id) / "job.json").read_text())
+        except (KeyError, OSError, json.JSONDecodeError):
+            return None
+        return CloneJob(**data)
+
+    def new_job_dir(self) -> tuple[str, Path]:
+        """A fresh job id and its (empty) inputs folder, for the upload to fill."""
+        job_id = f"job-{secrets.token_hex(8)}"
+        inputs = self._dir(job_id) / "inputs"
+        inputs.mkdir(parents=True)
+        return job_id, inputs
+
+    def discard(self, job_id: str) -> None:
+        shutil.rmtree(self._dir(job_id), ignore_errors=True)
+
+    def submit(self, job_id: str, spec: VoiceJob) -> CloneJob:
+        """Queue a job whose inputs are in place."""
+        (self._dir(job_id) / SPEC).write_text(json.dumps(job_to_json(spec)))
+        now = time.time()
+        job = CloneJob(job_id, spec.voice_id, "queued", now, now)
+        self._save(job)
+        self._wake.set()
+        return job
+
+    def get(self, job_id: str) -> CloneJob | None:
+        """The job's state, with the worker's latest progress while it runs."""
+        job = self._load(job_id)
+        if job is None or job.status not in RUNNING:
+            return job
+        try:
+            progress = json.loads((self._dir(job_id) / PROGRESS).read_text())
+        except (OSError, json.JSONDecodeError):
+            return job
+        job.stage = progress["stage"]
+        job.status = "training" if progress["stage"] in ("training", "exporting") else "preparing"
+        job.progress = progress["progress"]
+        job.eval_loss = progress["eval_loss"]
+        return job
+
+    def jobs(self) -> list[CloneJob]:
+        found = [self._load(p.name) for p in self.root.iterdir() if JOB_ID_PATTERN.match(p.name)]
+        return sorted((j for j in found if j), key=lambda j: j.created)
+
+    def voice_in_progress(self, voice_id: str) -> bool:
+        return any(j.voice_id == voice_id and j.status not in FINISHED for j in self.jobs())
+
+    async def cancel(self, job_id: str) -> CloneJob | None:
+        """Stop a queued or running job; a finished one is left as it is."""
+        job = self._load(job_id)
+        if job is None or job.status in FINISHED:
+            return job
+        job.status, job.error = "cancelled", "cancelled by request"
+        self._save(job)
+        if self._running == job_id and self._process is not None:
+            self._process.terminate()
+        return job
+
+    def retry(self, job_id: str) -> CloneJob | None:
+        """Queue a failed or cancelled job again, from its stored inputs."""
+        job = self._load(job_id)
+        if job is None or job.status not in ("failed", "cancelled"):
+            return job
+        job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
+        self._save(job)
+        self._wake.set()
+        return job
+
+    def recover(self) -> None:
+        """After a restart: jobs that were running are queued again."""
+        for job in self.jobs():
+            if job.status in RUNNING:
+                job.status = "queued"
+                self._save(job)
+
+    async def run_forever(self) -> None:
+        """Run queued jobs one at a time, oldest first (as a task)."""
+        self.recover()
+        while True:
+            queued = [j for j in self.jobs() if j.status == "queued"]
+            if not queued:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._run(queued[0])
+
+    async def _run(self, job: CloneJob) -> None:
+        job_dir = self._dir(job.id)
+        (job_dir / PROGRESS).unlink(missing_ok=True)
+        job.status, job.stage = "preparing", "preparing"
+        self._save(job)
+        self._running = job.id
+        with (job_dir / "worker.log").open("ab") as log_file:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "lora_training.worker",
+                str(job_dir),
+                stdout=log_file,
+                stderr=log_file,
+                preexec_fn=lambda: os.nice(10),  # live streams come first
+            )
+            try:
+                code = await self._process.wait()
+            except asyncio.CancelledError:
+                self._process.terminate()  # the server is stopping; the job resumes next time
+                await self._process.wait()
+                raise
+            finally:
+                self._running, self._process = None, None
+        final = self.get(job.id) or job
+        if final.status == "cancelled":
+            return
+        if code == 0:
+            final.status, final.progress, final.stage = "done", 1.0, "done"
+            await asyncio.to_thread(self.on_voice_ready, job.voice_id)
+        else:
+            error = job_dir / ERROR
+            final.status = "failed"
+            final.error = error.read_text() if error.exists() else f"worker exited with {code}"
+        self._save(final)
