@@ -25,6 +25,10 @@ class UnreadableAudio(ValueError):
     """A file that is not audio we can decode."""
 
 
+class AudioTooLong(UnreadableAudio):
+    """Audio that decodes past the duration cap."""
+
+
 @dataclass(frozen=True, slots=True)
 class Recording:
     """One decoded source file."""
@@ -88,7 +92,7 @@ def decode(path: Path, max_seconds: float | None = None) -> np.ndarray:
                     chunks.append(chunk)
                     decoded += chunk.size
                 if limit is not None and decoded > limit:
-                    raise UnreadableAudio(f"longer than the {max_seconds:.0f} s limit")
+                    raise AudioTooLong(f"longer than the {max_seconds:.0f} s limit")
             for out in resampler.resample(None):
                 chunks.append(out.to_ndarray().reshape(-1))
     except av.FFmpegError as exc:

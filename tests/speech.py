@@ -56,9 +56,9 @@ class Corpus:
     lead_silence_s: dict[str, float]
 
 
-def speak(text: str, out: Path, lead_s: float, fmt: str) -> None:
+def speak(text: str, out: Path, lead_s: float, fmt: str, words_per_minute: int = 175) -> None:
     raw = out.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-s", str(words_per_minute), "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), str(out), "pad", f"{lead_s:.3f}", "0"], check=True)
     raw.unlink()
 
@@ -69,11 +69,12 @@ def build_corpus(folder: Path, count: int = len(SENTENCES), seed: int = 0) -> Co
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     good, leads, rows = [], {}, []
-    for index, text in enumerate(SENTENCES[:count]):
+    for index in range(count):
+        text = SENTENCES[index % len(SENTENCES)]
         fmt = ("wav", "flac", "ogg")[index % 3]
         path = folder / f"clip{index:02d}.{fmt}"
         leads[path.stem] = rng.uniform(0.3, 1.0)
-        speak(text, path, leads[path.stem], fmt)
+        speak(text, path, leads[path.stem], fmt, 175 - 25 * (index // len(SENTENCES)))
         good.append(path)
         rows.append(f"{path.stem}|{text}")
     (folder / "metadata.csv").write_text("\n".join(rows) + "\n")

@@ -119,6 +119,11 @@ async def test_a_job_can_be_cancelled_and_retried(http, server, corpus):
     await asyncio.sleep(2)
     job, _ = await wait_for_job(http, server, job["id"], {"cancelled", "done", "failed"})
     assert job["status"] == "cancelled"
+    pgrep = await asyncio.create_subprocess_exec(
+        "pgrep", "-f", job["id"], stdout=asyncio.subprocess.PIPE
+    )
+    workers, _ = await pgrep.communicate()
+    assert workers == b"", "the training process outlived its cancelled job"
     async with http.post(f"{server.url}/v1/jobs/{job['id']}/retry") as response:
         assert response.status == 202
         assert (await response.json())["job"]["status"] == "queued"

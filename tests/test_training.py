@@ -190,3 +190,51 @@ async def test_a_trained_voice_streams_from_the_running_server(trained_voice, se
             assert response.status == 200, await response.text()
             audio = await response.read()
     assert len(audio) > 0 and len(audio) % (2 * 2048) == 0
+
+
+def test_any_rate_and_channel_count_becomes_24k_mono(corpus, tmp_path):
+    stereo = tmp_path / "stereo.flac"
+    subprocess.run(["sox", str(corpus.good[0]), "-r", "44100", "-c", "2", str(stereo)], check=True)
+    (original,), _ = ingest([corpus.good[0]])
+    (converted,), _ = ingest([stereo])
+    assert converted.samples.ndim == 1
+    assert abs(converted.seconds - original.seconds) < 0.01
+
+
+class FixedTextRecognizer:
+    """Stands in for an ASR model (none can be downloaded here); segmentation is what is tested."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def transcribe(self, samples):
+        self.calls += 1
+        return f"utterance {self.calls}"
+
+
+def test_a_long_recording_is_split_at_pauses_with_silero_vad(corpus):
+    recordings, _ = ingest(corpus.good[:12])
+    pause = np.zeros(orpheus.SAMPLE_RATE // 2, dtype=np.float32)
+    long = np.concatenate([piece for r in recordings for piece in (r.samples, pause)])
+    assert long.size / orpheus.SAMPLE_RATE > 30
+    recognizer = FixedTextRecognizer()
+    utterances = segment.split_recording(long, recognizer)
+    durations = [samples.size / orpheus.SAMPLE_RATE for _, samples in utterances]
+    assert len(utterances) >= 2 and recognizer.calls == len(utterances)
+    assert all(2.0 <= d <= 15.2 + 0.2 for d in durations)  # 15 s plus the 0.1 s margins
+    assert sum(durations) > 0.7 * long.size / orpheus.SAMPLE_RATE
+
+
+def test_training_resumes_from_its_checkpoint(dev_model, tmp_path):
+    from lora_training.train import train
+
+    rows = [
+        {"input_ids": [1, 2, 3, 128266 + i], "labels": [-100, 2, 3, 128266 + i]} for i in range(8)
+    ]
+    settings = TrainSettings(epochs=1, batch_size=2, grad_accumulation=1)
+    _, first = train(dev_model.model, rows, settings, tmp_path, orpheus.PAD, progress=False)
+    more = TrainSettings(epochs=2, batch_size=2, grad_accumulation=1)
+    _, resumed = train(dev_model.model, rows, more, tmp_path, orpheus.PAD, progress=False)
+    assert resumed.epochs_done == 2 and resumed.steps == 2 * first.steps
+    assert resumed.eval_loss[:2] == first.eval_loss
+    assert resumed.train_loss[: first.steps] == first.train_loss

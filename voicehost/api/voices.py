@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import BodyPartReader, web
 
-from lora_training.ingest import UnreadableAudio, decode
+from lora_training.ingest import AudioTooLong, UnreadableAudio, decode
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings
 from lora_training.transcripts import MissingTranscripts
@@ -118,9 +118,9 @@ async def _check_audio(
     for path in audio:
         try:
             seconds = (await asyncio.to_thread(decode, path, budget)).size / 24000
+        except AudioTooLong as exc:
+            raise ApiError(413, "audio_too_long", f"{path.name}: {exc}") from exc
         except UnreadableAudio as exc:
-            if "limit" in str(exc):
-                raise ApiError(413, "audio_too_long", f"{path.name}: {exc}") from exc
             raise ApiError(
                 415, "not_audio", f"{path.name} is not audio we can read: {exc}"
             ) from exc
