@@ -102,10 +102,12 @@ def prepare(job: VoiceJob, recognizer: SpeechRecognizer | None = None) -> Prepar
         trimmed = trim(samples, job.trim)
         if trimmed is None:
             continue
-        kept = trimmed.samples if job.trim_leading_silence else samples
-        prepared.utterances.append(Utterance(text, kept))
+        kept = trimmed if job.trim_leading_silence else None
+        prepared.utterances.append(Utterance(text, kept.samples if kept else samples))
         prepared.leading_before_ms.append(trimmed.leading_before_ms)
-        prepared.leading_after_ms.append(trimmed.leading_after_ms)
+        prepared.leading_after_ms.append(
+            kept.leading_after_ms if kept else trimmed.leading_before_ms
+        )
     if prepared.seconds < job.min_speech_seconds:
         raise NotEnoughSpeech(
             f"found {prepared.seconds:.1f} s of usable speech in {len(prepared.utterances)} clips; "

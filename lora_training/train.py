@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from voicehost.voices import servable_lora_config
+
 log = logging.getLogger(__name__)
 
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CHECKPOINT = "checkpoint"
 
 
@@ -84,19 +85,12 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 
 def lora_model(base_model: str | Path, settings: TrainSettings, device: torch.device):  # noqa: ANN201
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     base = AutoModelForCausalLM.from_pretrained(str(base_model), torch_dtype=dtype)
-    config = LoraConfig(
-        r=settings.rank,
-        lora_alpha=settings.alpha,
-        target_modules=list(TARGET_MODULES),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    config = servable_lora_config(settings.rank, settings.alpha)
     return get_peft_model(base, config).to(device)
 
 

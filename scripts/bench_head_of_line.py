@@ -2,7 +2,9 @@
 kept and one on trimmed clips, generate from both, and count the leading silence frames.
 
 A generated frame is silence when its layer-0 code is one the codec gives digital silence
-(a second of zeros encodes to one code in the middle and other codes at its two edges).
+(a second of zeros encodes to one code in the middle and other codes at its two edges). Frame 0
+is not counted either way: every clip, trimmed or not, begins with the encoder's edge frame, so
+the count is of silence frames from frame 1 until the first speech frame.
 Generation uses transformers + PEFT with the serving sampling settings (temperature 0.6, top-p
 0.8, repetition penalty 1.1), one seed per sample.
 
@@ -61,7 +63,7 @@ def leading_silence_frames(model, tokenizer, silence: set[int], samples: int) ->
         )
         frames = orpheus.FrameAssembler().push(out[0, len(prompt) :].tolist())
         count = 0
-        for frame in frames:
+        for frame in frames[1:]:
             if frame.l0[0] not in silence:
                 break
             count += 1

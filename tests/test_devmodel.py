@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from voicehost import orpheus
-from voicehost.devmodel import DEV_VOICES, LORA_TARGET_MODULES, ensure_dev_model, fingerprint
+from voicehost.devmodel import DEV_VOICES, ensure_dev_model, fingerprint
+from voicehost.voices import LORA_TARGET_MODULES
 
 
 def test_the_same_seed_builds_identical_weights_in_under_a_minute(tmp_path, dev_model):

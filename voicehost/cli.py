@@ -10,6 +10,8 @@ from pathlib import Path
 
 from voicehost.config import Settings
 
+DEV_LEARNING_RATE = 2e-3  # the tiny random dev model needs a larger step than real weights
+
 
 def _settings(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
@@ -99,7 +101,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         adapters_dir=args.out or settings.adapters_dir,
         work_dir=args.work_dir or settings.dev_dir.parent / "train" / args.voice,
         prompt_style=args.prompt_style,
-        train=TrainSettings(epochs=args.epochs, rank=args.rank, alpha=2 * args.rank),
+        train=TrainSettings(
+            epochs=args.epochs,
+            rank=args.rank,
+            alpha=2 * args.rank,
+            learning_rate=args.learning_rate or (DEV_LEARNING_RATE if args.dev else 2e-4),
+        ),
         trim=TrimSettings(lead_pad_ms=args.lead_pad_ms),
         trim_leading_silence=not args.keep_leading_silence,
         drop_repeated_frames=args.drop_repeated_frames,
@@ -153,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--work-dir", type=Path, help="dataset cache and checkpoints")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--rank", type=int, default=16)
+    train.add_argument(
+        "--learning-rate", type=float, help="default 2e-4 (2e-3 on the tiny dev model)"
+    )
     train.add_argument("--dev", action="store_true", help="train on the dev model")
     train.add_argument("--prompt-style", choices=["plain", "named"], default="plain")
     train.add_argument("--lead-pad-ms", type=float, default=40.0, help="silence kept before speech")

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voicehost import orpheus
+from voicehost.voices import servable_lora_config
 
 log = logging.getLogger(__name__)
 
 DEV_SEED = 1234
 DEV_VOICES = ("dev-a", "dev-b", "dev-c")
 LORA_RANK = 16
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FORMAT_VERSION = 2  # bump when the built files change, so old caches are rebuilt
 
 HIDDEN = 256
@@ -222,18 +222,11 @@ def build_snac(out: Path, seed: int) -> None:
 def build_voice_adapter(model_dir: Path, out: Path, voice_id: str, seed: int) -> None:
     """A PEFT LoRA (rank 16 on q,k,v,o,gate,up,down) with non-zero A and B, plus its manifest."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import LlamaForCausalLM
 
     base = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    config = LoraConfig(
-        r=LORA_RANK,
-        lora_alpha=2 * LORA_RANK,
-        target_modules=list(LORA_TARGET_MODULES),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    config = servable_lora_config(LORA_RANK, 2 * LORA_RANK)
     peft_model = get_peft_model(base, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

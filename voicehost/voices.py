@@ -25,10 +25,24 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MANIFEST = "voice.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-LORA_MODULES = frozenset(
-    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-)
+# What a servable voice adapts: the attention and MLP projections, never embeddings or lm_head.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULES = frozenset(LORA_TARGET_MODULES)
 PromptStyle = Literal["plain", "named"]
+
+
+def servable_lora_config(rank: int, alpha: int):  # noqa: ANN201 - peft.LoraConfig
+    """The PEFT config of a voice adapter that vLLM can serve (bias none, no modules_to_save)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(LORA_TARGET_MODULES),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 class InvalidAdapter(ValueError):
