@@ -43,7 +43,9 @@ def silence_codes(codec: SnacCodec) -> set[int]:
     return {frame.l0[0] for frame in frames}
 
 
-def leading_silence_frames(model, tokenizer, silence: set[int], samples: int) -> list[int]:
+def leading_silence_frames(
+    model, tokenizer, silence: set[int], samples: int, frames_cap: int
+) -> list[int]:
     counts = []
     for seed in range(samples):
         text = TEXTS[seed % len(TEXTS)]
@@ -57,7 +59,7 @@ def leading_silence_frames(model, tokenizer, silence: set[int], samples: int) ->
             temperature=0.6,
             top_p=0.8,
             repetition_penalty=1.1,
-            max_new_tokens=7 * 24,
+            max_new_tokens=7 * frames_cap,
             eos_token_id=orpheus.END_OF_SPEECH,
             pad_token_id=orpheus.PAD,
         )
@@ -75,6 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=24)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--frames", type=int, default=24, help="frames generated per sample")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -107,12 +110,13 @@ def main() -> int:
             manifest = json.loads((folder / "voice.json").read_text())
             base = AutoModelForCausalLM.from_pretrained(dev.model, torch_dtype=torch.float32)
             model = PeftModel.from_pretrained(base, folder).eval()
-            counts = leading_silence_frames(model, tokenizer, silence, args.samples)
+            counts = leading_silence_frames(model, tokenizer, silence, args.samples, args.frames)
             results[label] = {
                 "leading_silence_frames_mean": round(statistics.mean(counts), 2),
                 "leading_silence_frames_p50": statistics.median(counts),
                 "starts_within_one_frame": sum(c <= 1 for c in counts),
                 "samples": len(counts),
+                "frames_generated": args.frames,
                 "train_leading_silence_ms": manifest["data"]["leading_silence_ms"],
                 "eval_loss": manifest["train"]["eval_loss"],
             }
