@@ -24,12 +24,20 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 
 
+REAL_LEARNING_RATE = 2e-4
+DEV_LEARNING_RATE = 2e-3  # the tiny random dev model needs a larger step than real weights
+
+
+def learning_rate_for(dev: bool) -> float:
+    return DEV_LEARNING_RATE if dev else REAL_LEARNING_RATE
+
+
 @dataclass(frozen=True, slots=True)
 class TrainSettings:
     epochs: int = 3
     rank: int = 16
     alpha: int = 32
-    learning_rate: float = 2e-4
+    learning_rate: float = REAL_LEARNING_RATE
     batch_size: int = 2
     grad_accumulation: int = 2
     warmup_fraction: float = 0.05

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from voicehost.config import Settings
 
-DEV_LEARNING_RATE = 2e-3  # the tiny random dev model needs a larger step than real weights
-
 
 def _settings(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
@@ -75,7 +73,7 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lora_training.recipe import NotEnoughSpeech, VoiceJob, train_voice
-    from lora_training.train import TrainSettings
+    from lora_training.train import TrainSettings, learning_rate_for
     from lora_training.transcripts import FasterWhisper, MissingTranscripts
     from lora_training.trim import TrimSettings
     from voicehost.devmodel import ensure_dev_model
@@ -105,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             rank=args.rank,
             alpha=2 * args.rank,
-            learning_rate=args.learning_rate or (DEV_LEARNING_RATE if args.dev else 2e-4),
+            learning_rate=args.learning_rate or learning_rate_for(args.dev),
         ),
         trim=TrimSettings(lead_pad_ms=args.lead_pad_ms),
         trim_leading_silence=not args.keep_leading_silence,

@@ -13,11 +13,12 @@ from aiohttp import BodyPartReader, web
 
 from lora_training.ingest import AudioTooLong, UnreadableAudio, decode
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
-from lora_training.train import TrainSettings
+from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts
 from voicehost.api.common import RUNTIME, ApiError
 from voicehost.api.schemas import CloneJobInfo, VoiceDetail
 from voicehost.cloning import CloneJob
+from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import Runtime
 from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, validate_adapter
 
@@ -117,7 +118,7 @@ async def _check_audio(
     budget = settings.max_upload_minutes * 60
     for path in audio:
         try:
-            seconds = (await asyncio.to_thread(decode, path, budget)).size / 24000
+            seconds = (await asyncio.to_thread(decode, path, budget)).size / SAMPLE_RATE
         except AudioTooLong as exc:
             raise ApiError(413, "audio_too_long", f"{path.name}: {exc}") from exc
         except UnreadableAudio as exc:
@@ -136,7 +137,9 @@ async def _check_audio(
         codec=settings.served_codec(),
         adapters_dir=settings.adapters_dir,
         work_dir=inputs.parent / "work",
-        train=TrainSettings(epochs=settings.clone_epochs),
+        train=TrainSettings(
+            epochs=settings.clone_epochs, learning_rate=learning_rate_for(settings.dev)
+        ),
         min_speech_seconds=settings.min_speech_seconds,
     )
     try:
