@@ -89,7 +89,8 @@ def export_voice(
     voice_manifest: dict[str, object],
     history: TrainHistory,
 ) -> Path:
-    """Write the voice folder ``out`` atomically (replacing an older one); returns it."""
+    """Write the voice folder ``out`` in a hidden staging folder, then move it into place
+    (replacing an older one); returns it."""
     staging = out.with_name(f".{out.name}.exporting")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)

@@ -6,6 +6,8 @@ train -> export. ``voicehost train`` and the REST clone jobs both run this.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +51,7 @@ class VoiceJob:
     drop_repeated_frames: bool = False
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
+    replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
 
 
 def job_to_json(job: VoiceJob) -> dict[str, object]:
@@ -109,9 +112,11 @@ def prepare(job: VoiceJob, recognizer: SpeechRecognizer | None = None) -> Prepar
             kept.leading_after_ms if kept else trimmed.leading_before_ms
         )
     if prepared.seconds < job.min_speech_seconds:
+        skipped = "; ".join(f"{r.source.name}: {r.reason}" for r in rejected[:5])
         raise NotEnoughSpeech(
             f"found {prepared.seconds:.1f} s of usable speech in {len(prepared.utterances)} clips; "
             f"a voice needs at least {job.min_speech_seconds:.0f} s"
+            + (f" (skipped {skipped})" if skipped else "")
         )
     return prepared
 
@@ -149,10 +154,13 @@ def train_voice(
             job.work_dir,
             voice_name=voice_name,
             drop_repeats=job.drop_repeated_frames,
+            codec_name=f"{job.codec}|{job.base_model}",
             progress=lambda done, total: bar.update(1),
         )
     codec.close()
-    run_dir = job.work_dir / f"run-{dataset_path.name}"  # a checkpoint resumes the same data only
+    # a checkpoint resumes only the same data, base model and training settings
+    run_key = hashlib.sha256(json.dumps([job.base_model, asdict(job.train)]).encode()).hexdigest()
+    run_dir = job.work_dir / f"run-{dataset_path.name}-{run_key[:12]}"
     report("training", 0.0, [])
     model, history = train(
         job.base_model,
@@ -180,4 +188,7 @@ def train_voice(
         history,
         {**asdict(job.train), "drop_repeated_frames": job.drop_repeated_frames},
     )
-    return export_voice(model, job.adapters_dir / job.voice_id, voice_manifest, history)
+    out = job.adapters_dir / job.voice_id
+    if out.exists() and not job.replace_existing:
+        raise FileExistsError(f"voice {job.voice_id!r} was created while this job ran")
+    return export_voice(model, out, voice_manifest, history)

@@ -67,12 +67,14 @@ def build_dataset(
     *,
     voice_name: str | None = None,
     drop_repeats: bool = False,
+    codec_name: str = "",
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[object, Path]:
     """The training ``datasets.Dataset`` and where it is saved (reused if already built)."""
     from datasets import Dataset, load_from_disk
 
-    key = fingerprint(utterances, {"voice": voice_name, "drop_repeats": drop_repeats})
+    settings = {"voice": voice_name, "drop_repeats": drop_repeats, "codec": codec_name}
+    key = fingerprint(utterances, settings)
     path = cache_dir / f"dataset-{key}"
     if (path / "dataset_info.json").exists():
         return load_from_disk(str(path)), path

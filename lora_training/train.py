@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,14 +191,22 @@ def train(
 
 
 def _save_checkpoint(path: Path, model, optimizer, scheduler, history: TrainHistory) -> None:  # noqa: ANN001
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path / "adapter", safe_serialization=True)
+    """Write the whole checkpoint beside ``path`` and swap it in, so a kill never leaves half."""
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model.save_pretrained(staging / "adapter", safe_serialization=True)
     torch.save(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-        path / "state.pt.tmp",
+        staging / "state.pt",
     )
-    (path / "history.json").write_text(json.dumps(asdict(history)))
-    (path / "state.pt.tmp").replace(path / "state.pt")
+    (staging / "history.json").write_text(json.dumps(asdict(history)))
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    staging.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _resume(path: Path, model, optimizer, scheduler) -> TrainHistory:  # noqa: ANN001

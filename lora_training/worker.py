@@ -7,8 +7,10 @@ shares a process with the engine, so it cannot stall live streams.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,13 @@ def write_progress(job_dir: Path, stage: str, fraction: float, eval_loss: list[f
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     job_dir = Path(argv[0])
+    os.nice(10)  # live streams in the serving process come first
+    lock = (job_dir / "worker.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        logging.error("another worker is already running this job")
+        return 3
     job = job_from_json(json.loads((job_dir / SPEC).read_text()))
     (job_dir / ERROR).unlink(missing_ok=True)
     try:

@@ -54,6 +54,7 @@ class Corpus:
     corrupt: Path
     not_audio: Path
     lead_silence_s: dict[str, float]
+    texts: dict[str, str]
 
 
 def speak(text: str, out: Path, lead_s: float, fmt: str, words_per_minute: int = 175) -> None:
@@ -68,7 +69,7 @@ def build_corpus(folder: Path, count: int = len(SENTENCES), seed: int = 0) -> Co
     ``metadata.csv``; plus a corrupt wav and a text file named like an mp3."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    good, leads, rows = [], {}, []
+    good, leads, rows, texts = [], {}, [], {}
     for index in range(count):
         text = SENTENCES[index % len(SENTENCES)]
         fmt = ("wav", "flac", "ogg")[index % 3]
@@ -77,9 +78,10 @@ def build_corpus(folder: Path, count: int = len(SENTENCES), seed: int = 0) -> Co
         speak(text, path, leads[path.stem], fmt, 175 - 25 * (index // len(SENTENCES)))
         good.append(path)
         rows.append(f"{path.stem}|{text}")
+        texts[path.stem] = text
     (folder / "metadata.csv").write_text("\n".join(rows) + "\n")
     corrupt = folder / "broken.wav"
     corrupt.write_bytes(good[0].read_bytes()[:60] if good[0].suffix == ".wav" else b"RIFF\x00")
     not_audio = folder / "notes.mp3"
     not_audio.write_text("this is a shopping list, not a song\n" * 20)
-    return Corpus(folder, good, corrupt, not_audio, leads)
+    return Corpus(folder, good, corrupt, not_audio, leads, texts)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -77,7 +76,10 @@ class CloneJobs:
             data = json.loads((self._dir(job_id) / "job.json").read_text())
         except (KeyError, OSError, json.JSONDecodeError):
             return None
-        return CloneJob(**data)
+        try:
+            return CloneJob(**data)
+        except TypeError:  # a job.json from another version
+            return None
 
     def new_job_dir(self) -> tuple[str, Path]:
         """A fresh job id and its (empty) inputs folder, for the upload to fill."""
@@ -131,10 +133,14 @@ class CloneJobs:
             self._process.terminate()
         return job
 
+    def is_running(self, job_id: str) -> bool:
+        """Whether a worker process for this job is still alive (even if it was cancelled)."""
+        return self._running == job_id
+
     def retry(self, job_id: str) -> CloneJob | None:
         """Queue a failed or cancelled job again, from its stored inputs."""
         job = self._load(job_id)
-        if job is None or job.status not in ("failed", "cancelled"):
+        if job is None or job.status not in ("failed", "cancelled") or self.is_running(job_id):
             return job
         job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
         self._save(job)
@@ -157,7 +163,25 @@ class CloneJobs:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self._run(queued[0])
+            try:
+                await self._run(queued[0])
+            except Exception as exc:  # one broken job must not stop the queue
+                log.exception("clone job %s could not run", queued[0].id)
+                error = f"{type(exc).__name__}: {exc}"
+                self._finish(queued[0].id, "failed", error, even_if_queued=True)
+
+    def _finish(
+        self, job_id: str, status: JobStatus, error: str | None = None, even_if_queued: bool = False
+    ) -> None:
+        """Record how a run ended, unless the job was cancelled (or re-queued) meanwhile."""
+        job = self.get(job_id)
+        allowed = RUNNING + (("queued",) if even_if_queued else ())
+        if job is None or job.status not in allowed:
+            return
+        job.status, job.error = status, error
+        if status == "done":
+            job.progress, job.stage = 1.0, "done"
+        self._save(job)
 
     async def _run(self, job: CloneJob) -> None:
         job_dir = self._dir(job.id)
@@ -173,9 +197,10 @@ class CloneJobs:
                 str(job_dir),
                 stdout=log_file,
                 stderr=log_file,
-                preexec_fn=lambda: os.nice(10),  # live streams come first
             )
             try:
+                if (self._load(job.id) or job).status == "cancelled":  # cancelled while starting
+                    self._process.terminate()
                 code = await self._process.wait()
             except asyncio.CancelledError:
                 self._process.terminate()  # the server is stopping; the job resumes next time
@@ -183,14 +208,14 @@ class CloneJobs:
                 raise
             finally:
                 self._running, self._process = None, None
-        final = self.get(job.id) or job
-        if final.status == "cancelled":
-            return
         if code == 0:
-            final.status, final.progress, final.stage = "done", 1.0, "done"
             await asyncio.to_thread(self.on_voice_ready, job.voice_id)
+            self._finish(job.id, "done")
+            await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
         else:
             error = job_dir / ERROR
-            final.status = "failed"
-            final.error = error.read_text() if error.exists() else f"worker exited with {code}"
-        self._save(final)
+            self._finish(
+                job.id,
+                "failed",
+                error.read_text() if error.exists() else f"worker exited with {code}",
+            )

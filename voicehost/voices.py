@@ -239,6 +239,8 @@ class VoiceRegistry:
             if not root.is_dir():
                 continue
             for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+                if folder.name.startswith("."):  # staging folders of uploads and exports
+                    continue
                 present.add(folder)
                 self._load(folder)
         for folder in set(self._seen) - present:

@@ -7,14 +7,16 @@ import json
 import re
 import secrets
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from aiohttp import BodyPartReader, web
 
 from lora_training.ingest import AudioTooLong, UnreadableAudio, decode
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
-from lora_training.transcripts import MissingTranscripts
+from lora_training.transcripts import MissingTranscripts, read_metadata
 from voicehost.api.common import RUNTIME, ApiError
 from voicehost.api.schemas import CloneJobInfo, VoiceDetail
 from voicehost.cloning import CloneJob
@@ -34,16 +36,27 @@ def _safe_name(filename: str | None, index: int) -> str:
     return name if name and not name.startswith(".") else f"audio-{index}"
 
 
-async def _receive(request: web.Request, folder: Path, max_bytes: int) -> tuple[dict, dict]:
-    """Stream a multipart upload into ``folder``; returns (text fields, {part: [paths]}).
+@dataclass
+class Upload:
+    """A multipart upload saved to disk."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)  # sent file stem -> saved file stem
+
+
+async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload:
+    """Stream a multipart upload into ``folder``, under safe file names.
 
     The size cap is enforced while reading: an oversized upload stops at the cap with 413.
     """
     if not request.content_type.startswith("multipart/"):
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
-    reader = await request.multipart()
-    fields: dict[str, str] = {}
-    files: dict[str, list[Path]] = {}
+    try:
+        reader = await request.multipart()
+    except (ValueError, AssertionError) as exc:
+        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+    upload = Upload()
     received = 0
     index = 0
     while (part := await reader.next()) is not None:
@@ -54,12 +67,14 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> tuple[
             received += len(value)
             if received > max_bytes:
                 raise ApiError(413, "upload_too_large", f"uploads are limited to {max_bytes} bytes")
-            fields[part.name] = value.decode("utf-8", errors="replace").strip()
+            upload.fields[part.name] = value.decode("utf-8", errors="replace").strip()
             continue
         index += 1
-        target = folder / _safe_name(part.filename, index)
+        sent = unquote(part.filename)  # some clients percent-encode file names
+        target = folder / _safe_name(sent, index)
         while target.exists():
             target = target.with_name(f"{index}-{target.name}")
+        upload.renamed[Path(sent).stem] = target.stem
         with target.open("wb") as sink:
             while chunk := await part.read_chunk(CHUNK):
                 received += len(chunk)
@@ -68,8 +83,8 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> tuple[
                         413, "upload_too_large", f"uploads are limited to {max_bytes} bytes"
                     )
                 sink.write(chunk)
-        files.setdefault(part.name, []).append(target)
-    return fields, files
+        upload.files.setdefault(part.name, []).append(target)
+    return upload
 
 
 def _voice_id(runtime: Runtime, fields: dict[str, str]) -> str:
@@ -77,11 +92,15 @@ def _voice_id(runtime: Runtime, fields: dict[str, str]) -> str:
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
     if not VOICE_ID_PATTERN.match(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+    _ensure_free(runtime, voice_id)
+    return voice_id
+
+
+def _ensure_free(runtime: Runtime, voice_id: str) -> None:
     if runtime.registry.get(voice_id) or (runtime.settings.adapters_dir / voice_id).exists():
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
     if runtime.jobs.voice_in_progress(voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
-    return voice_id
 
 
 async def create_voice(request: web.Request) -> web.Response:
@@ -90,14 +109,18 @@ async def create_voice(request: web.Request) -> web.Response:
     settings = runtime.settings
     job_id, inputs = runtime.jobs.new_job_dir()
     try:
-        fields, files = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
-        voice_id = _voice_id(runtime, fields)
-        if "adapter_config" in files or "adapter_model" in files:
-            voice = await _register_adapter(runtime, voice_id, fields, files, inputs)
+        upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
+        voice_id = _voice_id(runtime, upload.fields)
+        if "adapter_config" in upload.files or "adapter_model" in upload.files:
+            voice = await _register_adapter(runtime, voice_id, upload, inputs)
             runtime.jobs.discard(job_id)
             return web.json_response({"voice": voice.model_dump()}, status=201)
-        spec = await _check_audio(runtime, voice_id, fields, files, inputs)
-    except BaseException:
+        spec = await _check_audio(runtime, voice_id, upload, inputs)
+        _ensure_free(runtime, voice_id)  # again: another upload may have taken it meanwhile
+    except Exception:
+        await asyncio.to_thread(runtime.jobs.discard, job_id)
+        raise
+    except BaseException:  # cancelled: no awaiting
         runtime.jobs.discard(job_id)
         raise
     job = runtime.jobs.submit(job_id, spec)
@@ -108,11 +131,21 @@ async def create_voice(request: web.Request) -> web.Response:
     )
 
 
-async def _check_audio(
-    runtime: Runtime, voice_id: str, fields: dict, files: dict, inputs: Path
-) -> VoiceJob:
+def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> None:
+    """Save an uploaded ``metadata.csv`` keyed by the names the audio files were saved under."""
+    try:
+        texts = read_metadata(upload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        message = f"transcripts must be UTF-8 lines of file|text: {exc}"
+        raise ApiError(400, "invalid_transcripts", message) from exc
+    upload.unlink()
+    lines = [f"{renamed.get(stem, stem)}|{text}" for stem, text in texts.items()]
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+async def _check_audio(runtime: Runtime, voice_id: str, upload: Upload, inputs: Path) -> VoiceJob:
     settings = runtime.settings
-    audio = files.get("audio", [])
+    audio = upload.files.get("audio", [])
     if not audio:
         raise ApiError(400, "no_audio", "send one or more 'audio' files (or an adapter)")
     budget = settings.max_upload_minutes * 60
@@ -126,12 +159,12 @@ async def _check_audio(
                 415, "not_audio", f"{path.name} is not audio we can read: {exc}"
             ) from exc
         budget -= seconds
-    for path in files.get("transcripts", []):
-        path.replace(inputs / "metadata.csv")
+    for path in upload.files.get("transcripts", []):
+        _store_transcripts(path, inputs / "metadata.csv", upload.renamed)
     spec = VoiceJob(
         audio=[inputs],
         voice_id=voice_id,
-        name=fields.get("name") or voice_id,
+        name=upload.fields.get("name") or voice_id,
         base_model=settings.served_model(),
         base_model_name=settings.served_base_name(),
         codec=settings.served_codec(),
@@ -141,6 +174,7 @@ async def _check_audio(
             epochs=settings.clone_epochs, learning_rate=learning_rate_for(settings.dev)
         ),
         min_speech_seconds=settings.min_speech_seconds,
+        replace_existing=False,
     )
     try:
         await asyncio.to_thread(prepare, spec)
@@ -154,8 +188,9 @@ async def _check_audio(
 
 
 async def _register_adapter(
-    runtime: Runtime, voice_id: str, fields: dict, files: dict, inputs: Path
+    runtime: Runtime, voice_id: str, upload: Upload, inputs: Path
 ) -> VoiceDetail:
+    files, fields = upload.files, upload.fields
     staging = inputs / voice_id
     staging.mkdir()
     for part, name in ADAPTER_PARTS.items():
@@ -163,7 +198,10 @@ async def _register_adapter(
             raise ApiError(400, "invalid_adapter", f"send exactly one '{part}' file")
         files[part][0].replace(staging / name)
     manifest_part = files.get("voice", [])
-    manifest = json.loads(manifest_part[0].read_text()) if manifest_part else {}
+    try:
+        manifest = json.loads(manifest_part[0].read_text()) if manifest_part else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_adapter", f"'voice' is not JSON: {exc}") from exc
     if not isinstance(manifest, dict):
         raise ApiError(400, "invalid_adapter", "'voice' must be a JSON object")
     manifest = {
@@ -245,6 +283,10 @@ async def cancel_job(request: web.Request) -> web.Response:
 async def retry_job(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     job = _job(runtime, request.match_info["job_id"])
+    if runtime.jobs.is_running(job.id):
+        raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
+    if runtime.registry.get(job.voice_id):
+        raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in ("failed", "cancelled"):
         raise ApiError(
             409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
