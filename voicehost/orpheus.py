@@ -42,17 +42,6 @@ FRAME_LAYOUT: tuple[tuple[int, int], ...] = (
 )
 CODES_PER_LAYER = (1, 2, 4)
 
-EMOTIVE_TAGS = (
-    "<laugh>",
-    "<chuckle>",
-    "<sigh>",
-    "<cough>",
-    "<sniffle>",
-    "<groan>",
-    "<yawn>",
-    "<gasp>",
-)
-
 PROMPT_SUFFIX = (EOT_ID, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)
 
 

@@ -47,10 +47,6 @@ class Runtime:
         return AdapterRules(self.settings.served_base_name(), self.settings.max_lora_rank, shape)
 
     @property
-    def ready(self) -> bool:
-        return self.synthesizer is not None
-
-    @property
     def failure(self) -> str | None:
         """Why this process cannot serve at all (start-up failed, or the engine died)."""
         if self.startup_error:

@@ -124,13 +124,18 @@ async def speech(request: web.Request) -> web.StreamResponse:
         return await send_audio(request, body.response_format, first, chunks)
 
 
+def opening_bytes(fmt: str, first: np.ndarray) -> bytes:
+    """The first chunk of a stream: the WAV header (for wav) and the first samples."""
+    return (wav_header() if fmt == "wav" else b"") + to_pcm16(first)
+
+
 async def send_audio(
     request: web.Request, fmt: str, first: np.ndarray, rest: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt]})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    await response.write((wav_header() if fmt == "wav" else b"") + to_pcm16(first))
+    await response.write(opening_bytes(fmt, first))
     async for pcm in rest:
         await response.write(to_pcm16(pcm))
     await response.write_eof()
@@ -149,7 +154,7 @@ async def send_sse(
         await response.write(f"data: {json.dumps(payload)}\n\n".encode())
 
     samples = first.size
-    audio = (wav_header() if fmt == "wav" else b"") + to_pcm16(first)
+    audio = opening_bytes(fmt, first)
     await event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode()})
     async for pcm in rest:
         samples += pcm.size
