@@ -52,56 +52,77 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
+def dev_env(**extra: str) -> dict[str, str]:
+    """The environment of a dev-model process; codec noise off, so audio depends only on tokens."""
+    return {
+        **os.environ,
+        "VOICEHOST_DEV_DIR": str(DEV_DIR),
+        "VOICEHOST_CODEC_NOISE": "false",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **extra,
+    }
+
+
+def launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start a process in its own process group (with vLLM's engine processes under it)."""
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 300) -> list[int]:
+    """Poll ``url/readyz`` until 200; fail with the log's tail if the process dies or stalls.
+    Returns the readiness statuses seen."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"{process.args} exited with {process.returncode}:\n{text}")
+        try:
+            status = http_status(f"{url}/readyz")
+        except OSError:
+            time.sleep(0.2)
+            continue
+        seen.append(status)
+        if status == 200:
+            return seen
+        if http_status(f"{url}/healthz") != 200:
+            pytest.fail(f"start-up failed:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"not ready in {timeout} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @pytest.fixture(scope="session")
 def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``voicehost serve --dev`` in a subprocess, with its own adapters folder.
-
-    The codec's noise is off so that audio is a deterministic function of the audio tokens.
-    """
+    """``voicehost serve --dev`` in a subprocess, with its own adapters folder."""
     root = tmp_path_factory.mktemp("server")
     adapters = root / "adapters"
     adapters.mkdir()
     log = root / "server.log"
     port = free_port()
-    env = {
-        **os.environ,
-        "VOICEHOST_DEV_DIR": str(DEV_DIR),
-        "VOICEHOST_CODEC_NOISE": "false",
-        "VOICEHOST_JOBS_DIR": str(root / "jobs"),
-        "VOICEHOST_CLONE_EPOCHS": "1",
-        "VOICEHOST_MAX_UPLOAD_MB": "20",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    }
+    env = dev_env(
+        VOICEHOST_JOBS_DIR=str(root / "jobs"),
+        VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_MAX_UPLOAD_MB="20",
+    )
     command = [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(port)]
     command += ["--adapters", str(adapters)]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    process = launch(command, env, log)
     server = Server(f"http://127.0.0.1:{port}", adapters, log, process)
-    deadline = time.monotonic() + 300
     try:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(
-                    f"server exited with {process.returncode}:\n{server.log_text()[-3000:]}"
-                )
-            try:
-                status = http_status(f"{server.url}/readyz")
-            except OSError:
-                time.sleep(0.2)
-                continue
-            server.readiness.append(status)
-            if status == 200:
-                break
-            if http_status(f"{server.url}/healthz") != 200:
-                pytest.fail(f"server start-up failed:\n{server.log_text()[-3000:]}")
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"server not ready in 300 s:\n{server.log_text()[-3000:]}")
+        server.readiness.extend(wait_ready(process, server.url, log))
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)

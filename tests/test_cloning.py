@@ -186,8 +186,12 @@ async def test_a_bad_adapter_upload_is_400(http, server, dev_model):
     assert not (server.adapters / "bad-up").exists()
 
 
-def test_job_state_survives_a_restart(tmp_path, dev_model):
-    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=lambda voice_id: None)
+async def no_registry(voice_id, folder):
+    return None
+
+
+async def test_job_state_survives_a_restart(tmp_path, dev_model):
+    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
     job_id, inputs = jobs.new_job_dir()
     spec = VoiceJob(
         audio=[inputs],
@@ -198,11 +202,11 @@ def test_job_state_survives_a_restart(tmp_path, dev_model):
         adapters_dir=tmp_path,
         work_dir=tmp_path / "w",
     )
-    jobs.submit(job_id, spec)
+    await jobs.submit(job_id, spec)
     state_file = tmp_path / "jobs" / job_id / "job.json"
     state = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**state, "status": "training"}))  # died mid-training
-    restarted = CloneJobs(tmp_path / "jobs", on_voice_ready=lambda voice_id: None)
+    restarted = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
     restarted.recover()
     assert restarted.get(job_id).status == "queued"
     assert (tmp_path / "jobs" / job_id / "spec.json").exists()

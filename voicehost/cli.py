@@ -22,6 +22,9 @@ def _settings(args: argparse.Namespace) -> Settings:
             "adapters_dir": args.adapters,
             "host": args.host,
             "port": args.port,
+            "redis_url": getattr(args, "redis", None),
+            "worker_id": getattr(args, "worker_id", None),
+            "advertise_url": getattr(args, "advertise_url", None),
         }.items()
         if value is not None
     }
@@ -37,6 +40,55 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     serve(settings)
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from voicehost.api.server import serve
+
+    settings = _settings(args)
+    if not settings.dev and not settings.model:
+        print("voicehost worker: pass --model (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
+        return 2
+    if not settings.redis_url:
+        print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
+        return 2
+    serve(settings, worker=True)
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from voicehost.cluster.gateway import serve_gateway
+
+    settings = _settings(args)
+    if not settings.redis_url:
+        print("voicehost gateway: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
+        return 2
+    serve_gateway(settings)
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Tell a local worker to drain, then wait for its streams to finish (a preStop hook)."""
+    import json
+    import time
+    import urllib.request
+
+    def call(method: str, path: str) -> dict:
+        request = urllib.request.Request(f"{args.url}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    deadline = time.monotonic() + args.timeout
+    try:
+        state = call("POST", "/internal/drain")
+        while state["active_streams"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = call("GET", "/internal/load")
+    except OSError as exc:
+        print(f"voicehost drain: {exc}", file=sys.stderr)
+        return 1
+    print(f"drained: {state['active_streams']} streams still in flight")
+    return 0 if state["active_streams"] == 0 else 1
 
 
 def cmd_dev_model(args: argparse.Namespace) -> int:
@@ -132,6 +184,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.set_defaults(func=cmd_serve)
+
+    worker = commands.add_parser("worker", help="run a cluster worker (engine + decoder)")
+    worker.add_argument("--dev", action="store_true", help="serve the tiny dev model")
+    worker.add_argument("--model", help="Orpheus weights (path or hub id)")
+    worker.add_argument("--codec", help="SNAC 24 kHz (path or hub id)")
+    worker.add_argument("--adapters", type=Path, help=argparse.SUPPRESS)
+    worker.add_argument("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    worker.add_argument("--worker-id", help="a stable id (default: host-port)")
+    worker.add_argument("--advertise-url", help="URL gateways reach this worker at")
+    worker.add_argument("--host")
+    worker.add_argument("--port", type=int)
+    worker.set_defaults(func=cmd_worker)
+
+    gateway = commands.add_parser("gateway", help="run a cluster gateway (the public API)")
+    gateway.add_argument("--dev", action="store_true", help="the cluster serves the dev model")
+    gateway.add_argument("--model", help="the workers' Orpheus weights (for clone jobs)")
+    gateway.add_argument("--codec", help=argparse.SUPPRESS)
+    gateway.add_argument("--adapters", type=Path, help=argparse.SUPPRESS)
+    gateway.add_argument("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    gateway.add_argument("--host")
+    gateway.add_argument("--port", type=int)
+    gateway.set_defaults(func=cmd_gateway)
+
+    drain = commands.add_parser("drain", help="drain a local worker (for a preStop hook)")
+    drain.add_argument("--url", default="http://127.0.0.1:8080")
+    drain.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for streams")
+    drain.set_defaults(func=cmd_drain)
 
     dev = commands.add_parser("dev-model", help="build the dev model (cached)")
     dev.add_argument("--out", type=Path, help="where to build it (default: the dev_dir setting)")

@@ -3,8 +3,12 @@
 Each job lives in ``<jobs_dir>/<job_id>/``: ``job.json`` (its state, owned by this process),
 ``spec.json`` (what the training worker runs), ``inputs/`` (the uploaded files, kept until the
 job is deleted so a failed job can be retried), and the worker's ``progress.json``/``error.txt``.
-Jobs run one at a time, in the order they were made; on restart, a job that was running is
-queued again and resumes from its last checkpoint.
+The worker writes the voice into ``out/``; when it succeeds the voice is handed to the voice
+registry. Which job runs next comes from a ``JobQueue``: the jobs folder itself for one server
+(one job at a time, oldest first; on restart a job that was running is queued again and resumes
+from its last checkpoint), or a Redis stream shared by a cluster's workers
+(``voicehost.cluster.jobs``). A runner watches ``job.json`` while its worker runs, so a cancel
+written by any process stops the job.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
@@ -31,6 +35,9 @@ JOB_ID_PATTERN = re.compile(r"^job-[0-9a-f]{16}$")
 JobStatus = Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
 RUNNING: tuple[JobStatus, ...] = ("preparing", "training")
 FINISHED: tuple[JobStatus, ...] = ("done", "failed", "cancelled")
+OUTPUT = "out"
+CANCEL_POLL_SECONDS = 0.5
+KEEP_SECONDS = 10.0
 
 
 @dataclass
@@ -46,16 +53,67 @@ class CloneJob:
     stage: str | None = None
     error: str | None = None
     eval_loss: list[float] = field(default_factory=list)
+    runner: str | None = None  # who runs the job's worker process right now
+
+
+class JobQueue(Protocol):
+    """Hands queued jobs to runners."""
+
+    async def put(self, job_id: str) -> None: ...
+
+    async def take(self, jobs: CloneJobs) -> tuple[str, str]:
+        """The next job to run and a receipt for ``done``; waits until there is one."""
+        ...
+
+    async def keep(self, receipt: str) -> None:
+        """Called now and then while the job runs (a claim that must not go stale)."""
+        ...
+
+    async def done(self, receipt: str) -> None: ...
+
+
+class FolderQueue:
+    """One server's queue: the queued jobs in the jobs folder, oldest first."""
+
+    def __init__(self) -> None:
+        self._wake = asyncio.Event()
+
+    async def put(self, job_id: str) -> None:
+        self._wake.set()
+
+    async def take(self, jobs: CloneJobs) -> tuple[str, str]:
+        while True:
+            queued = [j for j in await asyncio.to_thread(jobs.jobs) if j.status == "queued"]
+            if queued:
+                return queued[0].id, queued[0].id
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def keep(self, receipt: str) -> None:
+        return None
+
+    async def done(self, receipt: str) -> None:
+        return None
+
+
+VoiceReady = Callable[[str, Path], Awaitable[object]]
 
 
 class CloneJobs:
-    """The persisted job queue and its single runner."""
+    """The persisted jobs, their queue and this process's runner."""
 
-    def __init__(self, root: Path, on_voice_ready: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        on_voice_ready: VoiceReady,
+        queue: JobQueue | None = None,
+        runner_id: str = "local",
+    ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.on_voice_ready = on_voice_ready
-        self._wake = asyncio.Event()
+        self.queue = queue or FolderQueue()
+        self.runner_id = runner_id
         self._process: asyncio.subprocess.Process | None = None
         self._running: str | None = None
 
@@ -91,13 +149,17 @@ class CloneJobs:
     def discard(self, job_id: str) -> None:
         shutil.rmtree(self._dir(job_id), ignore_errors=True)
 
-    def submit(self, job_id: str, spec: VoiceJob) -> CloneJob:
-        """Queue a job whose inputs are in place."""
+    def output_dir(self, job_id: str) -> Path:
+        """Where the job's worker writes the voice folder."""
+        return self._dir(job_id) / OUTPUT
+
+    async def submit(self, job_id: str, spec: VoiceJob) -> CloneJob:
+        """Queue a job whose inputs are in place (``spec.adapters_dir`` is ``output_dir``)."""
         (self._dir(job_id) / SPEC).write_text(json.dumps(job_to_json(spec)))
         now = time.time()
         job = CloneJob(job_id, spec.voice_id, "queued", now, now)
         self._save(job)
-        self._wake.set()
+        await self.queue.put(job_id)
         return job
 
     def get(self, job_id: str) -> CloneJob | None:
@@ -130,45 +192,82 @@ class CloneJobs:
         job.status, job.error = "cancelled", "cancelled by request"
         self._save(job)
         if self._running == job_id and self._process is not None:
-            self._process.terminate()
+            self._process.terminate()  # this process runs it; other runners see job.json
         return job
 
     def is_running(self, job_id: str) -> bool:
         """Whether a worker process for this job is still alive (even if it was cancelled)."""
-        return self._running == job_id
+        job = self._load(job_id)
+        return job is not None and job.runner is not None
 
-    def retry(self, job_id: str) -> CloneJob | None:
+    async def retry(self, job_id: str) -> CloneJob | None:
         """Queue a failed or cancelled job again, from its stored inputs."""
         job = self._load(job_id)
-        if job is None or job.status not in ("failed", "cancelled") or self.is_running(job_id):
+        if job is None or job.status not in ("failed", "cancelled") or job.runner is not None:
             return job
         job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
         self._save(job)
-        self._wake.set()
+        await self.queue.put(job_id)
         return job
 
     def recover(self) -> None:
-        """After a restart: jobs that were running are queued again."""
+        """After a restart: jobs this runner was running are queued again."""
         for job in self.jobs():
-            if job.status in RUNNING:
-                job.status = "queued"
+            if job.runner == self.runner_id or (job.runner is None and job.status in RUNNING):
+                job.runner = None
+                if job.status in RUNNING:
+                    job.status = "queued"
                 self._save(job)
 
     async def run_forever(self) -> None:
-        """Run queued jobs one at a time, oldest first (as a task)."""
-        self.recover()
+        """Run queued jobs one at a time, as the queue hands them out (as a task)."""
+        await asyncio.to_thread(self.recover)
         while True:
-            queued = [j for j in self.jobs() if j.status == "queued"]
-            if not queued:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+            job_id, receipt = await self.queue.take(self)
+            job = self._load(job_id)
             try:
-                await self._run(queued[0])
+                if job is not None and job.status in ("queued", *RUNNING):
+                    await self._run(job, receipt)
             except Exception as exc:  # one broken job must not stop the queue
-                log.exception("clone job %s could not run", queued[0].id)
-                error = f"{type(exc).__name__}: {exc}"
-                self._finish(queued[0].id, "failed", error, even_if_queued=True)
+                log.exception("clone job %s could not run", job_id)
+                self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}", even_if_queued=True)
+            await self.queue.done(receipt)
+
+    async def _run_worker(self, job_id: str, job_dir: Path, receipt: str) -> int:
+        """Run the training process to its end, stopping it if the job is cancelled."""
+        with (job_dir / "worker.log").open("ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "lora_training.worker",
+                str(job_dir),
+                stdout=log_file,
+                stderr=log_file,
+            )
+            self._process = process
+            kept = time.monotonic()
+            try:
+                while True:
+                    if time.monotonic() - kept > KEEP_SECONDS:
+                        await self.queue.keep(receipt)
+                        kept = time.monotonic()
+                    current = self._load(job_id)
+                    if current is None or current.status == "cancelled":
+                        process.terminate()
+                    try:
+                        return await asyncio.wait_for(process.wait(), CANCEL_POLL_SECONDS)
+                    except TimeoutError:
+                        continue
+            except asyncio.CancelledError:
+                process.terminate()  # the server is stopping; the job resumes next time
+                await process.wait()
+                raise
+
+    def _set_runner(self, job_id: str, runner: str | None) -> None:
+        job = self._load(job_id)
+        if job is not None:
+            job.runner = runner
+            self._save(job)
 
     def _finish(
         self, job_id: str, status: JobStatus, error: str | None = None, even_if_queued: bool = False
@@ -183,33 +282,24 @@ class CloneJobs:
             job.progress, job.stage = 1.0, "done"
         self._save(job)
 
-    async def _run(self, job: CloneJob) -> None:
+    async def _run(self, job: CloneJob, receipt: str) -> None:
         job_dir = self._dir(job.id)
         (job_dir / PROGRESS).unlink(missing_ok=True)
-        job.status, job.stage = "preparing", "preparing"
+        job.status, job.stage, job.runner = "preparing", "preparing", self.runner_id
         self._save(job)
         self._running = job.id
-        with (job_dir / "worker.log").open("ab") as log_file:
-            self._process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "lora_training.worker",
-                str(job_dir),
-                stdout=log_file,
-                stderr=log_file,
-            )
-            try:
-                if (self._load(job.id) or job).status == "cancelled":  # cancelled while starting
-                    self._process.terminate()
-                code = await self._process.wait()
-            except asyncio.CancelledError:
-                self._process.terminate()  # the server is stopping; the job resumes next time
-                await self._process.wait()
-                raise
-            finally:
-                self._running, self._process = None, None
+        try:
+            code = await self._run_worker(job.id, job_dir, receipt)
+        finally:
+            self._running, self._process = None, None
+            self._set_runner(job.id, None)
         if code == 0:
-            await asyncio.to_thread(self.on_voice_ready, job.voice_id)
+            folder = self.output_dir(job.id) / job.voice_id
+            try:
+                await self.on_voice_ready(job.voice_id, folder)
+            except ValueError as exc:  # VoiceExists, InvalidAdapter
+                self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
+                return
             self._finish(job.id, "done")
             await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
         else:

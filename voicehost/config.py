@@ -65,6 +65,36 @@ class Settings(BaseSettings):
     cpu_kv_cache_gib: int = Field(1, description="KV cache GiB for the CPU engine.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start).")
 
+    # Cluster (voicehost worker / gateway)
+    redis_url: str | None = Field(None, description="Redis of the cluster (worker and gateway).")
+    worker_id: str | None = Field(None, description="A worker's stable id (default: host-port).")
+    advertise_url: str | None = Field(
+        None, description="URL gateways use to reach this worker (default: http://host:port)."
+    )
+    heartbeat_seconds: float = Field(1.0, description="How often a worker heartbeats.")
+    worker_ttl_seconds: float = Field(5.0, description="A silent worker leaves after this long.")
+    membership_poll_seconds: float = Field(1.0, description="How often gateways read members.")
+    session_ttl_seconds: float = Field(600.0, description="Life of an idle session pin.")
+    load_factor: float = Field(1.25, description="Bounded-load c: a worker takes <= c x average.")
+    hot_voice_streams: int = Field(
+        8, description="In-flight streams of one voice per extra worker it is replicated to."
+    )
+    worker_capacity: int | None = Field(
+        None, description="Streams a worker reports it can keep real-time (default max_num_seqs)."
+    )
+    shared_dir: Path = Field(
+        Path("shared"), description="Shared store of the cluster: adapters and clone jobs."
+    )
+    adapter_cache_dir: Path = Field(
+        default_factory=lambda: _default_dev_dir().parent / "adapters",
+        description="A worker's local cache of adapters fetched from the shared store.",
+    )
+    adapter_cache_mb: float = Field(2048.0, description="Size cap of the adapter cache (LRU).")
+    redis_timeout_seconds: float = Field(0.5, description="Redis socket and connect timeout.")
+    redis_retries: int = Field(2, description="Retries of a failed Redis command.")
+    redis_pool_size: int = Field(32, description="Redis connections per process.")
+    proxy_connections: int = Field(256, description="Gateway keep-alive connections to workers.")
+
     # Sampling (Orpheus' stable defaults)
     temperature: float = Field(0.6, description="Sampling temperature.")
     top_p: float = Field(0.8, description="Nucleus sampling.")

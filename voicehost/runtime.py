@@ -9,15 +9,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from voicehost.cloning import CloneJobs
+from redis.exceptions import RedisError
+
+from voicehost.cloning import CloneJobs, JobQueue
+from voicehost.cluster.state import WorkerLoad
+from voicehost.cluster.voices import RedisVoiceRegistry
 from voicehost.codec import SnacCodec
 from voicehost.config import Settings
-from voicehost.devmodel import ensure_dev_model
+from voicehost.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
 from voicehost.synthesis import Synthesizer
-from voicehost.voices import AdapterRules, ModelShape, VoiceRegistry
+from voicehost.voices import (
+    AdapterRules,
+    ModelShape,
+    VoiceDirectory,
+    VoiceExists,
+    VoiceRegistry,
+)
+
+if TYPE_CHECKING:
+    from voicehost.cluster.worker import WorkerCluster
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +41,34 @@ class NotReady(RuntimeError):
 
 
 class Runtime:
-    """Engine, codec, voice registry and metrics of one process."""
+    """Engine, codec, voice registry, clone jobs and metrics of one process.
 
-    def __init__(self, settings: Settings) -> None:
+    Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
+    folder; as a cluster worker they come from Redis and the shared store.
+    """
+
+    def __init__(self, settings: Settings, cluster: WorkerCluster | None = None) -> None:
         self.settings = settings
+        self.cluster = cluster
         self.metrics = SpeechMetrics()
-        self.registry = VoiceRegistry(
-            settings.adapter_roots(), settings.builtin_voices, self._rules()
-        )
+        self.registry: VoiceDirectory
+        queue: JobQueue | None = None
+        if cluster is None:
+            self.local_voices: VoiceRegistry | None = VoiceRegistry(
+                settings.adapter_roots(), settings.builtin_voices, self._rules()
+            )
+            self.registry = self.local_voices
+            jobs_dir, runner = settings.jobs_dir, "local"
+        else:
+            self.local_voices = None
+            self.registry = cluster.voice_registry(settings.builtin_voices, self._rules())
+            jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
+            queue = cluster.job_queue()
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
         self.synthesizer: Synthesizer | None = None
-        self.jobs = CloneJobs(settings.jobs_dir, on_voice_ready=self.registry.discover)
+        self.jobs = CloneJobs(jobs_dir, self.registry.add, queue, runner)
+        self.draining = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_start: asyncio.Future[SpeechEngine] | None = None
@@ -58,9 +88,27 @@ class Runtime:
     def require_synthesizer(self) -> Synthesizer:
         if self.failure:
             raise NotReady(self.failure)
+        if self.draining:
+            raise NotReady("draining: this process takes no new streams")
         if self.synthesizer is None:
             raise NotReady("the engine is warming up")
         return self.synthesizer
+
+    @property
+    def active_streams(self) -> int:
+        return self.synthesizer.active if self.synthesizer else 0
+
+    def load(self) -> WorkerLoad:
+        """What a cluster worker reports with each heartbeat."""
+        loaded = self.registry.loaded() if isinstance(self.registry, RedisVoiceRegistry) else 0
+        capacity = self.settings.worker_capacity or self.settings.max_num_seqs
+        return WorkerLoad(self.active_streams, loaded, capacity)
+
+    async def drain(self) -> None:
+        """Stop taking new streams and leave the ring; streams in flight finish."""
+        self.draining = True
+        if self.cluster is not None and self.cluster.presence is not None:
+            await self.cluster.presence.leave()
 
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
@@ -76,9 +124,22 @@ class Runtime:
             self.startup_error = f"start-up failed: {type(exc).__name__}: {exc}"
             log.exception("start-up failed")
             return
-        self._tasks.append(
-            asyncio.create_task(self.registry.watch(self.settings.adapter_scan_seconds))
-        )
+        if self.local_voices is not None:
+            interval = self.settings.adapter_scan_seconds
+            self._tasks.append(asyncio.create_task(self.local_voices.watch(interval)))
+        if self.cluster is not None:  # join the ring once the engine is warm
+            if self.settings.dev:
+                await self._publish_dev_voices()
+            self._tasks.append(asyncio.create_task(self.cluster.join(self.load).run()))
+
+    async def _publish_dev_voices(self) -> None:
+        """A dev worker registers the dev voices in the cluster, once."""
+        for folder in sorted(DevModelPaths(self.settings.dev_dir).adapters.iterdir()):
+            try:
+                if not await self.registry.exists(folder.name):
+                    await self.registry.add(folder.name, folder)
+            except (VoiceExists, RedisError) as exc:
+                log.info("dev voice %s not published: %s", folder.name, exc)
 
     async def _load(self) -> None:
         s = self.settings
@@ -87,7 +148,8 @@ class Runtime:
         config = Path(s.served_model()) / "config.json"
         if config.is_file():
             self.registry.rules = self._rules(ModelShape.from_config(config))
-        await asyncio.to_thread(self.registry.scan)
+        if self.local_voices is not None:
+            await asyncio.to_thread(self.local_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
         self._engine_start = asyncio.get_running_loop().run_in_executor(None, SpeechEngine.start, s)
         self.engine = await asyncio.shield(self._engine_start)
@@ -96,10 +158,12 @@ class Runtime:
             SnacCodec.load, s.served_codec(), device=s.codec_device, noise=s.codec_noise
         )
         synthesizer = Synthesizer(self.engine, self.codec, self.metrics, s.lookahead_frames)
-        warm_voice = next(iter(self.registry.builtin.values()), None) or self.registry.voices()[0]
+        warm_voice = next(iter(self.registry.builtin.values()), None)
+        if warm_voice is None:
+            warm_voice = (await self.registry.list_voices())[0][0]
         await synthesizer.warm_up(warm_voice)
         self.synthesizer = synthesizer
-        log.info("ready: %d voices", len(self.registry.voices()))
+        log.info("ready")
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -114,3 +178,5 @@ class Runtime:
             self.engine.shutdown()
         if self.codec is not None:
             self.codec.close()
+        if self.cluster is not None:
+            await self.cluster.close()

@@ -28,6 +28,7 @@ class Synthesizer:
         self.codec = codec
         self.metrics = metrics
         self.lookahead = lookahead
+        self.active = 0  # streams in progress, reported to the cluster as this worker's load
 
     async def stream(
         self, text: str, voice: Voice, seed: int | None = None
@@ -41,6 +42,7 @@ class Synthesizer:
         first_audio: float | None = None
         tokens = 0
         self.metrics.active_streams.inc()
+        self.active += 1
         try:
             async with aclosing(self.engine.audio_tokens(prompt, voice, options)) as deltas:
                 async for delta in deltas:
@@ -61,6 +63,7 @@ class Synthesizer:
             self._record(started, tokens, assembler)
         finally:
             self.metrics.active_streams.dec()
+            self.active -= 1
 
     def _record(self, started: float, tokens: int, assembler: orpheus.FrameAssembler) -> None:
         elapsed = time.monotonic() - started

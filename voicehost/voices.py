@@ -12,11 +12,12 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ def servable_lora_config(rank: int, alpha: int):  # noqa: ANN201 - peft.LoraConf
 
 class InvalidAdapter(ValueError):
     """An adapter that vLLM must not load; the message says why."""
+
+
+class VoiceExists(ValueError):
+    """A voice with this id is already registered."""
+
+
+class ReadOnlyVoice(ValueError):
+    """A voice this service may not delete (a built-in voice, or one it does not manage)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +123,41 @@ class BrokenAdapter:
     voice_id: str
     path: Path
     error: str
+
+
+class VoiceDirectory(Protocol):
+    """Where voices are registered: the local folders (``VoiceRegistry``) or Redis plus a shared
+    adapter store (``voicehost.cluster.voices.RedisVoiceRegistry``)."""
+
+    rules: AdapterRules
+    builtin: dict[str, Voice]
+
+    async def find(self, voice_id: str) -> Voice | None:
+        """The voice, ready to synthesize with, or ``None``."""
+        ...
+
+    def broken(self, voice_id: str) -> str | None:
+        """Why a voice that exists cannot be used, if it cannot."""
+        ...
+
+    async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
+        """Usable voices (sorted by id) and unusable adapters."""
+        ...
+
+    async def exists(self, voice_id: str) -> bool: ...
+
+    async def add(self, voice_id: str, folder: Path) -> Voice:
+        """Register a staged adapter folder (moved or copied); raises ``VoiceExists``,
+        ``InvalidAdapter``."""
+        ...
+
+    async def remove(self, voice_id: str) -> bool:
+        """Delete a voice; ``False`` if there is none; raises ``ReadOnlyVoice``."""
+        ...
+
+    async def manifest(self, voice_id: str) -> dict | None:
+        """The voice's ``voice.json`` (empty for a built-in voice), or ``None``."""
+        ...
 
 
 def _same_base(declared: str, served: str) -> bool:
@@ -224,7 +268,7 @@ class VoiceRegistry:
         self.rules = rules
         self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
         self.adapters: dict[str, Voice] = {}
-        self.broken: dict[str, BrokenAdapter] = {}
+        self._broken: dict[str, BrokenAdapter] = {}
         self._lock = threading.Lock()  # scans run on worker threads; readers take copies
         self._seen: dict[Path, tuple[tuple[str, int, int], ...]] = {}
 
@@ -246,7 +290,7 @@ class VoiceRegistry:
         for folder in set(self._seen) - present:
             del self._seen[folder]
             self.adapters.pop(folder.name, None)
-            self.broken.pop(folder.name, None)
+            self._broken.pop(folder.name, None)
 
     def _load(self, folder: Path) -> None:
         stamp = _folder_stamp(folder)
@@ -259,10 +303,10 @@ class VoiceRegistry:
         except Exception as exc:  # whatever is in the folder, the server stays up
             reason = str(exc) if isinstance(exc, InvalidAdapter) else f"{type(exc).__name__}: {exc}"
             self.adapters.pop(voice_id, None)
-            self.broken[voice_id] = BrokenAdapter(voice_id, folder, reason)
+            self._broken[voice_id] = BrokenAdapter(voice_id, folder, reason)
             log.error("voice adapter %s is unusable: %s", folder, exc)
             return
-        self.broken.pop(voice_id, None)
+        self._broken.pop(voice_id, None)
         self.adapters[voice_id] = voice
         log.info("voice adapter %s ready (%s)", voice_id, folder)
 
@@ -285,6 +329,59 @@ class VoiceRegistry:
         """``discover`` without blocking the event loop on disk reads."""
         return self.get(voice_id) or await asyncio.to_thread(self.discover, voice_id)
 
+    def broken(self, voice_id: str) -> str | None:
+        with self._lock:
+            found = self._broken.get(voice_id)
+        return found.error if found else None
+
+    async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
+        return self.voices(), self.broken_adapters()
+
+    @property
+    def writable_root(self) -> Path:
+        """The adapters folder that uploads and clone jobs write into (the first root)."""
+        return self.roots[0]
+
+    async def exists(self, voice_id: str) -> bool:
+        return (
+            await self.find(voice_id) is not None
+            or voice_id in self._broken
+            or (self.writable_root / voice_id).exists()
+        )
+
+    async def add(self, voice_id: str, folder: Path) -> Voice:
+        await asyncio.to_thread(validate_adapter, folder, self.rules)
+        target = self.writable_root / voice_id
+        if await self.exists(voice_id):
+            raise VoiceExists(f"voice {voice_id!r} already exists")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(shutil.move, folder, target)
+        voice = await self.find(voice_id)
+        if voice is None:
+            raise InvalidAdapter(self.broken(voice_id) or "the adapter could not be loaded")
+        return voice
+
+    async def remove(self, voice_id: str) -> bool:
+        voice = await self.find(voice_id)
+        folder = self.writable_root / voice_id
+        if voice is None and voice_id not in self._broken:
+            return False
+        if voice is not None and (
+            voice.adapter_path is None or voice.adapter_path.resolve() != folder.resolve()
+        ):
+            raise ReadOnlyVoice(f"voice {voice_id!r} is not a deletable adapter")
+        await asyncio.to_thread(shutil.rmtree, folder, True)
+        await asyncio.to_thread(self.scan)
+        return True
+
+    async def manifest(self, voice_id: str) -> dict | None:
+        voice = await self.find(voice_id)
+        if voice is None:
+            return None
+        if voice.adapter_path is None or not (voice.adapter_path / MANIFEST).exists():
+            return {}
+        return json.loads(await asyncio.to_thread((voice.adapter_path / MANIFEST).read_text))
+
     def voices(self) -> list[Voice]:
         """Every usable voice, sorted by id."""
         with self._lock:
@@ -294,7 +391,7 @@ class VoiceRegistry:
     def broken_adapters(self) -> list[BrokenAdapter]:
         """Adapter folders that failed validation, with why."""
         with self._lock:
-            return sorted(self.broken.values(), key=lambda b: b.voice_id)
+            return sorted(self._broken.values(), key=lambda b: b.voice_id)
 
     async def watch(self, interval: float) -> None:
         """Rescan forever (run as a task); a failing scan is logged and retried."""

@@ -1,13 +1,30 @@
-"""What every handler shares: the app's runtime key and the one error shape."""
+"""What every handler shares: the app keys and the one error shape."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from aiohttp import web
 
 from voicehost.api.schemas import ErrorDetail, ErrorResponse
+from voicehost.cloning import CloneJobs
+from voicehost.config import Settings
+from voicehost.metrics import SpeechMetrics
 from voicehost.runtime import Runtime
+from voicehost.voices import VoiceDirectory
+
+
+class VoiceService(Protocol):
+    """What the voice and job routes need: a serving runtime and a gateway both provide it."""
+
+    settings: Settings
+    metrics: SpeechMetrics
+    registry: VoiceDirectory
+    jobs: CloneJobs
+
 
 RUNTIME = web.AppKey("runtime", Runtime)
+SERVICE = web.AppKey("service", VoiceService)
 
 
 class ApiError(Exception):

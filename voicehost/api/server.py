@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from voicehost.api import voices as voice_routes
-from voicehost.api.common import RUNTIME, ApiError, error_response
+from voicehost.api.common import RUNTIME, SERVICE, ApiError, error_response
 from voicehost.api.schemas import (
     PLANNED_FORMATS,
     SUPPORTED_FORMATS,
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Body = TypeVar("Body", bound=BaseModel)
 CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav"}
+WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
 
 
 @web.middleware
@@ -40,7 +41,7 @@ async def error_middleware(
     try:
         return await handler(request)
     except ApiError as exc:
-        request.app[RUNTIME].metrics.errors.labels(exc.code).inc()
+        request.app[SERVICE].metrics.errors.labels(exc.code).inc()
         return error_response(exc.status, exc.code, exc.message)
     except NotReady as exc:
         return error_response(503, "not_ready", str(exc))
@@ -51,7 +52,7 @@ async def error_middleware(
     except ConnectionResetError:
         raise  # the client went away; nothing to answer
     except Exception as exc:
-        request.app[RUNTIME].metrics.errors.labels("internal").inc()
+        request.app[SERVICE].metrics.errors.labels("internal").inc()
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", f"internal error: {type(exc).__name__}")
 
@@ -100,13 +101,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
     synthesizer = runtime.require_synthesizer()
     voice = await runtime.registry.find(body.voice)
     if voice is None:
-        broken = next(
-            (b for b in runtime.registry.broken_adapters() if b.voice_id == body.voice), None
-        )
+        broken = runtime.registry.broken(body.voice)
         if broken is not None:
-            raise ApiError(
-                422, "voice_unusable", f"voice {body.voice!r} is unusable: {broken.error}"
-            )
+            raise ApiError(422, "voice_unusable", f"voice {body.voice!r} is unusable: {broken}")
         raise ApiError(404, "voice_not_found", f"voice {body.voice!r} does not exist")
     async with aclosing(synthesizer.stream(body.input, voice, body.seed)) as chunks:
         try:
@@ -167,14 +164,19 @@ async def send_sse(
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    registry = request.app[RUNTIME].registry
+    registry = request.app[SERVICE].registry
+    usable, broken = await registry.list_voices()
     voices = [
-        VoiceInfo(id=v.voice_id, name=v.name, kind="adapter" if v.adapter_path else "builtin")
-        for v in registry.voices()
+        VoiceInfo(
+            id=v.voice_id,
+            name=v.name,
+            kind="builtin" if v.voice_id in registry.builtin else "adapter",
+        )
+        for v in usable
     ]
     voices += [
         VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
-        for b in registry.broken_adapters()
+        for b in broken
     ]
     return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
 
@@ -192,15 +194,45 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+async def worker_load(request: web.Request) -> web.Response:
+    """``GET /internal/load``: this process's streams in flight and whether it is draining."""
+    runtime = request.app[RUNTIME]
+    return web.json_response(
+        {"active_streams": runtime.active_streams, "draining": runtime.draining}
+    )
+
+
+async def drain(request: web.Request) -> web.Response:
+    """``POST /internal/drain``: take no new streams and leave the ring; in-flight ones finish."""
+    runtime = request.app[RUNTIME]
+    await runtime.drain()
+    return web.json_response(
+        {"active_streams": runtime.active_streams, "draining": runtime.draining}
+    )
+
+
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[RUNTIME].metrics.render()
+    body = request.app[SERVICE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-def create_app(settings: Settings) -> web.Application:
-    """The application; the runtime starts in the background when the app starts."""
+def create_app(settings: Settings, worker: bool = False) -> web.Application:
+    """The application; the runtime starts in the background when the app starts.
+
+    ``worker``: a cluster worker, whose voices and jobs live in Redis and the shared store.
+    """
     app = web.Application(middlewares=[error_middleware])
-    app[RUNTIME] = Runtime(settings)
+    cluster = None
+    if worker:
+        from voicehost.cluster.worker import WorkerCluster
+
+        cluster = WorkerCluster(settings)
+
+        async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers[WORKER_HEADER] = cluster.worker_id
+
+        app.on_response_prepare.append(name_worker)
+    app[RUNTIME] = app[SERVICE] = Runtime(settings, cluster)
 
     async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         app[RUNTIME].start()
@@ -215,13 +247,15 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/internal/load", worker_load)
+    app.router.add_post("/internal/drain", drain)
     return app
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, worker: bool = False) -> None:
     """Run the server until interrupted; a disconnecting client cancels its handler."""
     web.run_app(
-        create_app(settings),
+        create_app(settings, worker),
         host=settings.host,
         port=settings.port,
         handler_cancellation=True,

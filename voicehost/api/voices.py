@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import secrets
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -17,12 +16,11 @@ from lora_training.ingest import AudioTooLong, UnreadableAudio, decode
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
-from voicehost.api.common import RUNTIME, ApiError
+from voicehost.api.common import SERVICE, ApiError, VoiceService
 from voicehost.api.schemas import CloneJobInfo, VoiceDetail
 from voicehost.cloning import CloneJob
 from voicehost.orpheus import SAMPLE_RATE
-from voicehost.runtime import Runtime
-from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, validate_adapter
+from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, ReadOnlyVoice, VoiceExists
 
 CHUNK = 1 << 16
 ADAPTER_PARTS = {
@@ -87,43 +85,43 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload
     return upload
 
 
-def _voice_id(runtime: Runtime, fields: dict[str, str]) -> str:
+async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
     voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
     if not VOICE_ID_PATTERN.match(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
-    _ensure_free(runtime, voice_id)
+    await _ensure_free(runtime, voice_id)
     return voice_id
 
 
-def _ensure_free(runtime: Runtime, voice_id: str) -> None:
-    if runtime.registry.get(voice_id) or (runtime.settings.adapters_dir / voice_id).exists():
+async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
+    if await runtime.registry.exists(voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
-    if runtime.jobs.voice_in_progress(voice_id):
+    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
 
 
 async def create_voice(request: web.Request) -> web.Response:
     """``POST /v1/voices``: audio files -> a clone job (202); a PEFT adapter -> a voice (201)."""
-    runtime = request.app[RUNTIME]
+    runtime = request.app[SERVICE]
     settings = runtime.settings
     job_id, inputs = runtime.jobs.new_job_dir()
     try:
         upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
-        voice_id = _voice_id(runtime, upload.fields)
+        voice_id = await _voice_id(runtime, upload.fields)
         if "adapter_config" in upload.files or "adapter_model" in upload.files:
             voice = await _register_adapter(runtime, voice_id, upload, inputs)
             runtime.jobs.discard(job_id)
             return web.json_response({"voice": voice.model_dump()}, status=201)
-        spec = await _check_audio(runtime, voice_id, upload, inputs)
-        _ensure_free(runtime, voice_id)  # again: another upload may have taken it meanwhile
+        spec = await _check_audio(runtime, voice_id, upload, inputs, job_id)
+        await _ensure_free(runtime, voice_id)  # again: another upload may have taken it meanwhile
     except Exception:
         await asyncio.to_thread(runtime.jobs.discard, job_id)
         raise
     except BaseException:  # cancelled: no awaiting
         runtime.jobs.discard(job_id)
         raise
-    job = runtime.jobs.submit(job_id, spec)
+    job = await runtime.jobs.submit(job_id, spec)
     return web.json_response(
         {"job": _job_info(job).model_dump()},
         status=202,
@@ -143,7 +141,9 @@ def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> N
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-async def _check_audio(runtime: Runtime, voice_id: str, upload: Upload, inputs: Path) -> VoiceJob:
+async def _check_audio(
+    runtime: VoiceService, voice_id: str, upload: Upload, inputs: Path, job_id: str
+) -> VoiceJob:
     settings = runtime.settings
     audio = upload.files.get("audio", [])
     if not audio:
@@ -168,7 +168,7 @@ async def _check_audio(runtime: Runtime, voice_id: str, upload: Upload, inputs: 
         base_model=settings.served_model(),
         base_model_name=settings.served_base_name(),
         codec=settings.served_codec(),
-        adapters_dir=settings.adapters_dir,
+        adapters_dir=runtime.jobs.output_dir(job_id),
         work_dir=inputs.parent / "work",
         train=TrainSettings(
             epochs=settings.clone_epochs, learning_rate=learning_rate_for(settings.dev)
@@ -188,7 +188,7 @@ async def _check_audio(runtime: Runtime, voice_id: str, upload: Upload, inputs: 
 
 
 async def _register_adapter(
-    runtime: Runtime, voice_id: str, upload: Upload, inputs: Path
+    runtime: VoiceService, voice_id: str, upload: Upload, inputs: Path
 ) -> VoiceDetail:
     files, fields = upload.files, upload.fields
     staging = inputs / voice_id
@@ -214,46 +214,40 @@ async def _register_adapter(
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     try:
-        await asyncio.to_thread(validate_adapter, staging, runtime.registry.rules)
+        await runtime.registry.add(voice_id, staging)
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", str(exc)) from exc
-    runtime.settings.adapters_dir.mkdir(parents=True, exist_ok=True)
-    staging.replace(runtime.settings.adapters_dir / voice_id)
-    voice = await runtime.registry.find(voice_id)
-    if voice is None:
-        raise ApiError(500, "internal", "the registered adapter could not be loaded")
-    return _voice_detail(runtime, voice_id)
+    except VoiceExists as exc:
+        raise ApiError(409, "voice_exists", str(exc)) from exc
+    return await _voice_detail(runtime, voice_id)
 
 
-def _voice_detail(runtime: Runtime, voice_id: str) -> VoiceDetail:
-    voice = runtime.registry.get(voice_id)
-    if voice is None:
+async def _voice_detail(runtime: VoiceService, voice_id: str) -> VoiceDetail:
+    manifest = await runtime.registry.manifest(voice_id)
+    if manifest is None:
         raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
-    manifest = {}
-    if voice.adapter_path and (voice.adapter_path / MANIFEST).exists():
-        manifest = json.loads((voice.adapter_path / MANIFEST).read_text())
-    kind = "adapter" if voice.adapter_path else "builtin"
-    return VoiceDetail(id=voice.voice_id, name=voice.name, kind=kind, manifest=manifest)
+    builtin = runtime.registry.builtin.get(voice_id)
+    if builtin is not None:
+        return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
+    name = str(manifest.get("name") or voice_id)
+    return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=manifest)
 
 
 async def get_voice(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    voice_id = request.match_info["voice_id"]
-    await runtime.registry.find(voice_id)
-    return web.json_response({"voice": _voice_detail(runtime, voice_id).model_dump()})
+    runtime = request.app[SERVICE]
+    voice = await _voice_detail(runtime, request.match_info["voice_id"])
+    return web.json_response({"voice": voice.model_dump()})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    runtime = request.app[SERVICE]
     voice_id = request.match_info["voice_id"]
-    voice = await runtime.registry.find(voice_id)
-    if voice is None:
+    try:
+        removed = await runtime.registry.remove(voice_id)
+    except ReadOnlyVoice as exc:
+        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    if not removed:
         raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
-    folder = runtime.settings.adapters_dir / voice_id
-    if voice.adapter_path is None or voice.adapter_path.resolve() != folder.resolve():
-        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is not a deletable adapter")
-    await asyncio.to_thread(shutil.rmtree, folder)
-    await asyncio.to_thread(runtime.registry.scan)
     return web.Response(status=204)
 
 
@@ -261,7 +255,7 @@ def _job_info(job: CloneJob) -> CloneJobInfo:
     return CloneJobInfo.model_validate(job, from_attributes=True)
 
 
-def _job(runtime: Runtime, job_id: str) -> CloneJob:
+def _job(runtime: VoiceService, job_id: str) -> CloneJob:
     job = runtime.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"job {job_id!r} does not exist")
@@ -269,29 +263,29 @@ def _job(runtime: Runtime, job_id: str) -> CloneJob:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    job = _job(request.app[RUNTIME], request.match_info["job_id"])
+    job = _job(request.app[SERVICE], request.match_info["job_id"])
     return web.json_response({"job": _job_info(job).model_dump()})
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    runtime = request.app[SERVICE]
     _job(runtime, request.match_info["job_id"])
     job = await runtime.jobs.cancel(request.match_info["job_id"])
     return web.json_response({"job": _job_info(job).model_dump()})
 
 
 async def retry_job(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    runtime = request.app[SERVICE]
     job = _job(runtime, request.match_info["job_id"])
     if runtime.jobs.is_running(job.id):
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
-    if runtime.registry.get(job.voice_id):
+    if await runtime.registry.exists(job.voice_id):
         raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in ("failed", "cancelled"):
         raise ApiError(
             409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
         )
-    job = runtime.jobs.retry(job.id)
+    job = await runtime.jobs.retry(job.id)
     return web.json_response({"job": _job_info(job).model_dump()}, status=202)
 
 

@@ -1,0 +1,347 @@
+"""Cluster mode with real parts: a Redis server of its own, two dev-model workers and gateways,
+over real HTTP. The tests run in order; the last ones kill and drain the workers."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis
+from conftest import dev_env, free_port, http_status, launch, stop, wait_ready
+from speech import build_corpus
+from test_cloning import adapter_form, audio_form
+
+HEARTBEAT = 0.5
+TTL = 2.0
+POLL = 0.5
+SLACK = 1.0  # scheduling on a busy 2-core machine
+LONG_TEXT = (
+    "This is a long sentence that keeps the worker busy for a while, so that the stream is "
+    "still running when something happens to the cluster around it. " * 3
+)
+
+
+@dataclass
+class RedisServer:
+    port: int
+    folder: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=2)
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--dir", str(self.folder), "--appendonly", "yes", "--save", ""]
+        command += ["--appendfsync", "always"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)  # redis flushes the AOF and exits
+        self.process.wait(timeout=10)
+
+
+@dataclass
+class Node:
+    name: str
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    gateway: Node
+    workers: dict[str, Node]
+    root: Path
+    env: dict[str, str]
+
+
+def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
+    return dev_env(
+        VOICEHOST_REDIS_URL=redis_server.url,
+        VOICEHOST_SHARED_DIR=str(root / "shared"),
+        VOICEHOST_ADAPTER_CACHE_DIR=str(root / "cache"),
+        VOICEHOST_HEARTBEAT_SECONDS=str(HEARTBEAT),
+        VOICEHOST_WORKER_TTL_SECONDS=str(TTL),
+        VOICEHOST_MEMBERSHIP_POLL_SECONDS=str(POLL),
+        VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_MIN_SPEECH_SECONDS="10",
+    )
+
+
+def start_gateway(root: Path, env: dict[str, str], name: str, hash_seed: str) -> Node:
+    port = free_port()
+    log = root / f"{name}.log"
+    command = [sys.executable, "-m", "voicehost", "gateway", "--dev", "--port", str(port)]
+    process = launch(command, {**env, "PYTHONHASHSEED": hash_seed}, log)
+    return Node(name, f"http://127.0.0.1:{port}", process, log)
+
+
+def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
+    import json
+    import urllib.request
+
+    url = (gateway or cluster.gateway).url + "/v1/cluster"
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return {w["id"] for w in json.loads(response.read())["workers"]}
+
+
+def wait_until(condition, timeout: float, step: float = 0.05) -> float:
+    """Seconds until ``condition()`` held; fails after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout} s")
+
+
+async def eventually(condition, within: float, step: float = 0.05) -> float:
+    """``wait_until`` without blocking the event loop (streams keep running meanwhile)."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if await asyncio.to_thread(condition):
+            return time.monotonic() - started
+        await asyncio.sleep(step)
+    raise AssertionError(f"not within {within} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster")
+    redis_server = RedisServer(free_port(), root)
+    redis_server.start()
+    env = cluster_env(root, redis_server)
+    workers = {}
+    for name in ("w1", "w2"):
+        port = free_port()
+        log = root / f"{name}.log"
+        command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
+        command += ["--worker-id", name]
+        workers[name] = Node(name, f"http://127.0.0.1:{port}", launch(command, env, log), log)
+    gateway = start_gateway(root, env, "gateway", "1")
+    nodes = [gateway, *workers.values()]
+    try:
+        for worker in workers.values():
+            wait_ready(worker.process, worker.url, worker.log)
+        wait_ready(gateway.process, gateway.url, gateway.log)
+        cluster = Cluster(redis_server, gateway, workers, root, env)
+        wait_until(lambda: members(cluster) == {"w1", "w2"}, 10)
+        yield cluster
+    finally:
+        for node in nodes:
+            stop(node.process)
+        redis_server.stop()
+
+
+@pytest.fixture
+async def http():
+    timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        yield session
+
+
+async def owners(http, gateway: Node, voices: list[str]) -> dict[str, str]:
+    async with http.post(gateway.url + "/v1/cluster/route", json={"voices": voices}) as r:
+        assert r.status == 200
+        return (await r.json())["owners"]
+
+
+async def speak(http, url: str, voice: str, text: str = "Hello there.", session=None):
+    headers = {"X-Session-Id": session} if session else {}
+    body = {"input": text, "voice": voice, "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=headers) as response:
+        payload = await response.read()
+        return response.status, response.headers.get("X-Voicehost-Worker"), payload
+
+
+VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe", "dev-a", "dev-b", "dev-c"]
+
+
+def two_per_worker(owner: dict[str, str]) -> list[str]:
+    return [v for w in ("w1", "w2") for v in [v for v in VOICES if owner[v] == w][:2]]
+
+
+async def test_requests_land_on_the_voices_ring_owner(cluster, http):
+    owner = await owners(http, cluster.gateway, VOICES)
+    assert set(owner.values()) == {"w1", "w2"}
+    for voice in two_per_worker(owner):
+        status, served_by, audio = await speak(http, cluster.gateway.url, voice, "Hi.")
+        assert status == 200 and len(audio) > 0
+        assert served_by == owner[voice], voice
+
+
+async def test_a_session_stays_on_one_worker(cluster, http):
+    served = set()
+    owner = await owners(http, cluster.gateway, VOICES)
+    for voice in two_per_worker(owner)[1:]:  # voices of both workers
+        status, served_by, _ = await speak(http, cluster.gateway.url, voice, "Hi.", "call-42")
+        assert status == 200
+        served.add(served_by)
+    assert len(served) == 1
+    ttl = cluster.redis.client().ttl("vh:session:call-42")
+    assert 0 < ttl <= 600
+
+
+async def test_every_key_but_the_registry_records_expires(cluster):
+    client = cluster.redis.client()
+    keys = client.keys("*")
+    assert "vh:members" in keys and "vh:member:w1" in keys and "vh:voice:dev-a" in keys
+    for key in keys:
+        if key == "vh:voices" or key.startswith("vh:voice:"):
+            continue
+        assert client.ttl(key) > 0, key
+
+
+async def test_two_gateways_route_identically_whatever_their_hash_seed(cluster, http):
+    other = start_gateway(cluster.root, cluster.env, "gateway-b", "2")
+    try:
+        wait_ready(other.process, other.url, other.log, timeout=60)
+        wait_until(lambda: members(cluster, other) == {"w1", "w2"}, 10)
+        voices = [f"voice-{i}" for i in range(10_000)]
+        first = await owners(http, cluster.gateway, voices)
+        second = await owners(http, other, voices)
+        assert first == second
+        assert 0.3 < sum(w == "w1" for w in first.values()) / len(voices) < 0.7
+    finally:
+        stop(other.process)
+
+
+async def test_an_adapter_registered_at_the_gateway_is_fetched_and_served(cluster, http, dev_model):
+    form = adapter_form(dev_model, "shared-voice")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+        assert response.status == 201, await response.text()
+    async with http.get(cluster.gateway.url + "/v1/voices/shared-voice") as response:
+        assert (await response.json())["voice"]["manifest"]["voice_id"] == "shared-voice"
+    owner = (await owners(http, cluster.gateway, ["shared-voice"]))["shared-voice"]
+    status, served_by, audio = await speak(http, cluster.gateway.url, "shared-voice")
+    assert status == 200 and served_by == owner and audio
+    cached = list((cluster.root / "cache" / owner).glob("*/shared-voice/adapter_model.*"))
+    assert len(cached) == 1
+    weights = (dev_model.adapters / "dev-b" / "adapter_model.safetensors").read_bytes()
+    assert cached[0].read_bytes() == weights
+    async with http.delete(cluster.gateway.url + "/v1/voices/shared-voice") as response:
+        assert response.status == 204
+    status, _, _ = await speak(http, cluster.gateway.url, "shared-voice")
+    assert status == 404
+    assert not (cluster.root / "shared" / "adapters" / "shared-voice").exists()
+
+
+async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, http):
+    corpus = build_corpus(cluster.root / "corpus", count=12)
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+        assert response.status == 202, await response.text()
+        job = (await response.json())["job"]
+    deadline = time.monotonic() + 400
+    seen = []
+    while time.monotonic() < deadline:
+        async with http.get(f"{cluster.gateway.url}/v1/jobs/{job['id']}") as response:
+            job = (await response.json())["job"]
+        seen.append(job["status"])
+        if job["status"] in ("done", "failed"):
+            break
+        await asyncio.sleep(1)
+    assert job["status"] == "done", job
+    assert "training" in seen
+    pending = cluster.redis.client().xpending("vh:jobs", "trainers")
+    assert pending["pending"] == 0  # acknowledged
+    status, _, audio = await speak(http, cluster.gateway.url, "fleet-voice")
+    assert status == 200 and audio
+
+
+async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_returns(cluster, http):
+    background = [
+        asyncio.create_task(speak(http, cluster.gateway.url, voice, "A sentence or two of speech."))
+        for voice in ("tara", "dev-a")
+    ]
+    status, _, _ = await speak(http, cluster.gateway.url, "dev-c", "Hi.")  # its record is seen
+    assert status == 200
+    cluster.redis.stop()
+    try:
+        for voice in ("leo", "dev-c"):  # an adapter voice resolves from the last record seen
+            status, _, audio = await speak(http, cluster.gateway.url, voice, "Hi.")
+            assert status == 200 and audio, voice
+        assert members(cluster) == {"w1", "w2"}  # routing on the last membership
+    finally:
+        cluster.redis.start()
+    client = cluster.redis.client()
+    client.delete("vh:member:w1", "vh:member:w2")  # as after a flush: only heartbeats restore
+    elapsed = wait_until(lambda: client.exists("vh:member:w1", "vh:member:w2") == 2, 10)
+    print(f"workers re-registered {elapsed:.2f} s after Redis returned")
+    assert elapsed <= HEARTBEAT + SLACK
+    for task in background:
+        status, _, audio = await task
+        assert status == 200 and audio
+
+
+async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
+    owner = await owners(http, cluster.gateway, VOICES)
+    victim_voices = [v for v in VOICES if owner[v] == "w1"][:2]  # within w1's load bound
+    served: dict[str, str] = {}
+    cut: list[str] = []
+    first_bytes = asyncio.Event()
+
+    async def stream(voice: str) -> None:
+        body = {"input": LONG_TEXT, "voice": voice, "response_format": "pcm"}
+        async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body) as response:
+            served[voice] = response.headers["X-Voicehost-Worker"]
+            await response.content.readany()
+            if len(served) == len(victim_voices):
+                first_bytes.set()
+            try:
+                await response.read()
+            except aiohttp.ClientPayloadError:
+                cut.append(voice)
+
+    streams = [asyncio.create_task(stream(v)) for v in victim_voices]
+    await asyncio.wait_for(first_bytes.wait(), 120)
+    assert set(served.values()) == {"w1"}
+    os.killpg(cluster.workers["w1"].process.pid, signal.SIGKILL)  # the worker and its engine
+    left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, TTL + POLL + SLACK))
+    await asyncio.wait_for(asyncio.gather(*streams), 15)  # a terminal error, never a hang
+    assert sorted(cut) == sorted(victim_voices)
+    # Before the ring notices, a request for w1's voice fails over to the successor at once.
+    status, served_by, _ = await speak(http, cluster.gateway.url, victim_voices[0], "Hi.")
+    assert status == 200 and served_by == "w2"
+    print(f"w1 left the ring {await left:.2f} s after kill -9")
+    assert (await owners(http, cluster.gateway, victim_voices)) == dict.fromkeys(
+        victim_voices, "w2"
+    )
+
+
+async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
+    w2 = cluster.workers["w2"]
+    drain = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "voicehost", "drain", "--url", w2.url, "--timeout", "30"],
+        stderr=asyncio.subprocess.PIPE,
+        env=os.environ,
+    )
+    _, stderr = await drain.communicate()
+    assert drain.returncode == 0, stderr
+    assert http_status(w2.url + "/readyz") == 503
+    wait_until(lambda: members(cluster) == set(), POLL + SLACK)
+    assert http_status(cluster.gateway.url + "/readyz") == 503
+    status, _, _ = await speak(http, cluster.gateway.url, "tara")
+    assert status == 503

@@ -1,0 +1,1 @@
+"""Cluster mode: workers, gateways and the Redis state that connects them."""

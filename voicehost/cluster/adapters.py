@@ -1,0 +1,159 @@
+"""Adapters across machines: a shared store that holds every voice's files, and each worker's
+local disk cache of the adapters it serves.
+
+An adapter is named by a URI. The store here is a shared directory (``file://`` URIs under
+``<shared_dir>/adapters/<voice_id>/<checksum>/``); an object-store backend implements the same
+``AdapterStore`` protocol. The cache verifies the weights' SHA-256 against the registry's checksum
+before use and evicts the least recently used adapters beyond its size cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from voicehost.voices import ADAPTER_WEIGHTS
+
+log = logging.getLogger(__name__)
+
+
+class AdapterFetchError(RuntimeError):
+    """The adapter could not be fetched, or its weights do not match the registry's checksum."""
+
+
+def weights_checksum(folder: Path) -> str:
+    """The SHA-256 of an adapter's weights, which the registry records."""
+    digest = hashlib.sha256()
+    with (folder / ADAPTER_WEIGHTS).open("rb") as weights:
+        while block := weights.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class AdapterStore(Protocol):
+    """Where the cluster keeps adapter files."""
+
+    def publish(self, folder: Path, voice_id: str, checksum: str) -> str:
+        """Copy an adapter folder into the store; returns its URI."""
+        ...
+
+    def download(self, uri: str, target: Path) -> None:
+        """Copy the adapter at ``uri`` into the (new) folder ``target``."""
+        ...
+
+    def delete(self, uri: str) -> None: ...
+
+
+class SharedDirStore:
+    """The store as a directory that every gateway and worker mounts."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, uri: str) -> Path:
+        parsed = urlparse(uri)
+        if parsed.scheme != "file":
+            raise AdapterFetchError(f"unsupported adapter URI {uri!r} (this store holds file://)")
+        path = Path(unquote(parsed.path)).resolve()
+        if not path.is_relative_to((self.root / "adapters").resolve()):
+            raise AdapterFetchError(f"adapter URI {uri!r} is outside the shared store")
+        return path
+
+    def publish(self, folder: Path, voice_id: str, checksum: str) -> str:
+        target = self.root / "adapters" / voice_id / checksum[:32]
+        if not target.is_dir():
+            staging = target.parent / f".{uuid.uuid4().hex}"
+            shutil.copytree(folder, staging)
+            try:
+                staging.rename(target)
+            except OSError:  # published meanwhile by someone else: same checksum, same files
+                shutil.rmtree(staging, ignore_errors=True)
+        return target.resolve().as_uri()
+
+    def download(self, uri: str, target: Path) -> None:
+        source = self._path(uri)
+        if not source.is_dir():
+            raise AdapterFetchError(f"adapter {uri!r} is not in the shared store")
+        shutil.copytree(source, target)
+
+    def delete(self, uri: str) -> None:
+        path = self._path(uri)
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            path.parent.rmdir()  # the voice's folder, once its last version is gone
+        except OSError:
+            pass
+
+
+class AdapterCache:
+    """A worker's local copies of adapters: ``<dir>/<checksum>/<voice_id>/``, LRU-evicted."""
+
+    def __init__(self, root: Path, max_bytes: int, store: AdapterStore) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.store = store
+        self._lock = threading.Lock()
+        root.mkdir(parents=True, exist_ok=True)
+
+    def fetch(self, uri: str, checksum: str, voice_id: str) -> Path:
+        """A verified local folder of the adapter (named ``voice_id``), fetched if needed."""
+        entry = self.root / checksum[:32]
+        folder = entry / voice_id
+        with self._lock:
+            if folder.is_dir():
+                os.utime(entry)  # last use, for LRU
+                return folder
+        staging = self.root / f".{uuid.uuid4().hex}"
+        try:
+            self.store.download(uri, staging / voice_id)
+            actual = weights_checksum(staging / voice_id)
+            if actual != checksum:
+                raise AdapterFetchError(
+                    f"adapter {voice_id!r} from {uri} has checksum {actual[:12]}..., "
+                    f"the registry says {checksum[:12]}..."
+                )
+            with self._lock:
+                entry.mkdir(exist_ok=True)
+                if not folder.exists():
+                    (staging / voice_id).rename(folder)
+                os.utime(entry)
+                self._evict(keep=entry)
+        except OSError as exc:
+            raise AdapterFetchError(
+                f"fetching adapter {voice_id!r} from {uri} failed: {exc}"
+            ) from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return folder
+
+    def entries(self) -> list[Path]:
+        """Cached adapters, least recently used first."""
+        found = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        return sorted(found, key=lambda p: p.stat().st_mtime)
+
+    def size(self) -> int:
+        return sum(_tree_size(p) for p in self.entries())
+
+    def _evict(self, keep: Path) -> None:
+        entries = self.entries()
+        sizes = {p: _tree_size(p) for p in entries}
+        total = sum(sizes.values())
+        for entry in entries:
+            if total <= self.max_bytes:
+                break
+            if entry == keep:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= sizes[entry]
+            log.info("adapter cache: evicted %s (%d bytes)", entry.name, sizes[entry])
+
+
+def _tree_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())

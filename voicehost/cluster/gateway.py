@@ -1,0 +1,298 @@
+"""The gateway: the public API of a cluster, stateless, as many as you like.
+
+Speech requests are proxied to a worker chosen by the voice's place on the ring (bounded loads,
+hot voices replicated, sessions pinned), over one keep-alive client session. A request that fails
+before its first byte is retried once on the next worker; a stream cut mid-way ends with a
+terminal error (an SSE error event, or a response cut short without its last chunk), never a
+hang. Voice and job routes are the same handlers as ``voicehost serve``, over the Redis registry
+and the shared store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from voicehost.api import voices as voice_routes
+from voicehost.api.common import SERVICE, ApiError, error_response
+from voicehost.api.schemas import SpeechRequest
+from voicehost.api.server import (
+    WORKER_HEADER,
+    check_speech_request,
+    error_middleware,
+    list_voices,
+    metrics,
+    read_body,
+)
+from voicehost.cloning import CloneJobs
+from voicehost.cluster.adapters import SharedDirStore
+from voicehost.cluster.jobs import StreamQueue
+from voicehost.cluster.ring import choose_worker
+from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
+from voicehost.cluster.voices import RedisVoiceRegistry
+from voicehost.config import Settings
+from voicehost.metrics import SpeechMetrics
+from voicehost.voices import AdapterRules, ModelShape
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Session-Id"
+RETRYABLE = (502, 503, 504, 500)
+CONNECT_TIMEOUT_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 30.0  # a worker silent this long mid-stream is treated as gone
+
+
+class UpstreamFailed(Exception):
+    """The chosen worker failed before its first byte."""
+
+
+class Gateway:
+    """The routing state of one gateway process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = SpeechMetrics()
+        self.redis = connect(settings)
+        self.membership = Membership(self.redis, settings.membership_poll_seconds)
+        self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
+        config = Path(settings.served_model()) / "config.json"
+        shape = ModelShape.from_config(config) if config.is_file() else None
+        rules = AdapterRules(settings.served_base_name(), settings.max_lora_rank, shape)
+        store = SharedDirStore(settings.shared_dir)
+        self.registry = RedisVoiceRegistry(
+            self.redis, store, settings.builtin_voices, rules, owner="gateway"
+        )
+        queue = StreamQueue(self.redis, "gateway")
+        self.jobs = CloneJobs(settings.shared_dir / "jobs", self.registry.add, queue, "gateway")
+        self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
+        self.voice_streams: Counter[str] = Counter()
+        self.client: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.settings.proxy_connections, keepalive_timeout=60
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS
+        )
+        self.client = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        self._tasks.append(asyncio.create_task(self.membership.run(), name="membership"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+        await self.redis.aclose()
+
+    def replicas(self, voice_id: str) -> int:
+        """How many ring successors a voice may spread over: more while it is hot."""
+        return 1 + self.voice_streams[voice_id] // max(1, self.settings.hot_voice_streams)
+
+    async def pick(
+        self, voice_id: str, session_id: str | None, exclude: frozenset[str]
+    ) -> WorkerInfo | None:
+        workers = self.membership.workers
+        if session_id:
+            pinned = await self.pins.get(session_id)
+            if pinned in workers and pinned not in exclude:
+                return workers[pinned]
+        chosen = choose_worker(
+            self.membership.ring,
+            voice_id,
+            self.in_flight,
+            self.settings.load_factor,
+            self.replicas(voice_id),
+            exclude,
+        )
+        if chosen is None:
+            return None
+        if session_id:
+            await self.pins.pin(session_id, chosen)
+        return workers[chosen]
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+async def _open_upstream(
+    gateway: Gateway, worker: WorkerInfo, body: bytes
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """POST to the worker and read its first bytes; ``UpstreamFailed`` if that fails."""
+    assert gateway.client is not None
+    try:
+        upstream = await gateway.client.post(
+            f"{worker.url}/v1/audio/speech",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise UpstreamFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
+    if upstream.status in RETRYABLE:
+        text = await upstream.text()
+        upstream.release()
+        raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}")
+    if upstream.status != 200:
+        return upstream, b""
+    try:
+        first = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        upstream.release()
+        raise UpstreamFailed(f"{worker.worker_id}: cut before the first byte: {exc}") from exc
+    if not first:
+        upstream.release()
+        raise UpstreamFailed(f"{worker.worker_id}: empty response")
+    return upstream, first
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    body = await read_body(request, SpeechRequest)
+    check_speech_request(body, gateway.settings.max_input_chars)
+    if await gateway.registry.find(body.voice) is None:
+        raise ApiError(404, "voice_not_found", f"voice {body.voice!r} does not exist")
+    raw = await request.read()
+    session_id = request.headers.get(SESSION_HEADER)
+    failed: set[str] = set()
+    errors: list[str] = []
+    for _attempt in range(2):  # the first choice, then once on the next worker
+        worker = await gateway.pick(body.voice, session_id, frozenset(failed))
+        if worker is None:
+            break
+        gateway.in_flight[worker.worker_id] += 1
+        gateway.voice_streams[body.voice] += 1
+        try:
+            try:
+                upstream, first = await _open_upstream(gateway, worker, raw)
+            except UpstreamFailed as exc:
+                gateway.metrics.errors.labels("upstream_before_first_byte").inc()
+                log.warning("worker failed before the first byte: %s", exc)
+                failed.add(worker.worker_id)
+                errors.append(str(exc))
+                continue
+            return await _relay(request, upstream, first, body.stream_format == "sse")
+        finally:
+            gateway.in_flight[worker.worker_id] -= 1
+            gateway.voice_streams[body.voice] -= 1
+            if gateway.voice_streams[body.voice] <= 0:
+                del gateway.voice_streams[body.voice]
+    if not errors:
+        raise ApiError(503, "no_workers", "no worker is available; try again shortly")
+    raise ApiError(502, "upstream_failed", "; ".join(errors))
+
+
+async def _relay(
+    request: web.Request, upstream: aiohttp.ClientResponse, first: bytes, sse: bool
+) -> web.StreamResponse:
+    """Copy the worker's answer to the client as it arrives."""
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")}
+    if WORKER_HEADER in upstream.headers:
+        headers[WORKER_HEADER] = upstream.headers[WORKER_HEADER]
+    if upstream.status != 200:  # the worker's own error answer, passed through
+        payload = await upstream.read()
+        upstream.release()
+        return web.Response(status=upstream.status, body=payload, headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    try:
+        await response.write(first)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
+        log.warning("stream from %s cut mid-way: %s", headers.get(WORKER_HEADER), exc)
+        if sse:
+            error = b'data: {"type": "error", "error": {"code": "upstream_cut", '
+            error += b'"message": "the worker serving this stream failed"}}\n\n'
+            await response.write(error)
+            await response.write_eof()
+            return response
+        if request.transport is not None:  # no last chunk: the client sees a cut stream
+            request.transport.close()
+        raise ConnectionResetError("upstream cut") from exc
+    finally:
+        upstream.release()
+    await response.write_eof()
+    return response
+
+
+async def cluster_view(request: web.Request) -> web.Response:
+    """``GET /v1/cluster``: the workers this gateway routes to, and its own streams in flight."""
+    gateway = request.app[GATEWAY]
+    workers = [
+        {
+            "id": w.worker_id,
+            "url": w.url,
+            "active_streams": w.load.active_streams,
+            "loaded_adapters": w.load.loaded_adapters,
+            "capacity": w.load.capacity,
+            "gateway_in_flight": gateway.in_flight[w.worker_id],
+        }
+        for w in sorted(gateway.membership.workers.values(), key=lambda w: w.worker_id)
+    ]
+    return web.json_response({"redis_ok": gateway.membership.redis_ok, "workers": workers})
+
+
+async def route(request: web.Request) -> web.Response:
+    """``POST /v1/cluster/route`` ``{"voices": [...]}``: each voice's owner on the ring."""
+    ring = request.app[GATEWAY].membership.ring
+    payload = await request.json()
+    voices = payload.get("voices") if isinstance(payload, dict) else None
+    if not isinstance(voices, list) or not all(isinstance(v, str) for v in voices):
+        raise ApiError(400, "invalid_request", 'send {"voices": [voice ids]}')
+    return web.json_response({"owners": {v: ring.owner(v) for v in voices}})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if not request.app[GATEWAY].membership.workers:
+        return error_response(503, "no_workers", "no worker has joined yet")
+    return web.json_response({"status": "ready"})
+
+
+def create_gateway_app(settings: Settings) -> web.Application:
+    app = web.Application(middlewares=[error_middleware])
+    gateway = Gateway(settings)
+    app[GATEWAY] = gateway
+    app[SERVICE] = gateway
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await gateway.start()
+        yield
+        with suppress(Exception):
+            await gateway.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/voices", list_voices)
+    app.router.add_get("/v1/voices", list_voices)
+    voice_routes.add_routes(app)
+    app.router.add_get("/v1/cluster", cluster_view)
+    app.router.add_post("/v1/cluster/route", route)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def serve_gateway(settings: Settings) -> None:
+    web.run_app(
+        create_gateway_app(settings),
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,
+        print=lambda msg: log.info("%s", msg),
+    )

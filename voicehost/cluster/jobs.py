@@ -1,0 +1,97 @@
+"""The cluster's clone-job queue: a Redis stream read by the workers through one consumer group.
+
+Why a stream with a consumer group (and not a list, or a queue library): each job goes to one
+worker; an entry stays pending until that worker acknowledges it, so a job whose worker died is
+claimed by another after ``CLAIM_IDLE_MS`` (``XAUTOCLAIM``), while a worker that is still training
+keeps its claim fresh. Job state itself stays in ``job.json`` on the shared store, where the
+gateways read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from voicehost.cloning import CloneJobs
+from voicehost.cluster.state import JOBS_STREAM
+
+log = logging.getLogger(__name__)
+
+GROUP = "trainers"
+CLAIM_IDLE_MS = 60_000
+STREAM_TTL_SECONDS = 30 * 24 * 3600
+STREAM_MAX_ENTRIES = 10_000
+
+
+class StreamQueue:
+    """``JobQueue`` over ``vh:jobs``; ``consumer`` is the worker's id."""
+
+    def __init__(self, redis: Redis, consumer: str, poll_seconds: float = 1.0) -> None:
+        self.redis = redis
+        self.consumer = consumer
+        self.poll_seconds = poll_seconds
+        self._own_pending_checked = False
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(JOBS_STREAM, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        else:
+            await self.redis.expire(JOBS_STREAM, STREAM_TTL_SECONDS)
+
+    async def put(self, job_id: str) -> None:
+        await self._ensure_group()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(JOBS_STREAM, {"job": job_id}, maxlen=STREAM_MAX_ENTRIES, approximate=True)
+            pipe.expire(JOBS_STREAM, STREAM_TTL_SECONDS)
+            await pipe.execute()
+
+    async def _next(self) -> tuple[str, str] | None:
+        await self._ensure_group()
+        if not self._own_pending_checked:  # after a restart: what this worker had taken
+            self._own_pending_checked = True
+            mine = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: "0"}, count=1)
+            if mine and mine[0][1]:
+                entry_id, fields = mine[0][1][0]
+                return fields["job"], entry_id
+        claimed = await self.redis.xautoclaim(
+            JOBS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=1
+        )
+        if claimed and claimed[1]:
+            entry_id, fields = claimed[1][0]
+            log.info("claimed clone job %s from a worker that stopped", fields["job"])
+            return fields["job"], entry_id
+        fresh = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: ">"}, count=1)
+        if fresh and fresh[0][1]:
+            entry_id, fields = fresh[0][1][0]
+            return fields["job"], entry_id
+        return None
+
+    async def take(self, jobs: CloneJobs) -> tuple[str, str]:
+        while True:
+            try:
+                found = await self._next()
+            except RedisError as exc:
+                log.warning("clone-job queue unavailable (%s); retrying", exc)
+                found = None
+            if found is not None:
+                return found
+            await asyncio.sleep(self.poll_seconds)
+
+    async def keep(self, receipt: str) -> None:
+        """Reset the entry's idle time, so no other worker claims a job still training."""
+        try:
+            await self.redis.xclaim(JOBS_STREAM, GROUP, self.consumer, 0, [receipt], justid=True)
+        except RedisError as exc:
+            log.warning("could not refresh the claim on %s (%s)", receipt, exc)
+
+    async def done(self, receipt: str) -> None:
+        try:
+            await self.redis.xack(JOBS_STREAM, GROUP, receipt)
+        except RedisError as exc:  # redelivered later; a finished job is then skipped
+            log.warning("could not acknowledge %s (%s)", receipt, exc)

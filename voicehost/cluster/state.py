@@ -1,0 +1,229 @@
+"""What Redis holds for the cluster, and the one place that knows its key names.
+
+- ``vh:member:<worker>``: a worker's URL and load, expiring ``worker_ttl_seconds`` after its last
+  heartbeat; ``vh:members`` indexes them (a sorted set by heartbeat time, itself expiring).
+- ``vh:session:<id>``: the worker a session is pinned to, expiring ``session_ttl_seconds`` after
+  its last use.
+- ``vh:voice:<id>`` and the ``vh:voices`` index: the voice registry's records, the only keys
+  without a TTL.
+- ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
+
+The client's timeouts, retries and pool size are pinned from the settings: a Redis that stops
+answering costs a request at most about ``(retries + 1) x timeout``, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from voicehost.cluster.ring import WorkerRing
+from voicehost.config import Settings
+
+log = logging.getLogger(__name__)
+
+PREFIX = "vh:"
+MEMBERS = f"{PREFIX}members"
+VOICES = f"{PREFIX}voices"
+JOBS_STREAM = f"{PREFIX}jobs"
+MEMBERS_INDEX_TTL_SECONDS = 3600
+
+
+def member_key(worker_id: str) -> str:
+    return f"{PREFIX}member:{worker_id}"
+
+
+def session_key(session_id: str) -> str:
+    return f"{PREFIX}session:{session_id}"
+
+
+def voice_key(voice_id: str) -> str:
+    return f"{PREFIX}voice:{voice_id}"
+
+
+def connect(settings: Settings) -> Redis:
+    """A client with explicit timeouts, retries and pool size (no call can hang on Redis)."""
+    if not settings.redis_url:
+        raise ValueError("cluster mode needs a Redis URL: pass --redis (or VOICEHOST_REDIS_URL)")
+    return Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.redis_timeout_seconds,
+        socket_connect_timeout=settings.redis_timeout_seconds,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), settings.redis_retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        max_connections=settings.redis_pool_size,
+        health_check_interval=10,
+        decode_responses=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """What a worker reports with each heartbeat."""
+
+    active_streams: int
+    loaded_adapters: int
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker as gateways see it."""
+
+    worker_id: str
+    url: str
+    load: WorkerLoad
+
+
+class WorkerPresence:
+    """A worker's membership: heartbeats that rewrite its whole record, so a worker re-registers
+    by itself after Redis restarts or is flushed."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        settings: Settings,
+        worker_id: str,
+        url: str,
+        load: Callable[[], WorkerLoad],
+    ) -> None:
+        self.redis = redis
+        self.worker_id = worker_id
+        self.url = url
+        self.load = load
+        self.interval = settings.heartbeat_seconds
+        self.ttl_ms = int(settings.worker_ttl_seconds * 1000)
+        self.registered = False
+        self.left = False
+
+    async def heartbeat(self) -> None:
+        load = self.load()
+        now_ms = int(time.time() * 1000)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                member_key(self.worker_id),
+                mapping={
+                    "url": self.url,
+                    "active_streams": load.active_streams,
+                    "loaded_adapters": load.loaded_adapters,
+                    "capacity": load.capacity,
+                },
+            )
+            pipe.pexpire(member_key(self.worker_id), self.ttl_ms)
+            pipe.zadd(MEMBERS, {self.worker_id: now_ms})
+            pipe.zremrangebyscore(MEMBERS, "-inf", now_ms - 10 * self.ttl_ms)  # long-gone ids
+            pipe.expire(MEMBERS, MEMBERS_INDEX_TTL_SECONDS)
+            await pipe.execute()
+
+    async def run(self) -> None:
+        """Heartbeat until cancelled or ``leave`` is called; Redis errors are logged, retried."""
+        while not self.left:
+            try:
+                await self.heartbeat()
+                if not self.registered:
+                    log.info("worker %s registered at %s", self.worker_id, self.url)
+                self.registered = True
+            except RedisError as exc:
+                if self.registered:
+                    log.warning("heartbeat failed (%s); serving on, retrying", exc)
+                self.registered = False
+            await asyncio.sleep(self.interval)
+
+    async def leave(self) -> None:
+        """Leave the ring now (drain): gateways stop sending new streams here."""
+        self.left = True
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(member_key(self.worker_id))
+                pipe.zrem(MEMBERS, self.worker_id)
+                await pipe.execute()
+        except RedisError as exc:
+            log.warning("could not leave the ring (%s); the member key expires by itself", exc)
+
+
+class Membership:
+    """A gateway's view of the live workers, refreshed every poll interval.
+
+    A worker is live while its member key exists (its TTL runs on Redis' clock, so clocks of the
+    machines need not agree). While Redis is unreachable, the last membership seen is kept.
+    """
+
+    def __init__(self, redis: Redis, poll_seconds: float) -> None:
+        self.redis = redis
+        self.poll_seconds = poll_seconds
+        self.workers: dict[str, WorkerInfo] = {}
+        self.ring = WorkerRing([])
+        self.redis_ok = False
+        self.refreshed_at = 0.0
+
+    async def refresh(self) -> None:
+        ids = await self.redis.zrange(MEMBERS, 0, -1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in ids:
+                pipe.hgetall(member_key(worker_id))
+            records = await pipe.execute()
+        workers = {}
+        for worker_id, record in zip(ids, records, strict=True):
+            if record and record.get("url"):
+                load = WorkerLoad(
+                    int(record.get("active_streams", 0)),
+                    int(record.get("loaded_adapters", 0)),
+                    int(record.get("capacity", 0)),
+                )
+                workers[worker_id] = WorkerInfo(worker_id, record["url"], load)
+        if set(workers) != set(self.workers):
+            log.info("workers: %s", ", ".join(sorted(workers)) or "none")
+            self.ring = WorkerRing(workers)
+        self.workers = workers
+        self.refreshed_at = time.monotonic()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+                if not self.redis_ok:
+                    log.info("redis reachable; %d workers", len(self.workers))
+                self.redis_ok = True
+            except RedisError as exc:
+                if self.redis_ok:
+                    log.warning("redis unreachable (%s); routing on the last membership", exc)
+                self.redis_ok = False
+            await asyncio.sleep(self.poll_seconds)
+
+
+class SessionPins:
+    """Session id -> worker, in Redis with a TTL refreshed on use (and a local copy for when
+    Redis is down)."""
+
+    LOCAL_LIMIT = 100_000
+
+    def __init__(self, redis: Redis, ttl_seconds: float) -> None:
+        self.redis = redis
+        self.ttl = max(1, int(ttl_seconds))
+        self._local: dict[str, str] = {}
+
+    async def get(self, session_id: str) -> str | None:
+        try:
+            worker = await self.redis.getex(session_key(session_id), ex=self.ttl)
+        except RedisError:
+            return self._local.get(session_id)
+        return worker
+
+    async def pin(self, session_id: str, worker_id: str) -> None:
+        if len(self._local) >= self.LOCAL_LIMIT:
+            self._local.clear()
+        self._local[session_id] = worker_id
+        try:
+            await self.redis.set(session_key(session_id), worker_id, ex=self.ttl)
+        except RedisError as exc:
+            log.warning("session pin kept locally only (%s)", exc)

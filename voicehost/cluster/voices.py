@@ -1,0 +1,170 @@
+"""The voice registry of a cluster: records in Redis, adapter files in the shared store.
+
+A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, version and status.
+Gateways read records; workers also fetch the adapter into their local cache, verify it and
+validate it before the engine loads it. While Redis is down, records seen before still resolve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore
+from voicehost.cluster.state import VOICES, voice_key
+from voicehost.voices import (
+    MANIFEST,
+    AdapterRules,
+    BrokenAdapter,
+    InvalidAdapter,
+    ReadOnlyVoice,
+    Voice,
+    VoiceExists,
+    validate_adapter,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RedisVoiceRegistry:
+    """``VoiceDirectory`` over Redis records and an ``AdapterStore`` (with a cache on workers)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        store: AdapterStore,
+        builtin: Iterable[str],
+        rules: AdapterRules,
+        cache: AdapterCache | None = None,
+        owner: str = "local",
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        self.cache = cache
+        self.rules = rules
+        self.owner = owner
+        self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
+        self._records: dict[str, dict[str, str]] = {}  # last seen, for when Redis is down
+        self._ready: dict[tuple[str, str], Voice] = {}  # (voice_id, checksum) -> validated voice
+        self._broken: dict[str, str] = {}
+
+    async def record(self, voice_id: str) -> dict[str, str] | None:
+        try:
+            record = await self.redis.hgetall(voice_key(voice_id))
+        except RedisError:
+            return self._records.get(voice_id)
+        if record:
+            self._records[voice_id] = record
+        else:
+            self._records.pop(voice_id, None)
+        return record or None
+
+    async def find(self, voice_id: str) -> Voice | None:
+        if voice_id in self.builtin:
+            return self.builtin[voice_id]
+        record = await self.record(voice_id)
+        if record is None or record.get("status") != "ready":
+            return None
+        key = (voice_id, record["checksum"])
+        if key in self._ready:
+            return self._ready[key]
+        if self.cache is None:  # a gateway: the record is enough
+            return Voice(voice_id, record["name"], record["prompt_style"], None, record["checksum"])
+        try:
+            folder = await asyncio.to_thread(
+                self.cache.fetch, record["uri"], record["checksum"], voice_id
+            )
+            voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
+        except (AdapterFetchError, InvalidAdapter) as exc:
+            self._broken[voice_id] = str(exc)
+            log.error("voice %s is unusable here: %s", voice_id, exc)
+            return None
+        self._broken.pop(voice_id, None)
+        self._ready[key] = voice
+        return voice
+
+    def broken(self, voice_id: str) -> str | None:
+        return self._broken.get(voice_id)
+
+    def loaded(self) -> int:
+        """Adapters fetched and validated by this process."""
+        return len(self._ready)
+
+    async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
+        ids = sorted(await self.redis.smembers(VOICES))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for voice_id in ids:
+                pipe.hgetall(voice_key(voice_id))
+            records = await pipe.execute()
+        voices = [
+            Voice(r["voice_id"], r["name"], r["prompt_style"], None, r["checksum"])  # type: ignore[arg-type]
+            for r in records
+            if r and r.get("status") == "ready"
+        ]
+        return sorted([*self.builtin.values(), *voices], key=lambda v: v.voice_id), []
+
+    async def exists(self, voice_id: str) -> bool:
+        return voice_id in self.builtin or bool(await self.redis.exists(voice_key(voice_id)))
+
+    async def add(self, voice_id: str, folder: Path) -> Voice:
+        voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
+        if voice_id in self.builtin or not await self.redis.hsetnx(
+            voice_key(voice_id), "status", "publishing"
+        ):
+            raise VoiceExists(f"voice {voice_id!r} already exists")
+        try:
+            checksum = voice.checksum or ""
+            uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
+            manifest_path = folder / MANIFEST
+            manifest = manifest_path.read_text() if manifest_path.exists() else "{}"
+            version = json.loads(manifest).get("version", 1)
+            record = {
+                "voice_id": voice_id,
+                "name": voice.name,
+                "prompt_style": voice.prompt_style,
+                "uri": uri,
+                "checksum": checksum,
+                "owner": self.owner,
+                "version": str(version),
+                "created": str(time.time()),
+                "manifest": manifest,
+                "status": "ready",
+            }
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(voice_key(voice_id), mapping=record)
+                pipe.sadd(VOICES, voice_id)
+                await pipe.execute()
+        except BaseException:
+            await self.redis.delete(voice_key(voice_id))
+            raise
+        return voice
+
+    async def remove(self, voice_id: str) -> bool:
+        if voice_id in self.builtin:
+            raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
+        record = await self.redis.hgetall(voice_key(voice_id))
+        if not record:
+            return False
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(voice_key(voice_id))
+            pipe.srem(VOICES, voice_id)
+            await pipe.execute()
+        self._records.pop(voice_id, None)
+        if record.get("uri"):
+            await asyncio.to_thread(self.store.delete, record["uri"])
+        return True
+
+    async def manifest(self, voice_id: str) -> dict | None:
+        if voice_id in self.builtin:
+            return {}
+        record = await self.record(voice_id)
+        if record is None or record.get("status") != "ready":
+            return None
+        return json.loads(record.get("manifest") or "{}")
