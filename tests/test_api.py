@@ -226,6 +226,27 @@ async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request(htt
     assert time.monotonic() - dropped < full - 1
 
 
+async def test_seeded_requests_whose_prompts_overflow_one_engine_step_keep_the_engine_alive(
+    http, server
+):
+    # Six different ~700-token prompts exceed the CPU engine's 2048-token step: if vLLM split
+    # a prompt over two steps it would rewind the request's seeded generator, which a CPU
+    # generator cannot do, and the engine would die.
+    async def first_audio(seed: int) -> bytes:
+        text = f"Prompt {seed}: " + "numbers and letters for a long prompt. " * 18  # no cache hits
+        body = {"input": text, "voice": "tara", "seed": seed, "response_format": "pcm"}
+        async with http.post(server.url + SPEECH, json=body) as response:
+            assert response.status == 200, await response.text()
+            chunk = await response.content.readany()
+            response.close()  # aborts the request: only the start matters here
+            return chunk
+
+    chunks = await asyncio.gather(*(first_audio(seed) for seed in range(6)))
+    assert all(chunks)
+    async with http.get(server.url + "/healthz") as response:
+        assert response.status == 200
+
+
 async def test_metrics_report_latency_rtf_load_throughput_and_errors(http, server):
     await speak(http, server, "dev-a", "Hi.")
     async with http.post(server.url + SPEECH, json={"input": "Hi.", "voice": "nobody"}):

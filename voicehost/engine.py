@@ -103,6 +103,10 @@ class SpeechEngine:
             enable_prefix_caching=True,
             enable_log_requests=False,
             disable_log_stats=True,
+            # On CPU a seeded request whose prompt is split across steps kills the engine
+            # (vLLM rewinds its generator, which CPU generators cannot do): never split prompts.
+            **({} if on_gpu else {"enable_chunked_prefill": False}),
+            **({} if on_gpu else {"max_num_batched_tokens": settings.max_model_len}),
         )
         log.info("starting vLLM: model=%s quantization=%s", model, quantization or "none")
         llm = AsyncLLM.from_engine_args(args)
