@@ -7,7 +7,8 @@ Routing: a ring of 64 workers (1000 points each), 10k voice ids, random in-fligh
 Gateway overhead: starts its own Redis, one dev worker and one gateway (or uses --worker-url and
 --gateway-url), then alternates rounds of N concurrent streams sent straight to the worker and
 through the gateway. Each stream is closed at its first audio byte (the engine request is
-aborted), so a round measures only time to first byte. Prints one JSON object as its last line.
+aborted), so a round measures only time to first byte; levels run at least ``--min-streams``
+streams per path. Prints one JSON object as its last line.
 
     python scripts/bench_cluster.py [--concurrency 1,64] [--rounds 3] [--json OUT]
 """
@@ -128,7 +129,12 @@ async def first_byte_ms(session: aiohttp.ClientSession, url: str, voice: str, se
 
 
 async def overhead(
-    worker_url: str, gateway_url: str, levels: list[int], rounds: int, voice: str
+    worker_url: str,
+    gateway_url: str,
+    levels: list[int],
+    rounds: int,
+    voice: str,
+    min_streams: int,
 ) -> list[dict[str, object]]:
     results = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -137,7 +143,7 @@ async def overhead(
         await first_byte_ms(session, worker_url, voice, 0)
         for n in levels:
             samples: dict[str, list[float]] = {"direct": [], "gateway": []}
-            for round_index in range(rounds):
+            for round_index in range(max(rounds, -(-min_streams // n))):
                 order = ["direct", "gateway"] if round_index % 2 == 0 else ["gateway", "direct"]
                 for path in order:
                     url = worker_url if path == "direct" else gateway_url
@@ -160,6 +166,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-streams", type=int, default=30, help="per path and level")
     parser.add_argument("--voice", default="tara")
     parser.add_argument("--worker-url")
     parser.add_argument("--gateway-url")
@@ -176,7 +183,9 @@ def main() -> int:
                 worker_url, gateway_url = args.worker_url, args.gateway_url
             else:
                 worker_url, gateway_url, processes = start_cluster(Path(tmp))
-            rows = asyncio.run(overhead(worker_url, gateway_url, levels, args.rounds, args.voice))
+            rows = asyncio.run(
+                overhead(worker_url, gateway_url, levels, args.rounds, args.voice, args.min_streams)
+            )
         finally:
             for process in processes:
                 process.terminate()

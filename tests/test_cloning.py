@@ -147,6 +147,28 @@ async def test_a_job_can_be_cancelled_and_retried(http, server, corpus):
         assert response.status == 404
 
 
+async def test_deleting_a_finished_job_removes_it_and_its_inputs(http, server, corpus):
+    form = spaced_form(corpus, voice_id="to-delete")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        job = (await response.json())["job"]
+    folder = server.adapters.parent / "jobs" / job["id"]
+    assert (folder / "inputs").is_dir()
+    async with http.delete(f"{server.url}/v1/jobs/{job['id']}") as response:
+        assert response.status == 200  # the first DELETE cancels
+    await wait_for_job(http, server, job["id"], {"cancelled"})
+    deadline = time.monotonic() + 30
+    while True:  # 409 while the cancelled worker is still stopping
+        async with http.delete(f"{server.url}/v1/jobs/{job['id']}") as response:
+            if response.status == 204 or time.monotonic() > deadline:
+                break
+            assert response.status == 409
+        await asyncio.sleep(0.5)
+    assert response.status == 204
+    assert not folder.exists()
+    async with http.get(f"{server.url}/v1/jobs/{job['id']}") as response:
+        assert response.status == 404
+
+
 def adapter_form(dev_model, voice_id, config=None):
     folder = dev_model.adapters / "dev-b"
     form = aiohttp.FormData()

@@ -172,6 +172,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_arguments(parser: argparse.ArgumentParser, dev_help: str, model_help: str) -> None:
+    parser.add_argument("--dev", action="store_true", help=dev_help)
+    parser.add_argument("--model", help=model_help)
+    parser.add_argument("--codec", help="SNAC 24 kHz (path or hub id)")
+    parser.add_argument("--adapters", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voicehost", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -186,25 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     worker = commands.add_parser("worker", help="run a cluster worker (engine + decoder)")
-    worker.add_argument("--dev", action="store_true", help="serve the tiny dev model")
-    worker.add_argument("--model", help="Orpheus weights (path or hub id)")
-    worker.add_argument("--codec", help="SNAC 24 kHz (path or hub id)")
-    worker.add_argument("--adapters", type=Path, help=argparse.SUPPRESS)
-    worker.add_argument("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    _cluster_arguments(worker, "serve the tiny dev model", "Orpheus weights (path or hub id)")
     worker.add_argument("--worker-id", help="a stable id (default: host-port)")
     worker.add_argument("--advertise-url", help="URL gateways reach this worker at")
-    worker.add_argument("--host")
-    worker.add_argument("--port", type=int)
     worker.set_defaults(func=cmd_worker)
 
     gateway = commands.add_parser("gateway", help="run a cluster gateway (the public API)")
-    gateway.add_argument("--dev", action="store_true", help="the cluster serves the dev model")
-    gateway.add_argument("--model", help="the workers' Orpheus weights (for clone jobs)")
-    gateway.add_argument("--codec", help=argparse.SUPPRESS)
-    gateway.add_argument("--adapters", type=Path, help=argparse.SUPPRESS)
-    gateway.add_argument("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
-    gateway.add_argument("--host")
-    gateway.add_argument("--port", type=int)
+    _cluster_arguments(
+        gateway, "the cluster serves the dev model", "the workers' Orpheus weights (clone jobs)"
+    )
     gateway.set_defaults(func=cmd_gateway)
 
     drain = commands.add_parser("drain", help="drain a local worker (for a preStop hook)")

@@ -216,6 +216,22 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_public_routes(
+    app: web.Application, speak: Handler, health: Handler, ready: Handler
+) -> None:
+    """The public API, the same on ``serve``, a worker and a gateway (which speaks by proxy)."""
+    app.router.add_post("/v1/audio/speech", speak)
+    app.router.add_get("/v1/audio/voices", list_voices)
+    app.router.add_get("/v1/voices", list_voices)
+    voice_routes.add_routes(app)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/readyz", ready)
+    app.router.add_get("/metrics", metrics)
+
+
 def create_app(settings: Settings, worker: bool = False) -> web.Application:
     """The application; the runtime starts in the background when the app starts.
 
@@ -240,13 +256,7 @@ def create_app(settings: Settings, worker: bool = False) -> web.Application:
         await app[RUNTIME].close()
 
     app.cleanup_ctx.append(runtime_ctx)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/voices", list_voices)
-    app.router.add_get("/v1/voices", list_voices)
-    voice_routes.add_routes(app)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    add_public_routes(app, speech, healthz, readyz)
     app.router.add_get("/internal/load", worker_load)
     app.router.add_post("/internal/drain", drain)
     return app

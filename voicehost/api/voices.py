@@ -18,7 +18,7 @@ from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
 from voicehost.api.common import SERVICE, ApiError, VoiceService
 from voicehost.api.schemas import CloneJobInfo, VoiceDetail
-from voicehost.cloning import CloneJob
+from voicehost.cloning import FINISHED, CloneJob
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, ReadOnlyVoice, VoiceExists
 
@@ -268,9 +268,16 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def cancel_job(request: web.Request) -> web.Response:
+    """``DELETE /v1/jobs/{id}``: cancel a queued or running job; delete a finished one (and its
+    stored inputs)."""
     runtime = request.app[SERVICE]
-    _job(runtime, request.match_info["job_id"])
-    job = await runtime.jobs.cancel(request.match_info["job_id"])
+    job = _job(runtime, request.match_info["job_id"])
+    if job.status in FINISHED:
+        if runtime.jobs.is_running(job.id):
+            raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
+        await asyncio.to_thread(runtime.jobs.discard, job.id)
+        return web.Response(status=204)
+    job = await runtime.jobs.cancel(job.id)
     return web.json_response({"job": _job_info(job).model_dump()})
 
 

@@ -20,15 +20,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from voicehost.api import voices as voice_routes
 from voicehost.api.common import SERVICE, ApiError, error_response
 from voicehost.api.schemas import SpeechRequest
 from voicehost.api.server import (
     WORKER_HEADER,
+    add_public_routes,
     check_speech_request,
     error_middleware,
-    list_voices,
-    metrics,
     read_body,
 )
 from voicehost.cloning import CloneJobs
@@ -276,15 +274,9 @@ def create_gateway_app(settings: Settings) -> web.Application:
             await gateway.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/voices", list_voices)
-    app.router.add_get("/v1/voices", list_voices)
-    voice_routes.add_routes(app)
+    add_public_routes(app, speech, healthz, readyz)
     app.router.add_get("/v1/cluster", cluster_view)
     app.router.add_post("/v1/cluster/route", route)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
     return app
 
 

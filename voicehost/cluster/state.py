@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -85,6 +85,19 @@ class WorkerInfo:
     load: WorkerLoad
 
 
+async def _attempt(step: Callable[[], Awaitable[None]], was_ok: bool, up: str, down: str) -> bool:
+    """Run one Redis step; log only when Redis comes or goes. Returns whether it worked."""
+    try:
+        await step()
+    except RedisError as exc:
+        if was_ok:
+            log.warning(down, exc)
+        return False
+    if not was_ok:
+        log.info("%s", up)
+    return True
+
+
 class WorkerPresence:
     """A worker's membership: heartbeats that rewrite its whole record, so a worker re-registers
     by itself after Redis restarts or is flushed."""
@@ -128,15 +141,12 @@ class WorkerPresence:
     async def run(self) -> None:
         """Heartbeat until cancelled or ``leave`` is called; Redis errors are logged, retried."""
         while not self.left:
-            try:
-                await self.heartbeat()
-                if not self.registered:
-                    log.info("worker %s registered at %s", self.worker_id, self.url)
-                self.registered = True
-            except RedisError as exc:
-                if self.registered:
-                    log.warning("heartbeat failed (%s); serving on, retrying", exc)
-                self.registered = False
+            self.registered = await _attempt(
+                self.heartbeat,
+                self.registered,
+                f"worker {self.worker_id} registered at {self.url}",
+                "heartbeat failed (%s); serving on, retrying",
+            )
             await asyncio.sleep(self.interval)
 
     async def leave(self) -> None:
@@ -189,15 +199,12 @@ class Membership:
 
     async def run(self) -> None:
         while True:
-            try:
-                await self.refresh()
-                if not self.redis_ok:
-                    log.info("redis reachable; %d workers", len(self.workers))
-                self.redis_ok = True
-            except RedisError as exc:
-                if self.redis_ok:
-                    log.warning("redis unreachable (%s); routing on the last membership", exc)
-                self.redis_ok = False
+            self.redis_ok = await _attempt(
+                self.refresh,
+                self.redis_ok,
+                "redis reachable",
+                "redis unreachable (%s); routing on the last membership",
+            )
             await asyncio.sleep(self.poll_seconds)
 
 
