@@ -283,6 +283,11 @@ async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_retur
         for voice in ("leo", "dev-c"):  # an adapter voice resolves from the last record seen
             status, _, audio = await speak(http, cluster.gateway.url, voice, "Hi.")
             assert status == 200 and audio, voice
+        async with http.post(
+            cluster.gateway.url + "/v1/audio/speech", json={"input": "Hi.", "voice": "unseen"}
+        ) as response:  # a record never seen cannot be read: unavailable, not "no such voice"
+            assert response.status == 503
+            assert (await response.json())["error"]["code"] == "redis_unavailable"
         assert members(cluster) == {"w1", "w2"}  # routing on the last membership
     finally:
         cluster.redis.start()

@@ -63,6 +63,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("voicehost gateway: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
         return 2
+    if not settings.dev and not settings.model:
+        # Adapters are checked against the model's name and shape; clone jobs train on it.
+        print(
+            "voicehost gateway: pass the workers' --model (or VOICEHOST_MODEL) or --dev",
+            file=sys.stderr,
+        )
+        return 2
     serve_gateway(settings)
     return 0
 

@@ -159,7 +159,7 @@ class CloneJobs:
         now = time.time()
         job = CloneJob(job_id, spec.voice_id, "queued", now, now)
         self._save(job)
-        await self.queue.put(job_id)
+        await self.queue.put(job_id)  # if this fails, the caller discards the job
         return job
 
     def get(self, job_id: str) -> CloneJob | None:
@@ -205,15 +205,21 @@ class CloneJobs:
         job = self._load(job_id)
         if job is None or job.status not in ("failed", "cancelled") or job.runner is not None:
             return job
+        previous = (job.status, job.error)
         job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
         self._save(job)
-        await self.queue.put(job_id)
+        try:
+            await self.queue.put(job_id)
+        except BaseException:
+            job.status, job.error = previous  # not queued after all
+            self._save(job)
+            raise
         return job
 
     def recover(self) -> None:
         """After a restart: jobs this runner was running are queued again."""
         for job in self.jobs():
-            if job.runner == self.runner_id or (job.runner is None and job.status in RUNNING):
+            if job.runner == self.runner_id:
                 job.runner = None
                 if job.status in RUNNING:
                     job.status = "queued"
@@ -251,7 +257,7 @@ class CloneJobs:
                     if time.monotonic() - kept > KEEP_SECONDS:
                         await self.queue.keep(receipt)
                         kept = time.monotonic()
-                    current = self._load(job_id)
+                    current = await asyncio.to_thread(self._load, job_id)
                     if current is None or current.status == "cancelled":
                         process.terminate()
                     try:
@@ -290,22 +296,20 @@ class CloneJobs:
         self._running = job.id
         try:
             code = await self._run_worker(job.id, job_dir, receipt)
-        finally:
+            self._process = None
+            if code == 0:
+                folder = self.output_dir(job.id) / job.voice_id
+                try:
+                    await self.on_voice_ready(job.voice_id, folder)
+                except ValueError as exc:  # VoiceExists, InvalidAdapter
+                    self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
+                    return
+                self._finish(job.id, "done")
+                await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
+            else:
+                error = job_dir / ERROR
+                reason = error.read_text() if error.exists() else f"worker exited with {code}"
+                self._finish(job.id, "failed", reason)
+        finally:  # only now: until the job's end is recorded, it is this runner's
             self._running, self._process = None, None
             self._set_runner(job.id, None)
-        if code == 0:
-            folder = self.output_dir(job.id) / job.voice_id
-            try:
-                await self.on_voice_ready(job.voice_id, folder)
-            except ValueError as exc:  # VoiceExists, InvalidAdapter
-                self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
-                return
-            self._finish(job.id, "done")
-            await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
-        else:
-            error = job_dir / ERROR
-            self._finish(
-                job.id,
-                "failed",
-                error.read_text() if error.exists() else f"worker exited with {code}",
-            )

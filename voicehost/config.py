@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     redis_retries: int = Field(2, description="Retries of a failed Redis command.")
     redis_pool_size: int = Field(32, description="Redis connections per process.")
     proxy_connections: int = Field(256, description="Gateway keep-alive connections to workers.")
+    upstream_timeout_seconds: float = Field(
+        120.0, description="A worker silent this long (before or within a stream) has failed."
+    )
 
     # Sampling (Orpheus' stable defaults)
     temperature: float = Field(0.6, description="Sampling temperature.")

@@ -130,6 +130,8 @@ class Runtime:
         if self.cluster is not None:  # join the ring once the engine is warm
             if self.settings.dev:
                 await self._publish_dev_voices()
+            if self.draining:  # drained while warming up: never join
+                return
             self._tasks.append(asyncio.create_task(self.cluster.join(self.load).run()))
 
     async def _publish_dev_voices(self) -> None:
@@ -140,6 +142,8 @@ class Runtime:
                     await self.registry.add(folder.name, folder)
             except (VoiceExists, RedisError) as exc:
                 log.info("dev voice %s not published: %s", folder.name, exc)
+            except Exception:  # the worker serves on without it
+                log.exception("dev voice %s not published", folder.name)
 
     async def _load(self) -> None:
         s = self.settings

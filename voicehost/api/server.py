@@ -12,6 +12,7 @@ from typing import TypeVar
 import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import RedisError
 
 from voicehost.api import voices as voice_routes
 from voicehost.api.common import RUNTIME, SERVICE, ApiError, error_response
@@ -45,6 +46,10 @@ async def error_middleware(
         return error_response(exc.status, exc.code, exc.message)
     except NotReady as exc:
         return error_response(503, "not_ready", str(exc))
+    except RedisError as exc:
+        request.app[SERVICE].metrics.errors.labels("redis_unavailable").inc()
+        log.warning("redis unavailable on %s %s: %s", request.method, request.path, exc)
+        return error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

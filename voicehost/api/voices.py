@@ -121,7 +121,11 @@ async def create_voice(request: web.Request) -> web.Response:
     except BaseException:  # cancelled: no awaiting
         runtime.jobs.discard(job_id)
         raise
-    job = await runtime.jobs.submit(job_id, spec)
+    try:
+        job = await runtime.jobs.submit(job_id, spec)
+    except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
+        await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
+        raise
     return web.json_response(
         {"job": _job_info(job).model_dump()},
         status=202,

@@ -1,10 +1,12 @@
 """Adapters across machines: a shared store that holds every voice's files, and each worker's
 local disk cache of the adapters it serves.
 
-An adapter is named by a URI. The store here is a shared directory (``file://`` URIs under
-``<shared_dir>/adapters/<voice_id>/<checksum>/``); an object-store backend implements the same
-``AdapterStore`` protocol. The cache verifies the weights' SHA-256 against the registry's checksum
-before use and evicts the least recently used adapters beyond its size cap.
+An adapter is named by a URI. The store here is a shared directory; its URIs are relative to
+the store's root (``shared:adapters/<voice_id>/<checksum>``), so machines may mount it at
+different paths. An object-store backend implements the same ``AdapterStore`` protocol. The cache
+verifies the weights' SHA-256 against the registry's checksum before use and evicts the least
+recently used adapters beyond its size cap (never one used in the last ``IN_USE_SECONDS``,
+which the engine may be loading).
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlparse
 
 from voicehost.voices import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
+
+SCHEME = "shared:"
+IN_USE_SECONDS = 60.0
 
 
 class AdapterFetchError(RuntimeError):
@@ -58,24 +63,25 @@ class SharedDirStore:
         self.root = root
 
     def _path(self, uri: str) -> Path:
-        parsed = urlparse(uri)
-        if parsed.scheme != "file":
-            raise AdapterFetchError(f"unsupported adapter URI {uri!r} (this store holds file://)")
-        path = Path(unquote(parsed.path)).resolve()
+        if not uri.startswith(SCHEME):
+            raise AdapterFetchError(f"unsupported adapter URI {uri!r} (this store holds shared:)")
+        path = (self.root / uri.removeprefix(SCHEME)).resolve()
         if not path.is_relative_to((self.root / "adapters").resolve()):
             raise AdapterFetchError(f"adapter URI {uri!r} is outside the shared store")
         return path
 
     def publish(self, folder: Path, voice_id: str, checksum: str) -> str:
-        target = self.root / "adapters" / voice_id / checksum[:32]
+        relative = Path("adapters") / voice_id / checksum[:32]
+        target = self.root / relative
         if not target.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
             staging = target.parent / f".{uuid.uuid4().hex}"
             shutil.copytree(folder, staging)
             try:
                 staging.rename(target)
             except OSError:  # published meanwhile by someone else: same checksum, same files
                 shutil.rmtree(staging, ignore_errors=True)
-        return target.resolve().as_uri()
+        return SCHEME + relative.as_posix()
 
     def download(self, uri: str, target: Path) -> None:
         source = self._path(uri)
@@ -95,20 +101,28 @@ class SharedDirStore:
 class AdapterCache:
     """A worker's local copies of adapters: ``<dir>/<checksum>/<voice_id>/``, LRU-evicted."""
 
-    def __init__(self, root: Path, max_bytes: int, store: AdapterStore) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        store: AdapterStore,
+        in_use_seconds: float = IN_USE_SECONDS,
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.store = store
+        self.in_use_seconds = in_use_seconds
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
 
     def fetch(self, uri: str, checksum: str, voice_id: str) -> Path:
-        """A verified local folder of the adapter (named ``voice_id``), fetched if needed."""
+        """A verified local folder of the adapter (named ``voice_id``), fetched if needed;
+        marks it used (call it for every use, so that eviction is least recently used)."""
         entry = self.root / checksum[:32]
         folder = entry / voice_id
         with self._lock:
             if folder.is_dir():
-                os.utime(entry)  # last use, for LRU
+                os.utime(entry)
                 return folder
         staging = self.root / f".{uuid.uuid4().hex}"
         try:
@@ -145,10 +159,11 @@ class AdapterCache:
         entries = self.entries()
         sizes = {p: _tree_size(p) for p in entries}
         total = sum(sizes.values())
+        recent = time.time() - self.in_use_seconds
         for entry in entries:
             if total <= self.max_bytes:
                 break
-            if entry == keep:
+            if entry == keep or entry.stat().st_mtime > recent:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             total -= sizes[entry]

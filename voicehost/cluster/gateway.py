@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "X-Session-Id"
 RETRYABLE = (502, 503, 504, 500)
 CONNECT_TIMEOUT_SECONDS = 2.0
-READ_TIMEOUT_SECONDS = 30.0  # a worker silent this long mid-stream is treated as gone
+POOL_WAIT_SECONDS = 10.0
 
 
 class UpstreamFailed(Exception):
@@ -79,7 +79,10 @@ class Gateway:
             limit=self.settings.proxy_connections, keepalive_timeout=60
         )
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS
+            total=None,
+            connect=POOL_WAIT_SECONDS,  # includes waiting for a free pooled connection
+            sock_connect=CONNECT_TIMEOUT_SECONDS,
+            sock_read=self.settings.upstream_timeout_seconds,  # wedged worker: a clear error
         )
         self.client = aiohttp.ClientSession(connector=connector, timeout=timeout)
         self._tasks.append(asyncio.create_task(self.membership.run(), name="membership"))
@@ -99,13 +102,16 @@ class Gateway:
     async def pick(
         self, voice_id: str, session_id: str | None, exclude: frozenset[str]
     ) -> WorkerInfo | None:
-        workers = self.membership.workers
-        if session_id:
+        pinned = None
+        if session_id and self.membership.redis_ok:
             pinned = await self.pins.get(session_id)
-            if pinned in workers and pinned not in exclude:
-                return workers[pinned]
+        elif session_id:
+            pinned = self.pins.local(session_id)
+        ring, workers = self.membership.ring, self.membership.workers  # one consistent view
+        if pinned in workers and pinned not in exclude:
+            return workers[pinned]
         chosen = choose_worker(
-            self.membership.ring,
+            ring,
             voice_id,
             self.in_flight,
             self.settings.load_factor,
@@ -115,7 +121,7 @@ class Gateway:
         if chosen is None:
             return None
         if session_id:
-            await self.pins.pin(session_id, chosen)
+            await self.pins.pin(session_id, chosen, remote=self.membership.redis_ok)
         return workers[chosen]
 
 
@@ -136,8 +142,12 @@ async def _open_upstream(
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
     if upstream.status in RETRYABLE:
-        text = await upstream.text()
-        upstream.release()
+        try:
+            text = await upstream.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
+            text = f"(unreadable body: {exc})"
+        finally:
+            upstream.release()
         raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}")
     if upstream.status != 200:
         return upstream, b""
@@ -203,25 +213,39 @@ async def _relay(
     response.enable_chunked_encoding()
     await response.prepare(request)
     try:
-        await response.write(first)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
-        log.warning("stream from %s cut mid-way: %s", headers.get(WORKER_HEADER), exc)
-        if sse:
-            error = b'data: {"type": "error", "error": {"code": "upstream_cut", '
-            error += b'"message": "the worker serving this stream failed"}}\n\n'
-            await response.write(error)
-            await response.write_eof()
-            return response
-        if request.transport is not None:  # no last chunk: the client sees a cut stream
-            request.transport.close()
-        raise ConnectionResetError("upstream cut") from exc
+        chunk = first
+        while chunk:
+            await response.write(chunk)  # a client that left raises here, and is not counted
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                await _end_cut_stream(request, response, sse, headers.get(WORKER_HEADER), exc)
+                raise ConnectionResetError("upstream cut") from exc
     finally:
         upstream.release()
     await response.write_eof()
     return response
+
+
+async def _end_cut_stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    sse: bool,
+    worker: str | None,
+    exc: BaseException,
+) -> None:
+    """End a stream whose worker failed mid-way with a terminal error the client can see."""
+    request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
+    log.warning("stream from %s cut mid-way: %s", worker, exc)
+    if sse:
+        error = b'data: {"type": "error", "error": {"code": "upstream_cut", '
+        error += b'"message": "the worker serving this stream failed"}}\n\n'
+        with suppress(ConnectionError, aiohttp.ClientError):
+            await response.write(error)
+            await response.write_eof()
+        return
+    if request.transport is not None:  # no last chunk: the client sees a cut stream
+        request.transport.close()
 
 
 async def cluster_view(request: web.Request) -> web.Response:
@@ -244,7 +268,10 @@ async def cluster_view(request: web.Request) -> web.Response:
 async def route(request: web.Request) -> web.Response:
     """``POST /v1/cluster/route`` ``{"voices": [...]}``: each voice's owner on the ring."""
     ring = request.app[GATEWAY].membership.ring
-    payload = await request.json()
+    try:
+        payload = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
     voices = payload.get("voices") if isinstance(payload, dict) else None
     if not isinstance(voices, list) or not all(isinstance(v, str) for v in voices):
         raise ApiError(400, "invalid_request", 'send {"voices": [voice ids]}')

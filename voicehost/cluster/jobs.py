@@ -54,23 +54,28 @@ class StreamQueue:
     async def _next(self) -> tuple[str, str] | None:
         await self._ensure_group()
         if not self._own_pending_checked:  # after a restart: what this worker had taken
-            self._own_pending_checked = True
             mine = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: "0"}, count=1)
             if mine and mine[0][1]:
-                entry_id, fields = mine[0][1][0]
-                return fields["job"], entry_id
+                return await self._entry(*mine[0][1][0])
+            self._own_pending_checked = True
         claimed = await self.redis.xautoclaim(
             JOBS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=1
         )
         if claimed and claimed[1]:
-            entry_id, fields = claimed[1][0]
-            log.info("claimed clone job %s from a worker that stopped", fields["job"])
-            return fields["job"], entry_id
+            log.info("claiming a clone job from a worker that stopped: %s", claimed[1][0])
+            return await self._entry(*claimed[1][0])
         fresh = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: ">"}, count=1)
         if fresh and fresh[0][1]:
-            entry_id, fields = fresh[0][1][0]
-            return fields["job"], entry_id
+            return await self._entry(*fresh[0][1][0])
         return None
+
+    async def _entry(self, entry_id: str, fields: dict[str, str] | None) -> tuple[str, str] | None:
+        """The job of a stream entry; an entry without one (trimmed, foreign) is acknowledged."""
+        job_id = (fields or {}).get("job")
+        if not job_id:
+            await self.redis.xack(JOBS_STREAM, GROUP, entry_id)
+            return None
+        return job_id, entry_id
 
     async def take(self, jobs: CloneJobs) -> tuple[str, str]:
         while True:
@@ -78,6 +83,9 @@ class StreamQueue:
                 found = await self._next()
             except RedisError as exc:
                 log.warning("clone-job queue unavailable (%s); retrying", exc)
+                found = None
+            except Exception:  # whatever is in the stream, the queue keeps running
+                log.exception("reading the clone-job queue failed; retrying")
                 found = None
             if found is not None:
                 return found

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -55,16 +55,19 @@ def connect(settings: Settings) -> Redis:
     """A client with explicit timeouts, retries and pool size (no call can hang on Redis)."""
     if not settings.redis_url:
         raise ValueError("cluster mode needs a Redis URL: pass --redis (or VOICEHOST_REDIS_URL)")
-    return Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         settings.redis_url,
+        max_connections=settings.redis_pool_size,
+        timeout=settings.redis_timeout_seconds,  # wait for a free connection, then fail
         socket_timeout=settings.redis_timeout_seconds,
         socket_connect_timeout=settings.redis_timeout_seconds,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), settings.redis_retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        max_connections=settings.redis_pool_size,
         health_check_interval=10,
         decode_responses=True,
+        protocol=2,
     )
+    return Redis(connection_pool=pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +124,7 @@ class WorkerPresence:
 
     async def heartbeat(self) -> None:
         load = self.load()
-        now_ms = int(time.time() * 1000)
+        now_ms = int(time.time() * 1000)  # only orders the index; liveness is the key TTL
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(
                 member_key(self.worker_id),
@@ -134,7 +137,6 @@ class WorkerPresence:
             )
             pipe.pexpire(member_key(self.worker_id), self.ttl_ms)
             pipe.zadd(MEMBERS, {self.worker_id: now_ms})
-            pipe.zremrangebyscore(MEMBERS, "-inf", now_ms - 10 * self.ttl_ms)  # long-gone ids
             pipe.expire(MEMBERS, MEMBERS_INDEX_TTL_SECONDS)
             await pipe.execute()
 
@@ -182,6 +184,9 @@ class Membership:
             for worker_id in ids:
                 pipe.hgetall(member_key(worker_id))
             records = await pipe.execute()
+        gone = [w for w, record in zip(ids, records, strict=True) if not record]
+        if gone:  # their member keys expired: prune the index (no clocks compared)
+            await self.redis.zrem(MEMBERS, *gone)
         workers = {}
         for worker_id, record in zip(ids, records, strict=True):
             if record and record.get("url"):
@@ -194,7 +199,7 @@ class Membership:
         if set(workers) != set(self.workers):
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)
-        self.workers = workers
+        self.workers = workers  # set together with the ring, with no await between them
         self.refreshed_at = time.monotonic()
 
     async def run(self) -> None:
@@ -219,18 +224,29 @@ class SessionPins:
         self.ttl = max(1, int(ttl_seconds))
         self._local: dict[str, str] = {}
 
+    def local(self, session_id: str) -> str | None:
+        """The pin as this process last set or saw it (for when Redis is down)."""
+        return self._local.get(session_id)
+
     async def get(self, session_id: str) -> str | None:
         try:
             worker = await self.redis.getex(session_key(session_id), ex=self.ttl)
         except RedisError:
-            return self._local.get(session_id)
+            return self.local(session_id)
+        if worker:
+            self._remember(session_id, worker)
         return worker
 
-    async def pin(self, session_id: str, worker_id: str) -> None:
-        if len(self._local) >= self.LOCAL_LIMIT:
-            self._local.clear()
-        self._local[session_id] = worker_id
+    async def pin(self, session_id: str, worker_id: str, remote: bool = True) -> None:
+        self._remember(session_id, worker_id)
+        if not remote:
+            return
         try:
             await self.redis.set(session_key(session_id), worker_id, ex=self.ttl)
         except RedisError as exc:
             log.warning("session pin kept locally only (%s)", exc)
+
+    def _remember(self, session_id: str, worker_id: str) -> None:
+        if len(self._local) >= self.LOCAL_LIMIT:
+            self._local.clear()
+        self._local[session_id] = worker_id

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from contextlib import suppress
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -31,6 +32,8 @@ from voicehost.voices import (
 )
 
 log = logging.getLogger(__name__)
+
+PUBLISH_CLAIM_SECONDS = 300
 
 
 class RedisVoiceRegistry:
@@ -54,12 +57,16 @@ class RedisVoiceRegistry:
         self._records: dict[str, dict[str, str]] = {}  # last seen, for when Redis is down
         self._ready: dict[tuple[str, str], Voice] = {}  # (voice_id, checksum) -> validated voice
         self._broken: dict[str, str] = {}
+        self._fetching: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def record(self, voice_id: str) -> dict[str, str] | None:
+        """The voice's record; while Redis is unreachable, the last one seen (or the error)."""
         try:
             record = await self.redis.hgetall(voice_key(voice_id))
         except RedisError:
-            return self._records.get(voice_id)
+            if voice_id in self._records:
+                return self._records[voice_id]
+            raise
         if record:
             self._records[voice_id] = record
         else:
@@ -72,20 +79,23 @@ class RedisVoiceRegistry:
         record = await self.record(voice_id)
         if record is None or record.get("status") != "ready":
             return None
-        key = (voice_id, record["checksum"])
-        if key in self._ready:
-            return self._ready[key]
         if self.cache is None:  # a gateway: the record is enough
             return Voice(voice_id, record["name"], record["prompt_style"], None, record["checksum"])
-        try:
-            folder = await asyncio.to_thread(
-                self.cache.fetch, record["uri"], record["checksum"], voice_id
-            )
-            voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
-        except (AdapterFetchError, InvalidAdapter) as exc:
-            self._broken[voice_id] = str(exc)
-            log.error("voice %s is unusable here: %s", voice_id, exc)
-            return None
+        key = (voice_id, record["checksum"])
+        async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
+            try:
+                # Every use goes through the cache: it marks the adapter used (LRU) and fetches
+                # it again if it was evicted.
+                folder = await asyncio.to_thread(
+                    self.cache.fetch, record["uri"], record["checksum"], voice_id
+                )
+                voice = self._ready.get(key)
+                if voice is None or voice.adapter_path != folder:
+                    voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
+            except (AdapterFetchError, InvalidAdapter) as exc:
+                self._broken[voice_id] = str(exc)
+                log.error("voice %s is unusable here: %s", voice_id, exc)
+                return None
         self._broken.pop(voice_id, None)
         self._ready[key] = voice
         return voice
@@ -119,6 +129,8 @@ class RedisVoiceRegistry:
             voice_key(voice_id), "status", "publishing"
         ):
             raise VoiceExists(f"voice {voice_id!r} already exists")
+        # A claim that expires if this process dies before the record is complete.
+        await self.redis.expire(voice_key(voice_id), PUBLISH_CLAIM_SECONDS)
         try:
             checksum = voice.checksum or ""
             uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
@@ -139,10 +151,12 @@ class RedisVoiceRegistry:
             }
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(voice_key(voice_id), mapping=record)
+                pipe.persist(voice_key(voice_id))
                 pipe.sadd(VOICES, voice_id)
                 await pipe.execute()
         except BaseException:
-            await self.redis.delete(voice_key(voice_id))
+            with suppress(RedisError):  # otherwise the claim expires by itself
+                await self.redis.delete(voice_key(voice_id))
             raise
         return voice
 
