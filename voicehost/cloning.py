@@ -218,8 +218,9 @@ class CloneJobs:
 
     def recover(self) -> None:
         """After a restart: jobs this runner was running are queued again."""
+        sole_runner = isinstance(self.queue, FolderQueue)  # then every running job was ours
         for job in self.jobs():
-            if job.runner == self.runner_id:
+            if job.runner == self.runner_id or (sole_runner and job.status in RUNNING):
                 job.runner = None
                 if job.status in RUNNING:
                     job.status = "queued"
