@@ -57,16 +57,38 @@ class Corpus:
     texts: dict[str, str]
 
 
-def speak(text: str, out: Path, lead_s: float, fmt: str, words_per_minute: int = 175) -> None:
+def speak(
+    text: str,
+    out: Path,
+    lead_s: float,
+    fmt: str,
+    words_per_minute: int = 175,
+    squeeze_pauses: bool = False,
+) -> None:
+    """``text`` spoken by espeak-ng into ``out`` (format by its suffix) after ``lead_s`` seconds
+    of digital silence. ``squeeze_pauses`` first cuts every pause espeak-ng fills with digital
+    silence (between words, at commas, at both ends), so the added lead is the clip's only
+    silence."""
     raw = out.with_suffix(".raw.wav")
     subprocess.run(["espeak-ng", "-s", str(words_per_minute), "-w", str(raw), text], check=True)
+    if squeeze_pauses:
+        squeezed = out.with_suffix(".squeezed.wav")
+        # drop leading silence, then every run of 20 ms or more below 0.5% of full scale
+        command = ["sox", str(raw), str(squeezed), "silence", "1", "0.01", "0.5%"]
+        subprocess.run([*command, "-1", "0.02", "0.5%"], check=True)
+        squeezed.replace(raw)
     subprocess.run(["sox", str(raw), str(out), "pad", f"{lead_s:.3f}", "0"], check=True)
     raw.unlink()
 
 
-def build_corpus(folder: Path, count: int = len(SENTENCES), seed: int = 0) -> Corpus:
+def build_corpus(
+    folder: Path, count: int = len(SENTENCES), seed: int = 0, squeeze_pauses: bool = False
+) -> Corpus:
     """``count`` sentences, each with 0.3-1 s of leading silence, as wav, flac and ogg, with a
-    ``metadata.csv``; plus a corrupt wav and a text file named like an mp3."""
+    ``metadata.csv``; plus a corrupt wav and a text file named like an mp3.
+
+    Past the first ``len(SENTENCES)`` clips the sentences repeat, 25 words per minute slower each
+    round. ``squeeze_pauses``: see ``speak``."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     good, leads, rows, texts = [], {}, [], {}
@@ -75,7 +97,8 @@ def build_corpus(folder: Path, count: int = len(SENTENCES), seed: int = 0) -> Co
         fmt = ("wav", "flac", "ogg")[index % 3]
         path = folder / f"clip{index:02d}.{fmt}"
         leads[path.stem] = rng.uniform(0.3, 1.0)
-        speak(text, path, leads[path.stem], fmt, 175 - 25 * (index // len(SENTENCES)))
+        rate = 175 - 25 * (index // len(SENTENCES))
+        speak(text, path, leads[path.stem], fmt, rate, squeeze_pauses)
         good.append(path)
         rows.append(f"{path.stem}|{text}")
         texts[path.stem] = text

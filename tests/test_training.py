@@ -4,11 +4,12 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
-from speech import build_corpus
+from speech import build_corpus, speak
 
 from lora_training import segment
 from lora_training.ingest import decode, ingest
@@ -202,6 +203,48 @@ def test_any_rate_and_channel_count_becomes_24k_mono(corpus, tmp_path):
     (converted,), _ = ingest([stereo])
     assert converted.samples.ndim == 1
     assert abs(converted.seconds - original.seconds) < 0.01
+
+
+def transcode(source: Path, out: Path, codec: str) -> None:
+    """Re-encode ``source`` with PyAV's ``codec`` at 44.1 kHz stereo, the container by ``out``'s
+    suffix (sox here has no mp3 encoder)."""
+    import av
+
+    with av.open(str(source)) as src, av.open(str(out), "w") as dst:
+        stream = dst.add_stream(codec, rate=44100, layout="stereo")
+        for frame in src.decode(audio=0):
+            frame.pts = None
+            for packet in stream.encode(frame):
+                dst.mux(packet)
+        for packet in stream.encode(None):
+            dst.mux(packet)
+
+
+def test_ingest_reads_mp3_and_aac_by_content(tmp_path: Path) -> None:
+    import av
+
+    source = tmp_path / "source.wav"
+    speak("Please call me back when you have a moment.", source, 0.3, "wav")
+    transcode(source, tmp_path / "clip.mp3", "libmp3lame")
+    transcode(source, tmp_path / "clip.m4a", "aac")
+    disguised = tmp_path / "aac_named_like.wav"
+    shutil.copy(tmp_path / "clip.m4a", disguised)
+    for name, codec in (("clip.mp3", "mp3"), ("clip.m4a", "aac"), (disguised.name, "aac")):
+        with av.open(str(tmp_path / name)) as container:  # the test files are what they claim
+            assert container.streams.audio[0].codec_context.name.startswith(codec)  # mp3float
+            assert container.streams.audio[0].codec_context.sample_rate == 44100
+    recordings, rejected = ingest([tmp_path])
+    assert rejected == []
+    by_name = {r.source.name: r for r in recordings}
+    assert set(by_name) == {"source.wav", "clip.mp3", "clip.m4a", disguised.name}
+    original = by_name["source.wav"]
+    for name in ("clip.mp3", "clip.m4a", disguised.name):
+        decoded = by_name[name]
+        assert decoded.samples.dtype == np.float32 and decoded.samples.ndim == 1
+        # 24 kHz: at 44.1 kHz the clip would decode 1.8 times as long; codecs pad a few ms
+        assert abs(decoded.seconds - original.seconds) < 0.1, (name, decoded.seconds)
+        lead = leading_silence_ms(decoded.samples) - leading_silence_ms(original.samples)
+        assert abs(lead) < 50, (name, lead)  # the speech, not codec priming, is where it was
 
 
 class FixedTextRecognizer:
