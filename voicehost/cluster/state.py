@@ -176,7 +176,6 @@ class Membership:
         self.workers: dict[str, WorkerInfo] = {}
         self.ring = WorkerRing([])
         self.redis_ok = False
-        self.refreshed_at = 0.0
 
     async def refresh(self) -> None:
         ids = await self.redis.zrange(MEMBERS, 0, -1)
@@ -200,7 +199,6 @@ class Membership:
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)
         self.workers = workers  # set together with the ring, with no await between them
-        self.refreshed_at = time.monotonic()
 
     async def run(self) -> None:
         while True:
