@@ -97,4 +97,3 @@ def test_publishing_twice_is_idempotent(store, dev_model):
     second, _ = publish(store, dev_model, "dev-a")
     assert first == second
     assert not [p for p in os.scandir(store._path(first).parent) if p.name.startswith(".")]
-    shutil.rmtree(store.root)

@@ -15,7 +15,6 @@ from redis.exceptions import RedisError
 
 from voicehost.cloning import CloneJobs, JobQueue
 from voicehost.cluster.state import WorkerLoad
-from voicehost.cluster.voices import RedisVoiceRegistry
 from voicehost.codec import SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
@@ -100,7 +99,7 @@ class Runtime:
 
     def load(self) -> WorkerLoad:
         """What a cluster worker reports with each heartbeat."""
-        loaded = self.registry.loaded() if isinstance(self.registry, RedisVoiceRegistry) else 0
+        loaded = self.registry.loaded()
         capacity = self.settings.worker_capacity or self.settings.max_num_seqs
         return WorkerLoad(self.active_streams, loaded, capacity)
 

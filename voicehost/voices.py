@@ -140,6 +140,10 @@ class VoiceDirectory(Protocol):
         """Why a voice that exists cannot be used, if it cannot."""
         ...
 
+    def loaded(self) -> int:
+        """Adapters this process has validated and can hand to the engine."""
+        ...
+
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
         """Usable voices (sorted by id) and unusable adapters."""
         ...
@@ -336,6 +340,10 @@ class VoiceRegistry:
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
         return self.voices(), self.broken_adapters()
+
+    def loaded(self) -> int:
+        with self._lock:
+            return len(self.adapters)
 
     @property
     def writable_root(self) -> Path:
