@@ -141,7 +141,11 @@ class WorkerPresence:
             await pipe.execute()
 
     async def run(self) -> None:
-        """Heartbeat until cancelled or ``leave`` is called; Redis errors are logged, retried."""
+        """Heartbeat until cancelled or ``leave`` is called; Redis errors are logged, retried.
+
+        A heartbeat that comes late by half the TTL is logged: the process was starved of CPU or
+        its event loop blocked, and gateways may have dropped it from the ring meanwhile."""
+        last = time.monotonic()
         while not self.left:
             self.registered = await _attempt(
                 self.heartbeat,
@@ -149,6 +153,12 @@ class WorkerPresence:
                 f"worker {self.worker_id} registered at {self.url}",
                 "heartbeat failed (%s); serving on, retrying",
             )
+            now = time.monotonic()
+            if self.registered and now - last > self.interval + self.ttl_ms / 2000:
+                log.warning(
+                    "heartbeat came %.1f s apart (TTL %.1f s)", now - last, self.ttl_ms / 1e3
+                )
+            last = now
             await asyncio.sleep(self.interval)
 
     async def leave(self) -> None:
