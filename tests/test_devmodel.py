@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from speech import speak
 
+from lora_training.ingest import decode, normalise_loudness
 from voicehost import orpheus
+from voicehost.codec import SnacCodec
 from voicehost.devmodel import DEV_VOICES, ensure_dev_model, fingerprint
 from voicehost.voices import LORA_TARGET_MODULES
 
@@ -55,6 +58,19 @@ def test_snac_encodes_and_decodes(dev_model):
         decoded = codec.decode(codes)
     assert [c.shape[-1] for c in codes] == [2, 4, 8]
     assert decoded.shape == (1, 1, 4096)
+
+
+def test_the_dev_codec_tells_speech_at_the_training_loudness_from_silence(dev_model, tmp_path):
+    """The head-of-line benchmark and trimmed training data need speech frames that are not
+    silence frames; a random SNAC without the encoder gain encodes ~90% of them as silence."""
+    speak("Please call me back this afternoon.", tmp_path / "clip.wav", 0.0, "wav", 175, True)
+    codec = SnacCodec.load(dev_model.codec, device="cpu")
+    silence = set(codec.encode(np.zeros(orpheus.SAMPLE_RATE, dtype=np.float32)))
+    frames = codec.encode(normalise_loudness(decode(tmp_path / "clip.wav")))
+    speech = frames[1:-1]  # the first and last frames straddle the clip's edges
+    assert len(speech) >= 10
+    assert all(frame not in silence for frame in speech)
+    assert len({frame.l0 for frame in speech}) >= 4
 
 
 @pytest.mark.parametrize("voice", DEV_VOICES)

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 DEV_SEED = 1234
 DEV_VOICES = ("dev-a", "dev-b", "dev-c")
 LORA_RANK = 16
-FORMAT_VERSION = 2  # bump when the built files change, so old caches are rebuilt
+FORMAT_VERSION = 3  # bump when the built files change, so old caches are rebuilt
 
 HIDDEN = 256
 LAYERS = 2
@@ -50,6 +50,11 @@ SNAC_CONFIG = {
     "noise": True,
     "depthwise": True,
 }
+# Gain on the dev SNAC encoder's input convolution. With SNAC's random initialisation speech at
+# the training pipeline's -20 LUFS barely moves the encoder off its biases, so ~90% of speech
+# frames encode to exactly digital silence's codes; at 32x every speech frame differs from
+# silence, while silence itself (zeros in, biases out) encodes as before.
+SNAC_ENCODER_GAIN = 32.0
 
 # Structure of the dev model's residual stream: one coordinate per "last token was position k".
 _START_COORD = orpheus.TOKENS_PER_FRAME  # start_of_speech
@@ -214,6 +219,8 @@ def build_snac(out: Path, seed: int) -> None:
 
     torch.manual_seed(seed)
     codec = SNAC(**SNAC_CONFIG)
+    with torch.no_grad():  # the weight-norm magnitude of the first convolution
+        codec.encoder.block[0].parametrizations.weight.original0.mul_(SNAC_ENCODER_GAIN)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(SNAC_CONFIG, indent=2))
     torch.save(codec.state_dict(), out / "pytorch_model.bin")
