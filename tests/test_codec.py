@@ -1,13 +1,15 @@
-"""Streaming SNAC decoding: exact against a one-shot decode, every frame played once, in order."""
+"""Streaming SNAC decoding: exact against a one-shot decode, every frame played once, in order;
+windows of concurrent streams batched into one SNAC call; chunks that grow with the lead."""
 
 import asyncio
 import random
+import time
 
 import numpy as np
 import pytest
 
 from voicehost import orpheus
-from voicehost.codec import FrameDecoder, SnacCodec
+from voicehost.codec import DecodeScheduler, FrameDecoder, SnacCodec, Span
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,11 @@ def random_frames(count: int, seed: int) -> list[orpheus.Frame]:
     return frames
 
 
-def stream(codec, frames, lookahead, chunk_sizes):
+def stream(codec, frames, lookahead, chunk_sizes, max_chunk=1):
     """Push ``frames`` in chunks; returns the audio and after how many frames it first came."""
 
     async def run():
-        decoder = FrameDecoder(codec, lookahead)
+        decoder = FrameDecoder(DecodeScheduler(codec), lookahead, max_chunk)
         pieces, first, i = [], None, 0
         sizes = iter(chunk_sizes)
         while i < len(frames):
@@ -60,7 +62,7 @@ def test_lookahead_two_equals_a_one_shot_decode(codec, chunking):
         "random": [rng.choice([1, 2, 3, 5, 8]) for _ in range(100)],
         "all": [len(frames)],
     }[chunking]
-    audio, _ = stream(codec, frames, 2, sizes)
+    audio, _ = stream(codec, frames, 2, sizes, max_chunk=16)
     assert audio.shape == reference.shape == (24 * orpheus.SAMPLES_PER_FRAME,)
     assert np.abs(audio - reference).max() < 1e-3
     assert np.abs(reference).max() > 0.01  # the codec really made sound
@@ -93,7 +95,7 @@ def test_a_stream_shorter_than_the_lookahead_still_plays_every_frame(codec):
 
 def test_lookahead_outside_zero_to_two_is_refused(codec):
     with pytest.raises(ValueError):
-        FrameDecoder(codec, 3)
+        FrameDecoder(DecodeScheduler(codec), 3)
 
 
 def test_encode_then_decode_keeps_the_length(codec):
@@ -101,3 +103,128 @@ def test_encode_then_decode_keeps_the_length(codec):
     frames = codec.encode(audio)
     assert len(frames) == int(np.ceil(24000 / 2048))
     assert codec.decode(frames).size == len(frames) * orpheus.SAMPLES_PER_FRAME
+
+
+def test_spans_of_different_lengths_share_calls_and_equal_their_decodes_alone(codec):
+    spans = [
+        Span(tuple(random_frames(21, seed=1)), 3, 19),  # mid-stream: pad after
+        Span(tuple(random_frames(6, seed=2)), 3, 4),  # one new frame: pad after
+        Span(tuple(random_frames(5, seed=3)), 0, 3),  # a stream's first window: pad after
+        Span(tuple(random_frames(9, seed=4)), 3, 9),  # a stream's last window: pad before
+        Span(tuple(random_frames(4, seed=5)), 0, 4),  # a whole short stream: no padding,
+        Span(tuple(random_frames(4, seed=6)), 0, 4),  # so only with its own length
+    ]
+    calls = codec.calls
+    batched = codec.decode_batch(spans)
+    assert codec.calls - calls == 2
+    spf = orpheus.SAMPLES_PER_FRAME
+    for span, audio in zip(spans, batched, strict=True):
+        alone = codec.decode(span.frames)[span.keep_start * spf : span.keep_stop * spf]
+        assert audio.shape == alone.shape == ((span.keep_stop - span.keep_start) * spf,)
+        assert np.abs(audio - alone).max() < 1e-3
+
+
+def test_concurrent_streams_share_batches_and_each_equals_its_one_shot_decode(codec):
+    streams = [random_frames(12, seed=100 + i) for i in range(8)]
+
+    async def run():
+        scheduler = DecodeScheduler(codec, window_ms=50)
+        decoders = [FrameDecoder(scheduler, 2, max_chunk=1) for _ in streams]
+
+        async def one(decoder, frames):
+            pieces = []
+            for frame in frames:
+                pieces.append(await decoder.push([frame]))
+            pieces.append(await decoder.finish())
+            decoder.close()
+            return np.concatenate(pieces)
+
+        audio = await asyncio.gather(*(one(d, f) for d, f in zip(decoders, streams, strict=True)))
+        await scheduler.close()
+        return audio, scheduler
+
+    audio, scheduler = asyncio.run(run())
+    for frames, pcm in zip(streams, audio, strict=True):
+        assert np.abs(pcm - codec.decode(frames)).max() < 1e-3
+    assert scheduler.windows == 8 * 11  # frames 0..9 one by one, then 10 and 11 at the end
+    assert scheduler.windows / scheduler.batches >= 4  # 8 streams: mostly full batches
+
+
+class FrozenClock:
+    """Time that moves only when told: playback stands still, so the lead only grows."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_chunks_grow_with_the_lead_and_decoding_approaches_one_frame_per_frame(codec):
+    frames = random_frames(192, seed=11)
+    clock = FrozenClock()
+
+    async def run():
+        decoder = FrameDecoder(DecodeScheduler(codec), 2, max_chunk=16, clock=clock)
+        sizes = []
+        for frame in frames:
+            pcm = await decoder.push([frame])
+            if pcm.size:
+                sizes.append(pcm.size // orpheus.SAMPLES_PER_FRAME)
+        tail = await decoder.finish()
+        return decoder, sizes, tail
+
+    decoder, sizes, tail = asyncio.run(run())
+    assert sizes[0] == 1  # first audio as early as the lookahead allows
+    assert sizes == sorted(sizes) and max(sizes) == 16
+    assert sum(sizes) + tail.size // orpheus.SAMPLES_PER_FRAME == 192
+    assert decoder.decoded / 192 < 1.5  # the public decoders decode 4 frames per frame played
+
+
+def test_a_stream_behind_playback_plays_each_frame_as_soon_as_it_can(codec):
+    frames = random_frames(20, seed=12)
+    clock = FrozenClock()
+
+    async def run():
+        decoder = FrameDecoder(DecodeScheduler(codec), 2, max_chunk=16, clock=clock)
+        sizes = []
+        for frame in frames:
+            clock.now += 1.0  # a frame every second: far slower than real time
+            pcm = await decoder.push([frame])
+            if pcm.size:
+                sizes.append(pcm.size // orpheus.SAMPLES_PER_FRAME)
+        return sizes
+
+    assert asyncio.run(run()) == [1] * 18
+
+
+def test_a_lone_stream_never_waits_for_the_batch_window(codec):
+    frames = random_frames(4, seed=13)
+
+    async def decode_one(idle_streams: int) -> float:
+        scheduler = DecodeScheduler(codec, window_ms=2000)
+        for _ in range(idle_streams):
+            scheduler.attach()
+        await scheduler.decode(Span.whole(frames))  # the first call also starts the loop
+        started = time.monotonic()
+        await scheduler.decode(Span.whole(frames))
+        elapsed = time.monotonic() - started
+        await scheduler.close()
+        return elapsed
+
+    assert asyncio.run(decode_one(idle_streams=1)) < 1.5
+    assert asyncio.run(decode_one(idle_streams=2)) >= 1.9  # waits for the other live stream
+
+
+def test_a_failed_decode_reaches_its_stream_and_the_loop_serves_on(codec):
+    broken = [orpheus.Frame((5000,), (0, 0), (0, 0, 0, 0))]  # no such code
+
+    async def run():
+        scheduler = DecodeScheduler(codec)
+        with pytest.raises(IndexError):
+            await scheduler.decode(Span.whole(broken))
+        audio = await scheduler.decode(Span.whole(random_frames(3, seed=14)))
+        await scheduler.close()
+        return audio
+
+    assert asyncio.run(run()).size == 3 * orpheus.SAMPLES_PER_FRAME

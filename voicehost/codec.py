@@ -1,17 +1,27 @@
-"""SNAC frames -> 24 kHz PCM: the process-wide codec and the per-stream ``FrameDecoder``.
+"""SNAC frames -> 24 kHz PCM: the process-wide codec, its batching scheduler and the per-stream
+``FrameDecoder``.
 
 SNAC's decoder is not causal: the audio of frame i depends on the codes of frames i-3 .. i+2.
 A ``FrameDecoder`` therefore decodes each run of new frames inside a window with 3 frames of left
 context and ``lookahead`` frames of right context, and keeps only the new frames' samples. With a
 lookahead of 2 the stream equals a one-shot decode of the whole sequence (to float rounding).
+
+Every stream's windows go to one ``DecodeScheduler`` per process, which decodes the windows of all
+live streams that are pending together in one batched SNAC call. Chunks grow with each stream's
+lead over playback: the first chunk is one frame (first audio after 1 + lookahead frames), and a
+stream far ahead of its listener decodes many new frames per window, so the decoded frames per
+played frame fall from 1 + 5 towards 1 + 5/K.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,22 +33,67 @@ from voicehost import orpheus
 log = logging.getLogger(__name__)
 
 LEFT_CONTEXT_FRAMES = 3
+RIGHT_REACH_FRAMES = 2  # how far ahead the decoder sees
 DEFAULT_LOOKAHEAD_FRAMES = 2
+DEFAULT_BATCH_WINDOW_MS = 10.0
+DEFAULT_MAX_BATCH = 64
+DEFAULT_MAX_CHUNK_FRAMES = 16
+CPU_CALL_FRAMES = 96
+GPU_CALL_FRAMES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Frames to decode, of which the samples of frames ``[keep_start, keep_stop)`` are wanted."""
+
+    frames: tuple[orpheus.Frame, ...]
+    keep_start: int
+    keep_stop: int
+
+    @classmethod
+    def whole(cls, frames: Sequence[orpheus.Frame]) -> Span:
+        return cls(tuple(frames), 0, len(frames))
+
+    def pad_side(self) -> str | None:
+        """Where padding reaches no kept frame: "after", "before", or nowhere (``None``)."""
+        if len(self.frames) - self.keep_stop >= RIGHT_REACH_FRAMES:
+            return "after"
+        if self.keep_start >= LEFT_CONTEXT_FRAMES:
+            return "before"
+        return None
 
 
 class SnacCodec:
     """One SNAC model for the whole process; every decode runs on its single worker thread."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, max_call_frames: int | None = None
+    ) -> None:
         self.model = model
         self.device = device
+        # One SNAC call holds at most this many (padded) frames: a CPU gains little from large
+        # batches and its activations grow with them (32 windows of 21 frames take gigabytes).
+        self.max_call_frames = max_call_frames or (
+            GPU_CALL_FRAMES if device.type == "cuda" else CPU_CALL_FRAMES
+        )
+        self.calls = 0  # SNAC decoder calls made
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snac")
+        # On a GPU SNAC runs on a stream of its own, beside whatever else the process launches.
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @classmethod
-    def load(cls, name: str | Path, *, device: str | None = None, noise: bool = True) -> SnacCodec:
+    def load(
+        cls,
+        name: str | Path,
+        *,
+        device: str | None = None,
+        noise: bool = True,
+        threads: int | None = None,
+    ) -> SnacCodec:
         """Load SNAC from a directory (``config.json`` + ``pytorch_model.bin``) or a hub id.
 
         ``noise=False`` removes the decoder's random noise blocks, making decoding deterministic.
+        On CPU, SNAC gets ``threads`` threads (default half the cores: the engine has the rest).
         """
         from snac import SNAC
         from snac.layers import NoiseBlock
@@ -47,6 +102,8 @@ class SnacCodec:
         if not noise:
             _replace_modules(model, NoiseBlock, torch.nn.Identity)
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if target.type == "cpu":
+            torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
         model = model.to(target).eval()
         return cls(model, target)
 
@@ -60,18 +117,68 @@ class SnacCodec:
 
     def decode(self, frames: Sequence[orpheus.Frame]) -> np.ndarray:
         """One-shot decode of consecutive frames: float32 samples, ``len(frames) * 2048`` long."""
-        if not frames:
-            return np.zeros(0, dtype=np.float32)
-        layers = orpheus.frames_to_codes(frames)
-        codes = [torch.tensor([layer], dtype=torch.long, device=self.device) for layer in layers]
-        with torch.inference_mode():
-            audio = self.model.decode(codes)
-        return audio[0, 0].float().cpu().numpy()
+        return self.decode_batch([Span.whole(frames)])[0]
 
-    async def decode_async(self, frames: Sequence[orpheus.Frame]) -> np.ndarray:
-        """``decode`` on the codec thread, so the event loop never waits on SNAC."""
+    def decode_batch(self, spans: Sequence[Span]) -> list[np.ndarray]:
+        """The kept samples of each span, decoded in as few SNAC calls as ``max_call_frames``
+        allows.
+
+        Spans of different lengths share a call by padding the shorter ones, on a side where
+        the padding reaches no kept frame: the decoder sees 2 frames ahead and 3 behind, so
+        padding after a span changes only its last 2 frames and padding before it only its
+        first 3. A span that keeps frames that close to both of its ends shares a call only
+        with spans of its own length.
+        """
+        results = [np.zeros(0, dtype=np.float32) for _ in spans]
+        paddable = [i for i, span in enumerate(spans) if span.frames and span.pad_side()]
+        fixed = [i for i, span in enumerate(spans) if span.frames and not span.pad_side()]
+        groups: list[list[int]] = []
+        for index in sorted(paddable, key=lambda i: len(spans[i].frames)):
+            call = groups[-1] if groups else None  # ascending length: the last is the longest
+            if call is None or (len(call) + 1) * len(spans[index].frames) > self.max_call_frames:
+                groups.append(call := [])
+            call.append(index)
+        for length in sorted({len(spans[i].frames) for i in fixed}):
+            same = [i for i in fixed if len(spans[i].frames) == length]
+            size = max(1, self.max_call_frames // length)
+            groups += [same[k : k + size] for k in range(0, len(same), size)]
+        for call in groups:
+            self._decode_call(spans, call, results)
+        return results
+
+    def _decode_call(
+        self, spans: Sequence[Span], call: list[int], results: list[np.ndarray]
+    ) -> None:
+        longest = max(len(spans[i].frames) for i in call)
+        rows, shifts = [], []
+        for index in call:
+            frames, short = list(spans[index].frames), longest - len(spans[index].frames)
+            if short and spans[index].pad_side() == "before":
+                rows.append([frames[0]] * short + frames)
+                shifts.append(short)
+            else:
+                rows.append(frames + [frames[-1]] * short)
+                shifts.append(0)
+        layers = [orpheus.frames_to_codes(row) for row in rows]
+        codes = [
+            torch.tensor([row[level] for row in layers], dtype=torch.long, device=self.device)
+            for level in range(3)
+        ]
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
+        with torch.inference_mode(), stream:
+            audio = self.model.decode(codes)[:, 0].float().cpu().numpy()
+        self.calls += 1
+        spf = orpheus.SAMPLES_PER_FRAME
+        for row, (index, shift) in enumerate(zip(call, shifts, strict=True)):
+            span = spans[index]
+            results[index] = audio[
+                row, (shift + span.keep_start) * spf : (shift + span.keep_stop) * spf
+            ]
+
+    async def decode_batch_async(self, spans: Sequence[Span]) -> list[np.ndarray]:
+        """``decode_batch`` on the codec thread, so the event loop never waits on SNAC."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.decode, list(frames))
+        return await loop.run_in_executor(self._executor, self.decode_batch, list(spans))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -85,6 +192,95 @@ def _replace_modules(root: torch.nn.Module, kind: type, factory: type) -> None:
             _replace_modules(child, kind, factory)
 
 
+class DecodeScheduler:
+    """One decode loop per process: batches the pending windows of every live stream.
+
+    A batch is flushed when it holds ``max_batch`` windows, when every live stream has one
+    pending (no one else can join), or ``window_ms`` after its first window arrived. Each stream
+    waits for its own window before it sends the next, so its audio stays in order and a codec
+    that falls behind slows the streams down (their chunks grow) instead of queueing without end.
+    """
+
+    def __init__(
+        self,
+        codec: SnacCodec,
+        window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self.codec = codec
+        self.window_s = window_ms / 1000
+        self.max_batch = max_batch
+        self.live = 0  # streams that may send windows
+        self.batches = 0
+        self.windows = 0
+        self.frames_decoded = 0
+        self._pending: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
+        self._arrived: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def attach(self) -> None:
+        self.live += 1
+
+    def detach(self) -> None:
+        self.live -= 1
+        if self._arrived is not None:
+            self._arrived.set()  # a pending batch may now hold every live stream
+
+    async def decode(self, span: Span) -> np.ndarray:
+        """The kept samples of ``span``, decoded in the next batch."""
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._arrived = asyncio.Event()
+            self._task = loop.create_task(self._run(), name="snac-decode-loop")
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        self._pending.append((span, future))
+        assert self._arrived is not None
+        self._arrived.set()
+        return await future
+
+    async def _run(self) -> None:
+        assert self._arrived is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+            deadline = loop.time() + self.window_s
+            while not self._full() and (left := deadline - loop.time()) > 0:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), left)
+                except TimeoutError:
+                    break
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            batch = [(span, future) for span, future in batch if not future.cancelled()]
+            if not batch:
+                continue
+            try:
+                results = await self.codec.decode_batch_async([span for span, _ in batch])
+            except Exception as exc:  # every stream of the batch sees the codec's error
+                log.exception("SNAC decode of %d windows failed", len(batch))
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.batches += 1
+            self.windows += len(batch)
+            self.frames_decoded += sum(len(span.frames) for span, _ in batch)
+            for (_, future), audio in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(audio)
+
+    def _full(self) -> bool:
+        return len(self._pending) >= min(self.max_batch, max(self.live, 1))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeWindow:
     """Decode frames ``[start, stop)``; keep the samples of frames ``[emit_start, emit_stop)``."""
@@ -94,26 +290,63 @@ class DecodeWindow:
     emit_start: int
     emit_stop: int
 
-    def trim(self, audio: np.ndarray) -> np.ndarray:
-        spf = orpheus.SAMPLES_PER_FRAME
-        return audio[(self.emit_start - self.start) * spf : (self.emit_stop - self.start) * spf]
+    def span(self, frames: Sequence[orpheus.Frame]) -> Span:
+        return Span(
+            tuple(frames[self.start : self.stop]),
+            self.emit_start - self.start,
+            self.emit_stop - self.start,
+        )
 
 
 class FrameDecoder:
-    """Streams one request's frames into PCM: every frame played once, in order, frame 0 first."""
+    """Streams one request's frames into PCM: every frame played once, in order, frame 0 first.
 
-    def __init__(self, codec: SnacCodec, lookahead: int = DEFAULT_LOOKAHEAD_FRAMES) -> None:
+    The first window plays frame 0 as soon as its right context has arrived. After that a window
+    waits for ``chunk_frames()`` new frames: half the stream's lead over playback (assumed to
+    start with the first audio), at least 1 and at most ``max_chunk``. Waiting for K frames costs
+    K frames of generation while the lead is 2K, so a stream that keeps up never runs dry.
+    """
+
+    def __init__(
+        self,
+        scheduler: DecodeScheduler,
+        lookahead: int = DEFAULT_LOOKAHEAD_FRAMES,
+        max_chunk: int = DEFAULT_MAX_CHUNK_FRAMES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if lookahead not in (0, 1, 2):
             raise ValueError("lookahead must be 0, 1 or 2 frames")
-        self.codec = codec
+        if max_chunk < 1:
+            raise ValueError("max_chunk must be at least 1 frame")
+        self.scheduler = scheduler
         self.lookahead = lookahead
+        self.max_chunk = max_chunk
+        self.clock = clock
         self.frames: list[orpheus.Frame] = []
         self.emitted = 0
+        self.decoded = 0  # frames decoded, context included
+        self.first_audio_at: float | None = None
+        self._attached = True
+        scheduler.attach()
+
+    def lead_seconds(self) -> float:
+        """Audio handed out so far minus the time it has been playing."""
+        if self.first_audio_at is None:
+            return 0.0
+        played = self.clock() - self.first_audio_at
+        return self.emitted * orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE - played
+
+    def chunk_frames(self) -> int:
+        if self.emitted == 0:
+            return 1
+        frame_s = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+        return max(1, min(self.max_chunk, int(self.lead_seconds() / frame_s / 2)))
 
     def next_window(self, final: bool) -> DecodeWindow | None:
-        """The window that plays every frame whose right context has arrived (all, when final)."""
+        """The window that plays every frame whose right context has arrived (all, when final),
+        or ``None`` while fewer than ``chunk_frames()`` are ready."""
         ready = len(self.frames) if final else len(self.frames) - self.lookahead
-        if ready <= self.emitted:
+        if ready <= self.emitted or (not final and ready - self.emitted < self.chunk_frames()):
             return None
         start = max(0, self.emitted - LEFT_CONTEXT_FRAMES)
         stop = min(len(self.frames), ready + self.lookahead)
@@ -128,10 +361,19 @@ class FrameDecoder:
         """The samples of every frame not yet played, decoded with the context that exists."""
         return await self._emit(final=True)
 
+    def close(self) -> None:
+        """The stream has ended: the scheduler stops waiting for it."""
+        if self._attached:
+            self._attached = False
+            self.scheduler.detach()
+
     async def _emit(self, final: bool) -> np.ndarray:
         window = self.next_window(final)
         if window is None:
             return np.zeros(0, dtype=np.float32)
-        audio = await self.codec.decode_async(self.frames[window.start : window.stop])
+        audio = await self.scheduler.decode(window.span(self.frames))
         self.emitted = window.emit_stop
-        return window.trim(audio)
+        self.decoded += window.stop - window.start
+        if self.first_audio_at is None:
+            self.first_audio_at = self.clock()
+        return audio

@@ -108,6 +108,16 @@ class Settings(BaseSettings):
         2, description="Right context per decode: 2 is exact, 0 and 1 trade exactness for latency."
     )
     codec_device: str | None = Field(None, description="SNAC device (auto: cuda if available).")
+    codec_batch_window_ms: float = Field(
+        10.0, ge=0, description="Longest wait to batch SNAC decodes of other streams."
+    )
+    codec_max_batch: int = Field(64, ge=1, description="Most stream windows in one SNAC decode.")
+    codec_max_chunk_frames: int = Field(
+        16, ge=1, description="Most new frames per decode once a stream is well ahead."
+    )
+    codec_threads: int | None = Field(
+        None, ge=1, description="CPU threads for SNAC on CPU (auto: half the cores)."
+    )
     codec_noise: bool = Field(True, description="Keep SNAC's decoder noise (as trained).")
 
     def served_model(self) -> str:

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from voicehost.cloning import CloneJobs, JobQueue
 from voicehost.cluster.state import WorkerLoad
-from voicehost.codec import SnacCodec
+from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.engine import SpeechEngine
@@ -65,6 +65,7 @@ class Runtime:
             queue = cluster.job_queue()
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
+        self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
         self.jobs = CloneJobs(jobs_dir, self.registry.add, queue, runner)
         self.draining = False
@@ -158,9 +159,16 @@ class Runtime:
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)
         self.codec = await asyncio.to_thread(
-            SnacCodec.load, s.served_codec(), device=s.codec_device, noise=s.codec_noise
+            SnacCodec.load,
+            s.served_codec(),
+            device=s.codec_device,
+            noise=s.codec_noise,
+            threads=s.codec_threads,
         )
-        synthesizer = Synthesizer(self.engine, self.codec, self.metrics, s.lookahead_frames)
+        self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
+        synthesizer = Synthesizer(
+            self.engine, self.scheduler, self.metrics, s.lookahead_frames, s.codec_max_chunk_frames
+        )
         warm_voice = next(iter(self.registry.builtin.values()), None)
         if warm_voice is None:
             warm_voice = (await self.registry.list_voices())[0][0]
@@ -179,6 +187,8 @@ class Runtime:
                 self.engine = engine[0]
         if self.engine is not None:
             self.engine.shutdown()
+        if self.scheduler is not None:
+            await self.scheduler.close()
         if self.codec is not None:
             self.codec.close()
         if self.cluster is not None:

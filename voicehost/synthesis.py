@@ -10,7 +10,7 @@ from contextlib import aclosing
 import numpy as np
 
 from voicehost import orpheus
-from voicehost.codec import FrameDecoder, SnacCodec
+from voicehost.codec import DecodeScheduler, FrameDecoder
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
 from voicehost.voices import Voice
@@ -22,12 +22,18 @@ class Synthesizer:
     """Turns (text, voice) into a stream of 24 kHz float PCM chunks, as the engine generates."""
 
     def __init__(
-        self, engine: SpeechEngine, codec: SnacCodec, metrics: SpeechMetrics, lookahead: int
+        self,
+        engine: SpeechEngine,
+        scheduler: DecodeScheduler,
+        metrics: SpeechMetrics,
+        lookahead: int,
+        max_chunk: int,
     ) -> None:
         self.engine = engine
-        self.codec = codec
+        self.scheduler = scheduler
         self.metrics = metrics
         self.lookahead = lookahead
+        self.max_chunk = max_chunk
         self.active = 0  # streams in progress, reported to the cluster as this worker's load
 
     async def stream(
@@ -38,7 +44,7 @@ class Synthesizer:
         prompt = self.engine.prompt(text, voice)
         options = self.engine.sampling(text, seed, len(prompt))
         assembler = orpheus.FrameAssembler()
-        decoder = FrameDecoder(self.codec, self.lookahead)
+        decoder = FrameDecoder(self.scheduler, self.lookahead, self.max_chunk)
         first_audio: float | None = None
         tokens = 0
         self.metrics.active_streams.inc()
@@ -62,6 +68,7 @@ class Synthesizer:
                 yield pcm
             self._record(started, tokens, assembler)
         finally:
+            decoder.close()
             self.metrics.active_streams.dec()
             self.active -= 1
 
