@@ -36,4 +36,4 @@ test: lint
 	$(BIN)/pytest
 
 bench: install
-	$(BIN)/python scripts/bench_serve.py
+	$(BIN)/voicehost bench $(BENCH_ARGS)

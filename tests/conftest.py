@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -95,6 +97,8 @@ def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 
 
 
 def stop(process: subprocess.Popen) -> None:
+    """Stop a ``launch``ed process, then anything of its group still running (vLLM's engine
+    processes outlive a parent that died before shutting them down)."""
     if process.poll() is None:
         process.terminate()
     try:
@@ -102,6 +106,8 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

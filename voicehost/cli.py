@@ -1,4 +1,4 @@
-"""The ``voicehost`` command: serve, dev-model, say."""
+"""The ``voicehost`` command: serve, dev-model, say, bench."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from voicehost.bench import DESCRIPTION as BENCH_DESCRIPTION
+from voicehost.bench import add_arguments as add_bench_arguments
 from voicehost.config import Settings
 
 
@@ -130,6 +132,12 @@ def cmd_say(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from voicehost.bench import run
+
+    return run(args)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from lora_training.recipe import NotEnoughSpeech, VoiceJob, train_voice
     from lora_training.train import TrainSettings, learning_rate_for
@@ -232,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--format", default="wav", choices=["wav", "pcm"])
     say.add_argument("--seed", type=int)
     say.set_defaults(func=cmd_say)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure a server: first audio, underruns, tokens/s per concurrency",
+        description=BENCH_DESCRIPTION,
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
 
     train = commands.add_parser("train", help="train a LoRA voice from a few minutes of audio")
     train.add_argument("--audio", type=Path, nargs="+", required=True, help="files or folders")
