@@ -228,3 +228,29 @@ def test_a_failed_decode_reaches_its_stream_and_the_loop_serves_on(codec):
         return audio
 
     assert asyncio.run(run()).size == 3 * orpheus.SAMPLES_PER_FRAME
+
+
+def test_chunks_follow_the_generation_speed_and_the_listener_never_runs_dry(codec):
+    """Generated at 2x real time, then at 1x: chunks grow with the lead and the speed, and
+    before each new frame the audio handed out still covers what has played."""
+    frames = random_frames(160, seed=15)
+    frame_s = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+    clock = FrozenClock()
+
+    async def run():
+        decoder = FrameDecoder(DecodeScheduler(codec), 2, max_chunk=16, clock=clock)
+        leads, sizes = [], []
+        for index, frame in enumerate(frames):
+            clock.now += frame_s / (2.0 if index < 80 else 1.0)
+            if decoder.first_audio_at is not None:
+                leads.append(decoder.lead_seconds())
+            pcm = await decoder.push([frame])
+            if pcm.size:
+                sizes.append(pcm.size // orpheus.SAMPLES_PER_FRAME)
+        await decoder.finish()
+        return decoder, leads, sizes
+
+    decoder, leads, sizes = asyncio.run(run())
+    assert min(leads) > 0
+    assert max(sizes) == 16
+    assert decoder.decoded / len(frames) < 1.7

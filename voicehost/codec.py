@@ -39,6 +39,8 @@ DEFAULT_BATCH_WINDOW_MS = 10.0
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_CHUNK_FRAMES = 16
 CPU_CALL_FRAMES = 96
+MAX_SPEED_ESTIMATE = 4.0
+FRAME_SECONDS = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 GPU_CALL_FRAMES = 8192
 
 
@@ -302,9 +304,10 @@ class FrameDecoder:
     """Streams one request's frames into PCM: every frame played once, in order, frame 0 first.
 
     The first window plays frame 0 as soon as its right context has arrived. After that a window
-    waits for ``chunk_frames()`` new frames: half the stream's lead over playback (assumed to
-    start with the first audio), at least 1 and at most ``max_chunk``. Waiting for K frames costs
-    K frames of generation while the lead is 2K, so a stream that keeps up never runs dry.
+    waits for ``chunk_frames()`` new frames: as many as the stream generates, at its speed so
+    far, in half its lead over playback (assumed to start with the first audio); at least 1 and
+    at most ``max_chunk``. The wait takes half the audio still queued for the listener, so a
+    stream whose generation keeps its pace (or slows by up to half) never runs dry.
     """
 
     def __init__(
@@ -326,6 +329,7 @@ class FrameDecoder:
         self.emitted = 0
         self.decoded = 0  # frames decoded, context included
         self.first_audio_at: float | None = None
+        self._frames_at_first_audio = 0
         self._attached = True
         scheduler.attach()
 
@@ -334,13 +338,25 @@ class FrameDecoder:
         if self.first_audio_at is None:
             return 0.0
         played = self.clock() - self.first_audio_at
-        return self.emitted * orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE - played
+        return self.emitted * FRAME_SECONDS - played
+
+    def generation_speed(self) -> float:
+        """Seconds of audio generated per second since the first audio (1 until measurable,
+        at most ``MAX_SPEED_ESTIMATE``)."""
+        if self.first_audio_at is None:
+            return 1.0
+        elapsed = self.clock() - self.first_audio_at
+        generated = (len(self.frames) - self._frames_at_first_audio) * FRAME_SECONDS
+        if elapsed <= 0 or generated <= 0:
+            return 1.0
+        return min(MAX_SPEED_ESTIMATE, generated / elapsed)
 
     def chunk_frames(self) -> int:
+        """New frames the next window waits for: as many as arrive in half the lead."""
         if self.emitted == 0:
             return 1
-        frame_s = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
-        return max(1, min(self.max_chunk, int(self.lead_seconds() / frame_s / 2)))
+        frames = self.lead_seconds() * self.generation_speed() / FRAME_SECONDS / 2
+        return max(1, min(self.max_chunk, int(frames)))
 
     def next_window(self, final: bool) -> DecodeWindow | None:
         """The window that plays every frame whose right context has arrived (all, when final),
@@ -376,4 +392,5 @@ class FrameDecoder:
         self.decoded += window.stop - window.start
         if self.first_audio_at is None:
             self.first_audio_at = self.clock()
+            self._frames_at_first_audio = len(self.frames)
         return audio
