@@ -7,8 +7,14 @@ import torch
 
 from voicehost import orpheus
 from voicehost.config import Settings
-from voicehost.engine import InputTooLong, SpeechEngine, resolve_dtype, resolve_quantization
-from voicehost.voices import Voice
+from voicehost.engine import (
+    InputTooLong,
+    SpeechEngine,
+    engine_args,
+    resolve_dtype,
+    resolve_quantization,
+)
+from voicehost.voices import LORA_TARGET_MODULES, Voice
 
 
 @pytest.mark.parametrize(
@@ -73,3 +79,12 @@ def test_max_tokens_follows_the_text_and_the_context_left():
     assert (short.temperature, short.top_p, short.repetition_penalty) == (0.6, 0.8, 1.1)
     assert short.seed == 1
     assert (long.max_tokens - 1) % orpheus.TOKENS_PER_FRAME == 0
+
+
+def test_the_engine_wraps_only_the_modules_voice_adapters_may_target():
+    """vLLM's default also wraps lm_head, whose LoRA logits step then runs for every token of
+    every request, adapter or not (5x slower decoding on the CPU engine)."""
+    args = engine_args(Settings(dev=True))
+    assert sorted(args.lora_target_modules) == sorted(LORA_TARGET_MODULES)
+    assert "lm_head" not in args.lora_target_modules
+    assert args.enable_lora and args.max_loras == Settings(dev=True).max_loras

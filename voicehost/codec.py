@@ -38,7 +38,7 @@ DEFAULT_LOOKAHEAD_FRAMES = 2
 DEFAULT_BATCH_WINDOW_MS = 10.0
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_CHUNK_FRAMES = 16
-CPU_CALL_FRAMES = 96
+CPU_CALL_FRAMES = 48
 MAX_SPEED_ESTIMATE = 4.0
 FRAME_SECONDS = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 GPU_CALL_FRAMES = 8192
@@ -305,9 +305,10 @@ class FrameDecoder:
 
     The first window plays frame 0 as soon as its right context has arrived. After that a window
     waits for ``chunk_frames()`` new frames: as many as the stream generates, at its speed so
-    far, in half its lead over playback (assumed to start with the first audio); at least 1 and
-    at most ``max_chunk``. The wait takes half the audio still queued for the listener, so a
-    stream whose generation keeps its pace (or slows by up to half) never runs dry.
+    far, in its lead over playback (assumed to start with the first audio); at least 1 and at
+    most ``max_chunk``. The lead shrinks while frames accumulate and the target is recomputed at
+    every frame, so the window is cut when the frames waited for match the remaining lead: after
+    n = s * L / 2 frames at speed s, with half the lead L still queued for the listener.
     """
 
     def __init__(
@@ -352,10 +353,10 @@ class FrameDecoder:
         return min(MAX_SPEED_ESTIMATE, generated / elapsed)
 
     def chunk_frames(self) -> int:
-        """New frames the next window waits for: as many as arrive in half the lead."""
+        """New frames the next window waits for: as many as the stream generates in its lead."""
         if self.emitted == 0:
             return 1
-        frames = self.lead_seconds() * self.generation_speed() / FRAME_SECONDS / 2
+        frames = self.lead_seconds() * self.generation_speed() / FRAME_SECONDS
         return max(1, min(self.max_chunk, int(frames)))
 
     def next_window(self, final: bool) -> DecodeWindow | None:
