@@ -45,20 +45,6 @@ from voicehost.codec import (
     SnacCodec,
 )
 
-# SNAC 24 kHz (hubertsiuzdak/snac_24khz), as in ORPHEUS.md.
-SNAC_24KHZ = {
-    "sampling_rate": orpheus.SAMPLE_RATE,
-    "encoder_dim": 48,
-    "encoder_rates": [2, 4, 8, 8],
-    "decoder_dim": 1024,
-    "decoder_rates": [8, 8, 4, 2],
-    "attn_window_size": None,
-    "codebook_size": orpheus.CODEBOOK_SIZE,
-    "codebook_dim": 8,
-    "vq_strides": [4, 2, 1],
-    "noise": True,
-    "depthwise": True,
-}
 FRAME_SECONDS = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 NAIVE_WINDOW = 4  # frames per decode in the public decoders
 STAGGER_FRAMES = 3  # stream k starts k * 3 frames (mod 17) after stream 0
@@ -174,7 +160,7 @@ def build_codec(seed: int) -> SnacCodec:
     from snac import SNAC
 
     torch.manual_seed(seed)
-    model = SNAC(**SNAC_24KHZ).eval()
+    model = SNAC(**orpheus.SNAC_24KHZ_CONFIG).eval()
     return SnacCodec(model, torch.device("cpu"))
 
 

@@ -47,7 +47,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from voicehost import orpheus
-from voicehost.codec import DEFAULT_LOOKAHEAD_FRAMES, LEFT_CONTEXT_FRAMES, SnacCodec, Span
+from voicehost.codec import (
+    DEFAULT_LOOKAHEAD_FRAMES,
+    LEFT_CONTEXT_FRAMES,
+    SnacCodec,
+    Span,
+)
 
 FRAME_S = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE  # 85.33 ms
 TOKENS_PER_STREAM_S = orpheus.AUDIO_TOKENS_PER_SECOND  # 82.03
@@ -224,19 +229,7 @@ def build_snac(decoder_dim: int, device: torch.device) -> torch.nn.Module:
     from snac import SNAC
 
     torch.manual_seed(0)
-    model = SNAC(
-        sampling_rate=24000,
-        encoder_dim=48,
-        encoder_rates=[2, 4, 8, 8],
-        decoder_dim=decoder_dim,
-        decoder_rates=[8, 8, 4, 2],
-        attn_window_size=None,
-        codebook_size=4096,
-        codebook_dim=8,
-        vq_strides=[4, 2, 1],
-        noise=True,
-        depthwise=True,
-    )
+    model = SNAC(**{**orpheus.SNAC_24KHZ_CONFIG, "decoder_dim": decoder_dim})
     return model.to(device).eval()
 
 

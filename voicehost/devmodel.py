@@ -37,19 +37,8 @@ KV_HEADS = 2
 INTERMEDIATE = 512
 MAX_POSITIONS = 8192
 
-SNAC_CONFIG = {
-    "sampling_rate": orpheus.SAMPLE_RATE,
-    "encoder_dim": 8,
-    "encoder_rates": [2, 4, 8, 8],
-    "decoder_dim": 64,
-    "decoder_rates": [8, 8, 4, 2],
-    "attn_window_size": None,
-    "codebook_size": orpheus.CODEBOOK_SIZE,
-    "codebook_dim": 8,
-    "vq_strides": [4, 2, 1],
-    "noise": True,
-    "depthwise": True,
-}
+# The 24 kHz SNAC's rates and codebooks, with narrow convolutions.
+SNAC_CONFIG = {**orpheus.SNAC_24KHZ_CONFIG, "encoder_dim": 8, "decoder_dim": 64}
 # Gain on the dev SNAC encoder's input convolution. With SNAC's random initialisation speech at
 # the training pipeline's -20 LUFS barely moves the encoder off its biases, so ~90% of speech
 # frames encode to exactly digital silence's codes; at 32x every speech frame differs from

@@ -233,3 +233,19 @@ class FrameAssembler:
     def incomplete_tokens(self) -> int:
         """Tokens of a frame the stream never finished (dropped at the end)."""
         return len(self.pending)
+
+
+# SNAC 24 kHz (hubertsiuzdak/snac_24khz), the codec Orpheus was trained on; ORPHEUS.md.
+SNAC_24KHZ_CONFIG: dict[str, object] = {
+    "sampling_rate": SAMPLE_RATE,
+    "encoder_dim": 48,
+    "encoder_rates": [2, 4, 8, 8],
+    "decoder_dim": 1024,
+    "decoder_rates": [8, 8, 4, 2],
+    "attn_window_size": None,
+    "codebook_size": CODEBOOK_SIZE,
+    "codebook_dim": 8,
+    "vq_strides": [4, 2, 1],
+    "noise": True,
+    "depthwise": True,
+}
