@@ -236,3 +236,17 @@ def test_a_failed_decode_reaches_its_stream_and_the_loop_serves_on(codec):
         return audio
 
     assert asyncio.run(run()).size == 3 * orpheus.SAMPLES_PER_FRAME
+
+
+def test_closing_the_scheduler_fails_the_windows_waiting_on_it(codec):
+    async def run():
+        scheduler = DecodeScheduler(codec, window_ms=5000)
+        scheduler.attach()
+        scheduler.attach()  # a second live stream that never sends: the batch waits for it
+        waiting = asyncio.ensure_future(scheduler.decode(Span.whole(random_frames(3, seed=16))))
+        await asyncio.sleep(0.1)
+        await scheduler.close()
+        with pytest.raises(RuntimeError, match="decode loop stopped"):
+            await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(run())

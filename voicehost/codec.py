@@ -219,6 +219,7 @@ class DecodeScheduler:
         self._pending: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
 
     def attach(self) -> None:
         self.live += 1
@@ -234,6 +235,7 @@ class DecodeScheduler:
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._arrived = asyncio.Event()
             self._task = loop.create_task(self._run(), name="snac-decode-loop")
+            self._task.add_done_callback(self._fail_waiting)
         future: asyncio.Future[np.ndarray] = loop.create_future()
         self._pending.append((span, future))
         assert self._arrived is not None
@@ -259,6 +261,7 @@ class DecodeScheduler:
             batch = [(span, future) for span, future in batch if not future.cancelled()]
             if not batch:
                 continue
+            self._in_flight = batch
             try:
                 results = await self.codec.decode_batch_async([span for span, _ in batch])
             except Exception as exc:  # every stream of the batch sees the codec's error
@@ -267,12 +270,21 @@ class DecodeScheduler:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            finally:
+                self._in_flight = []
             self.batches += 1
             self.windows += len(batch)
             self.frames_decoded += sum(len(span.frames) for span, _ in batch)
             for (_, future), audio in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(audio)
+
+    def _fail_waiting(self, task: asyncio.Task[None]) -> None:
+        """The decode loop ended (closed, or a bug): no stream waits on it for ever."""
+        waiting, self._pending = [*self._in_flight, *self._pending], []
+        for _, future in waiting:
+            if not future.done() and future.get_loop() is task.get_loop():
+                future.set_exception(RuntimeError("the SNAC decode loop stopped"))
 
     def _full(self) -> bool:
         return len(self._pending) >= min(self.max_batch, max(self.live, 1))
