@@ -3,6 +3,7 @@ windows of concurrent streams batched into one SNAC call; chunks that grow with 
 
 import asyncio
 import random
+import threading
 import time
 
 import numpy as np
@@ -146,7 +147,7 @@ def test_concurrent_streams_share_batches_and_each_equals_its_one_shot_decode(co
     audio, scheduler = asyncio.run(run())
     for frames, pcm in zip(streams, audio, strict=True):
         assert np.abs(pcm - codec.decode(frames)).max() < 1e-3
-    assert scheduler.windows == 8 * 11  # frames 0..9 one by one, then 10 and 11 at the end
+    assert scheduler.windows == 8 * 12  # a window per frame (max_chunk 1)
     assert scheduler.windows / scheduler.batches >= 4  # 8 streams: mostly full batches
 
 
@@ -250,3 +251,49 @@ def test_closing_the_scheduler_fails_the_windows_waiting_on_it(codec):
             await asyncio.wait_for(waiting, 5)
 
     asyncio.run(run())
+
+
+class HeldCodec(SnacCodec):
+    """The real codec, whose decodes start only once released."""
+
+    def __init__(self, codec: SnacCodec) -> None:
+        super().__init__(codec.model, codec.device)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def decode_batch(self, spans):
+        self.entered.set()
+        self.release.wait(10)
+        return super().decode_batch(spans)
+
+
+def test_closing_the_scheduler_mid_decode_fails_the_windows_being_decoded(codec):
+    held = HeldCodec(codec)
+
+    async def run():
+        scheduler = DecodeScheduler(held)
+        waiting = asyncio.ensure_future(scheduler.decode(Span.whole(random_frames(3, seed=17))))
+        assert await asyncio.to_thread(held.entered.wait, 5)
+        await scheduler.close()
+        with pytest.raises(RuntimeError, match="decode loop stopped"):
+            await asyncio.wait_for(waiting, 5)
+
+    try:
+        asyncio.run(run())
+    finally:
+        held.release.set()
+        held.close()
+
+
+def test_a_burst_of_frames_is_decoded_in_windows_of_at_most_max_chunk_new_frames(codec):
+    frames = random_frames(100, seed=18)
+
+    async def run():
+        scheduler = DecodeScheduler(codec)
+        decoder = FrameDecoder(scheduler, 2, max_chunk=16)
+        audio = np.concatenate([await decoder.push(frames), await decoder.finish()])
+        return audio, scheduler
+
+    audio, scheduler = asyncio.run(run())
+    assert np.abs(audio - codec.decode(frames)).max() < 1e-3
+    assert scheduler.windows >= 100 / 16
+    assert scheduler.frames_decoded <= scheduler.windows * (16 + 5)

@@ -219,7 +219,6 @@ class DecodeScheduler:
         self._pending: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._in_flight: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
 
     def attach(self) -> None:
         self.live += 1
@@ -233,6 +232,8 @@ class DecodeScheduler:
         """The kept samples of ``span``, decoded in the next batch."""
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            # windows left by a loop that is gone can never be answered
+            self._pending = [(s, f) for s, f in self._pending if f.get_loop() is loop]
             self._arrived = asyncio.Event()
             self._task = loop.create_task(self._run(), name="snac-decode-loop")
             self._task.add_done_callback(self._fail_waiting)
@@ -243,47 +244,61 @@ class DecodeScheduler:
         return await future
 
     async def _run(self) -> None:
+        batch: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
+        try:
+            while True:
+                batch = await self._next_batch()
+                if batch:
+                    await self._decode(batch)
+                batch = []
+        finally:  # closed, or a bug: no stream waits on this loop for ever
+            self._fail([*batch, *self._pending])
+            self._pending = []
+
+    async def _next_batch(self) -> list[tuple[Span, asyncio.Future[np.ndarray]]]:
+        """Wait for a window, then for the batch to fill or the window to expire."""
         assert self._arrived is not None
         loop = asyncio.get_running_loop()
-        while True:
-            while not self._pending:
-                self._arrived.clear()
-                await self._arrived.wait()
-            deadline = loop.time() + self.window_s
-            while not self._full() and (left := deadline - loop.time()) > 0:
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), left)
-                except TimeoutError:
-                    break
-            batch = self._pending[: self.max_batch]
-            del self._pending[: self.max_batch]
-            batch = [(span, future) for span, future in batch if not future.cancelled()]
-            if not batch:
-                continue
-            self._in_flight = batch
+        while not self._pending:
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = loop.time() + self.window_s
+        while not self._full() and (left := deadline - loop.time()) > 0:
+            self._arrived.clear()
             try:
-                results = await self.codec.decode_batch_async([span for span, _ in batch])
-            except Exception as exc:  # every stream of the batch sees the codec's error
-                log.exception("SNAC decode of %d windows failed", len(batch))
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            finally:
-                self._in_flight = []
-            self.batches += 1
-            self.windows += len(batch)
-            self.frames_decoded += sum(len(span.frames) for span, _ in batch)
-            for (_, future), audio in zip(batch, results, strict=True):
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                break
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        return [(span, future) for span, future in batch if not future.cancelled()]
+
+    async def _decode(self, batch: list[tuple[Span, asyncio.Future[np.ndarray]]]) -> None:
+        try:
+            results = await self.codec.decode_batch_async([span for span, _ in batch])
+        except Exception as exc:  # every stream of the batch sees the codec's error
+            log.exception("SNAC decode of %d windows failed", len(batch))
+            for _, future in batch:
                 if not future.done():
-                    future.set_result(audio)
+                    future.set_exception(exc)
+            return
+        self.batches += 1
+        self.windows += len(batch)
+        self.frames_decoded += sum(len(span.frames) for span, _ in batch)
+        for (_, future), audio in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(audio)
 
     def _fail_waiting(self, task: asyncio.Task[None]) -> None:
-        """The decode loop ended (closed, or a bug): no stream waits on it for ever."""
-        waiting, self._pending = [*self._in_flight, *self._pending], []
+        """A loop task cancelled before it ever ran: fail the windows it was started for."""
+        if task is self._task:
+            waiting, self._pending = self._pending, []
+            self._fail(waiting)
+
+    @staticmethod
+    def _fail(waiting: list[tuple[Span, asyncio.Future[np.ndarray]]]) -> None:
         for _, future in waiting:
-            if not future.done() and future.get_loop() is task.get_loop():
+            if not future.done() and not future.get_loop().is_closed():
                 future.set_exception(RuntimeError("the SNAC decode loop stopped"))
 
     def _full(self) -> bool:
@@ -372,14 +387,16 @@ class FrameDecoder:
         return max(1, min(self.max_chunk, int(frames)))
 
     def next_window(self, final: bool) -> DecodeWindow | None:
-        """The window that plays every frame whose right context has arrived (all, when final),
-        or ``None`` while fewer than ``chunk_frames()`` are ready."""
+        """The window that plays the next frames whose right context has arrived (all, when
+        final), at most ``max_chunk`` of them; ``None`` while fewer than ``chunk_frames()`` are
+        ready."""
         ready = len(self.frames) if final else len(self.frames) - self.lookahead
         if ready <= self.emitted or (not final and ready - self.emitted < self.chunk_frames()):
             return None
+        emit_stop = min(ready, self.emitted + self.max_chunk)
         start = max(0, self.emitted - LEFT_CONTEXT_FRAMES)
-        stop = min(len(self.frames), ready + self.lookahead)
-        return DecodeWindow(start, stop, self.emitted, ready)
+        stop = min(len(self.frames), emit_stop + self.lookahead)
+        return DecodeWindow(start, stop, self.emitted, emit_stop)
 
     async def push(self, frames: Sequence[orpheus.Frame]) -> np.ndarray:
         """Add frames; returns the samples now ready (possibly none)."""
@@ -397,13 +414,14 @@ class FrameDecoder:
             self.scheduler.detach()
 
     async def _emit(self, final: bool) -> np.ndarray:
-        window = self.next_window(final)
-        if window is None:
-            return np.zeros(0, dtype=np.float32)
-        audio = await self.scheduler.decode(window.span(self.frames))
-        self.emitted = window.emit_stop
-        self.decoded += window.stop - window.start
-        if self.first_audio_at is None:
-            self.first_audio_at = self.clock()
-            self._frames_at_first_audio = len(self.frames)
-        return audio
+        """Decode window after window (each of at most ``max_chunk`` new frames) while one is
+        due; a burst of frames (a client that read slowly) never becomes one huge decode."""
+        pieces = []
+        while (window := self.next_window(final)) is not None:
+            pieces.append(await self.scheduler.decode(window.span(self.frames)))
+            self.emitted = window.emit_stop
+            self.decoded += window.stop - window.start
+            if self.first_audio_at is None:
+                self.first_audio_at = self.clock()
+                self._frames_at_first_audio = len(self.frames)
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
