@@ -59,18 +59,24 @@ class Synthesizer:
                         continue
                     pcm = await decoder.push(frames)
                     if pcm.size:
-                        if first_audio is None:
-                            first_audio = time.monotonic() - started
-                            self.metrics.time_to_first_audio.observe(first_audio)
+                        first_audio = first_audio or self._first_audio(started)
                         yield pcm
             pcm = await decoder.finish()
             if pcm.size:
+                first_audio = first_audio or self._first_audio(started)
                 yield pcm
             self._record(started, tokens, assembler)
         finally:
             decoder.close()
             self.metrics.active_streams.dec()
             self.active -= 1
+
+    def _first_audio(self, started: float) -> float:
+        """Record the time to the first audio (a stream shorter than the lookahead has its
+        first audio at the end)."""
+        seconds = time.monotonic() - started
+        self.metrics.time_to_first_audio.observe(seconds)
+        return seconds
 
     def _record(self, started: float, tokens: int, assembler: orpheus.FrameAssembler) -> None:
         elapsed = time.monotonic() - started
