@@ -30,14 +30,10 @@ from pathlib import Path
 
 import aiohttp
 
+from voicehost.bench import free_port, percentile
 from voicehost.cluster.ring import WorkerRing, choose_worker
 
 TEXT = "Hello there, how are you today?"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def routing_cost(workers: int = 64, voices: int = 10_000) -> dict[str, float]:
@@ -58,14 +54,6 @@ def routing_cost(workers: int = 64, voices: int = 10_000) -> dict[str, float]:
         "p50_us": round(percentile(timings, 50), 1),
         "p99_us": round(percentile(timings, 99), 1),
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, timeout: float = 600) -> None:

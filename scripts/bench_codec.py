@@ -45,7 +45,6 @@ from voicehost.codec import (
     SnacCodec,
 )
 
-FRAME_SECONDS = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 NAIVE_WINDOW = 4  # frames per decode in the public decoders
 STAGGER_FRAMES = 3  # stream k starts k * 3 frames (mod 17) after stream 0
 
@@ -93,7 +92,7 @@ def naive(codec: SnacCodec, streams: list[list[orpheus.Frame]]) -> Result:
     total = sum(len(f) for f in streams)
     return Result(
         cpu_seconds=cpu,
-        audio_seconds=played * FRAME_SECONDS,
+        audio_seconds=played * orpheus.FRAME_SECONDS,
         first_audio_tokens=(first_frames or 0) * orpheus.TOKENS_PER_FRAME,
         frames_dropped=total - played,
         decoded_frames=calls * NAIVE_WINDOW,
@@ -135,7 +134,7 @@ async def scheduled(
 
     started = time.process_time()
     for tick in range(steps):
-        clock.now = tick * FRAME_SECONDS / speed
+        clock.now = tick * orpheus.FRAME_SECONDS / speed
         due = [
             (k, tick - offsets[k])
             for k in range(len(streams))
@@ -148,7 +147,7 @@ async def scheduled(
     played = sum(samples) // spf
     return Result(
         cpu_seconds=cpu,
-        audio_seconds=played * FRAME_SECONDS,
+        audio_seconds=played * orpheus.FRAME_SECONDS,
         first_audio_tokens=max(f or 0 for f in first_frames) * orpheus.TOKENS_PER_FRAME,
         frames_dropped=sum(len(f) for f in streams) - played,
         decoded_frames=scheduler.frames_decoded,
@@ -177,7 +176,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     codec = build_codec(args.seed)
-    frames = round(args.seconds / FRAME_SECONDS)
+    frames = round(args.seconds / orpheus.FRAME_SECONDS)
     report: dict[str, object] = {
         "snac": "24 kHz, random weights",
         "threads": args.threads,
@@ -196,7 +195,7 @@ def main() -> int:
         speedup[str(count)] = round(theirs.cpu_per_audio_second / ours.cpu_per_audio_second, 2)
         levels[str(count)] = {"scheduler": ours.__dict__, "naive": theirs.__dict__}
         for name, result in (("scheduler", ours), ("naive", theirs)):
-            played = result.audio_seconds / FRAME_SECONDS
+            played = result.audio_seconds / orpheus.FRAME_SECONDS
             print(
                 f"{count:>7} {name:>9} {result.cpu_per_audio_second:>14.3f} "
                 f"{result.decoded_frames / played:>13.2f} {result.snac_calls:>6}",

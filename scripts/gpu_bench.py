@@ -54,7 +54,6 @@ from voicehost.codec import (
     Span,
 )
 
-FRAME_S = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE  # 85.33 ms
 TOKENS_PER_STREAM_S = orpheus.AUDIO_TOKENS_PER_SECOND  # 82.03
 REALTIME_STEP_S = 1 / TOKENS_PER_STREAM_S  # 12.19 ms
 CONTEXT_FRAMES = LEFT_CONTEXT_FRAMES + DEFAULT_LOOKAHEAD_FRAMES
@@ -286,7 +285,7 @@ def bench_snac_series(
             report.add(Row("snac", config, batch, note=failure_note(exc, scale)))
             continue
         last_s = time.monotonic() - started
-        audio_s = batch * chunk * FRAME_S
+        audio_s = batch * chunk * orpheus.FRAME_SECONDS
         rate = audio_s / seconds
         report.add(Row("snac", config, batch, None, 1e3 * seconds, rate, "audio s/s", rate))
 

@@ -199,7 +199,7 @@ def test_a_stream_behind_playback_plays_each_frame_as_soon_as_it_can(codec):
 def test_chunks_follow_the_generation_speed_and_the_listener_never_runs_dry(codec):
     """Generated at 2x real time, then at 1x: chunks grow with the lead and the speed, and
     before each new frame the audio handed out still covers what has played."""
-    frame_s = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+    frame_s = orpheus.FRAME_SECONDS
     frames = random_frames(160, seed=15)
     decoder, sizes, leads = paced(codec, frames, lambda i: frame_s / (2.0 if i < 80 else 1.0))
     assert min(leads) > 0

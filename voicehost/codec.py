@@ -40,7 +40,6 @@ DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_CHUNK_FRAMES = 16
 CPU_CALL_FRAMES = 48
 MAX_SPEED_ESTIMATE = 4.0
-FRAME_SECONDS = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 GPU_CALL_FRAMES = 8192
 
 
@@ -366,7 +365,7 @@ class FrameDecoder:
         if self.first_audio_at is None:
             return 0.0
         played = self.clock() - self.first_audio_at
-        return self.emitted * FRAME_SECONDS - played
+        return self.emitted * orpheus.FRAME_SECONDS - played
 
     def generation_speed(self) -> float:
         """Seconds of audio generated per second since the first audio (1 until measurable,
@@ -374,7 +373,7 @@ class FrameDecoder:
         if self.first_audio_at is None:
             return 1.0
         elapsed = self.clock() - self.first_audio_at
-        generated = (len(self.frames) - self._frames_at_first_audio) * FRAME_SECONDS
+        generated = (len(self.frames) - self._frames_at_first_audio) * orpheus.FRAME_SECONDS
         if elapsed <= 0 or generated <= 0:
             return 1.0
         return min(MAX_SPEED_ESTIMATE, generated / elapsed)
@@ -383,7 +382,7 @@ class FrameDecoder:
         """New frames the next window waits for: as many as the stream generates in its lead."""
         if self.emitted == 0:
             return 1
-        frames = self.lead_seconds() * self.generation_speed() / FRAME_SECONDS
+        frames = self.lead_seconds() * self.generation_speed() / orpheus.FRAME_SECONDS
         return max(1, min(self.max_chunk, int(frames)))
 
     def next_window(self, final: bool) -> DecodeWindow | None:

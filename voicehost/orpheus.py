@@ -29,6 +29,7 @@ TOKENS_PER_FRAME = 7
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 2048
 AUDIO_TOKENS_PER_SECOND = TOKENS_PER_FRAME * SAMPLE_RATE / SAMPLES_PER_FRAME  # 82.03
+FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 85.33 ms of audio per frame
 
 # Position k in a frame -> (SNAC layer, index of the code within the frame's codes of that layer).
 FRAME_LAYOUT: tuple[tuple[int, int], ...] = (

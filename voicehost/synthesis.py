@@ -80,7 +80,7 @@ class Synthesizer:
 
     def _record(self, started: float, tokens: int, assembler: orpheus.FrameAssembler) -> None:
         elapsed = time.monotonic() - started
-        audio_seconds = assembler.frames * orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+        audio_seconds = assembler.frames * orpheus.FRAME_SECONDS
         if audio_seconds:
             self.metrics.real_time_factor.observe(elapsed / audio_seconds)
             self.metrics.audio_seconds.inc(audio_seconds)
