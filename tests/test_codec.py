@@ -125,6 +125,32 @@ def test_spans_of_different_lengths_share_calls_and_equal_their_decodes_alone(co
         assert np.abs(audio - alone).max() < 1e-3
 
 
+def test_calls_padded_to_bucket_shapes_equal_their_decodes_alone(codec):
+    """The padding a GPU's CUDA graphs need (rows and frames up to fixed buckets) changes no
+    kept sample; a call that cannot be padded keeps its own shape."""
+    spans = [
+        Span(tuple(random_frames(11, seed=31)), 3, 9),  # padded after, to 12 frames
+        Span(tuple(random_frames(7, seed=32)), 3, 7),  # padded before
+        Span(tuple(random_frames(6, seed=33)), 0, 4),  # a first window
+    ]
+    bucketed = SnacCodec(codec.model, codec.device, max_call_frames=96, buckets=True)
+    shapes = []
+    decode = bucketed.model.decode
+    bucketed.model.decode = lambda codes: shapes.append(tuple(codes[0].shape)) or decode(codes)
+    try:
+        batched = bucketed.decode_batch(spans)
+        lone = Span(tuple(random_frames(5, seed=34)), 0, 5)  # no side to pad: as it is
+        assert bucketed.decode_batch([lone])[0].size == 5 * orpheus.SAMPLES_PER_FRAME
+    finally:
+        del bucketed.model.decode
+    assert shapes == [(4, 12), (1, 5)]  # 3 rows -> 4, 11 frames -> 12
+    spf = orpheus.SAMPLES_PER_FRAME
+    for span, audio in zip(spans, batched, strict=True):
+        alone = codec.decode(span.frames)[span.keep_start * spf : span.keep_stop * spf]
+        assert audio.shape == alone.shape
+        assert np.abs(audio - alone).max() < 1e-3
+
+
 def test_concurrent_streams_share_batches_and_each_equals_its_one_shot_decode(codec):
     streams = [random_frames(12, seed=100 + i) for i in range(8)]
 

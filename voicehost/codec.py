@@ -40,7 +40,19 @@ DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_CHUNK_FRAMES = 16
 CPU_CALL_FRAMES = 48
 MAX_SPEED_ESTIMATE = 4.0
+# Frames held for a bigger window are decoded anyway once the listener's lead falls to this
+# (an engine that stalls must not leave decodable audio unplayed while the listener runs dry).
+STALL_MARGIN_SECONDS = 0.25
 GPU_CALL_FRAMES = 8192
+# Shapes SNAC calls are padded to when ``buckets`` is on (on a GPU, each has a CUDA graph):
+# windows are at most max_chunk + 5 frames, so a few lengths cover them.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FRAME_BUCKETS = (4, 8, 12, 16, 24, 32)
+
+
+def bucket(value: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket holding ``value`` (``None``: larger than every bucket)."""
+    return next((b for b in buckets if b >= value), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +80,19 @@ class SnacCodec:
     """One SNAC model for the whole process; every decode runs on its single worker thread."""
 
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, max_call_frames: int | None = None
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        max_call_frames: int | None = None,
+        buckets: bool | None = None,
     ) -> None:
         self.model = model
         self.device = device
+        # Calls padded to fixed (rows, frames) shapes; on a GPU each shape is replayed from a
+        # CUDA graph captured on its first use (no launch overhead per layer). Default: GPU only.
+        self.buckets = device.type == "cuda" if buckets is None else buckets
+        self._graphs: dict[tuple[int, int], DecodeGraph] = {}
+        self._pool: tuple[int, int] | None = None
         # One SNAC call holds at most this many (padded) frames: a CPU gains little from large
         # batches and its activations grow with them (32 windows of 21 frames take gigabytes).
         self.max_call_frames = max_call_frames or (
@@ -90,11 +111,13 @@ class SnacCodec:
         device: str | None = None,
         noise: bool = True,
         threads: int | None = None,
+        cuda_graphs: bool = True,
     ) -> SnacCodec:
         """Load SNAC from a directory (``config.json`` + ``pytorch_model.bin``) or a hub id.
 
         ``noise=False`` removes the decoder's random noise blocks, making decoding deterministic.
         On CPU, SNAC gets ``threads`` threads (default half the cores: the engine has the rest).
+        On a GPU, ``cuda_graphs`` replays calls from graphs of fixed shapes.
         """
         from snac import SNAC
         from snac.layers import NoiseBlock
@@ -106,7 +129,7 @@ class SnacCodec:
         if target.type == "cpu":
             torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
         model = model.to(target).eval()
-        return cls(model, target)
+        return cls(model, target, buckets=cuda_graphs and target.type == "cuda")
 
     def encode(self, audio: np.ndarray) -> list[orpheus.Frame]:
         """Frames of 24 kHz mono float audio (padded up to whole frames)."""
@@ -151,6 +174,10 @@ class SnacCodec:
         self, spans: Sequence[Span], call: list[int], results: list[np.ndarray]
     ) -> None:
         longest = max(len(spans[i].frames) for i in call)
+        rows_needed = len(call)
+        if self.buckets and all(spans[i].pad_side() for i in call):
+            longest = bucket(longest, FRAME_BUCKETS) or longest
+            rows_needed = bucket(rows_needed, ROW_BUCKETS) or rows_needed
         rows, shifts = [], []
         for index in call:
             frames, short = list(spans[index].frames), longest - len(spans[index].frames)
@@ -160,6 +187,7 @@ class SnacCodec:
             else:
                 rows.append(frames + [frames[-1]] * short)
                 shifts.append(0)
+        rows += [rows[0]] * (rows_needed - len(rows))  # bucket padding: decoded, never read
         layers = [orpheus.frames_to_codes(row) for row in rows]
         codes = [
             torch.tensor([row[level] for row in layers], dtype=torch.long, device=self.device)
@@ -167,7 +195,7 @@ class SnacCodec:
         ]
         stream = torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
         with torch.inference_mode(), stream:
-            audio = self.model.decode(codes)[:, 0].float().cpu().numpy()
+            audio = self._run_decoder(codes)[: len(call), 0].float().cpu().numpy()
         self.calls += 1
         spf = orpheus.SAMPLES_PER_FRAME
         for row, (index, shift) in enumerate(zip(call, shifts, strict=True)):
@@ -176,6 +204,27 @@ class SnacCodec:
                 row, (shift + span.keep_start) * spf : (shift + span.keep_stop) * spf
             ]
 
+    def _run_decoder(self, codes: list[torch.Tensor]) -> torch.Tensor:
+        """SNAC's decoder on ``codes``: replayed from the shape's CUDA graph where there is one
+        (captured on first use; a capture that fails turns graphs off, decoding goes on)."""
+        shape = (codes[0].shape[0], codes[0].shape[1])
+        bucketed = shape[0] in ROW_BUCKETS and shape[1] in FRAME_BUCKETS
+        if self._stream is None or not self.buckets or not bucketed:
+            return self.model.decode(codes)
+        graph = self._graphs.get(shape)
+        if graph is None:
+            try:
+                # one memory pool for all shapes: a graph's output is read before the next replay
+                self._pool = self._pool or torch.cuda.graph_pool_handle()
+                graph = DecodeGraph(self.model, codes, self._stream, self._pool)
+                self._graphs[shape] = graph
+            except Exception:
+                log.exception("capturing a CUDA graph of SNAC failed; decoding without graphs")
+                self.buckets = False
+                self._graphs.clear()
+                return self.model.decode(codes)
+        return graph.replay(codes)
+
     async def decode_batch_async(self, spans: Sequence[Span]) -> list[np.ndarray]:
         """``decode_batch`` on the codec thread, so the event loop never waits on SNAC."""
         loop = asyncio.get_running_loop()
@@ -183,6 +232,33 @@ class SnacCodec:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class DecodeGraph:
+    """A CUDA graph of one SNAC decoder call at a fixed shape: replay copies the codes into
+    its static inputs and returns (a view of) its static output, valid until the next replay."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        codes: list[torch.Tensor],
+        stream: torch.cuda.Stream,
+        pool: tuple[int, int],
+    ) -> None:
+        self.inputs = [c.clone() for c in codes]
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the capture (cuDNN picks its algorithms)
+                model.decode(self.inputs)
+        stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            self.output = model.decode(self.inputs)
+
+    def replay(self, codes: list[torch.Tensor]) -> torch.Tensor:
+        for static, new in zip(self.inputs, codes, strict=True):
+            static.copy_(new)
+        self.graph.replay()
+        return self.output
 
 
 def _replace_modules(root: torch.nn.Module, kind: type, factory: type) -> None:
@@ -385,12 +461,25 @@ class FrameDecoder:
         frames = self.lead_seconds() * self.generation_speed() / orpheus.FRAME_SECONDS
         return max(1, min(self.max_chunk, int(frames)))
 
-    def next_window(self, final: bool) -> DecodeWindow | None:
+    def _ready(self, final: bool) -> int:
+        """Frames whose right context has arrived (every frame, when final)."""
+        return len(self.frames) if final else len(self.frames) - self.lookahead
+
+    def due_in(self) -> float | None:
+        """Seconds until the decodable frames held for a bigger window must be played anyway
+        (``None`` while none is held): the listener's lead less ``STALL_MARGIN_SECONDS``."""
+        if self.first_audio_at is None or self._ready(final=False) <= self.emitted:
+            return None
+        return max(0.0, self.lead_seconds() - STALL_MARGIN_SECONDS)
+
+    def next_window(self, final: bool, force: bool = False) -> DecodeWindow | None:
         """The window that plays the next frames whose right context has arrived (all, when
         final), at most ``max_chunk`` of them; ``None`` while fewer than ``chunk_frames()`` are
-        ready."""
-        ready = len(self.frames) if final else len(self.frames) - self.lookahead
-        if ready <= self.emitted or (not final and ready - self.emitted < self.chunk_frames()):
+        ready (``force``: any ready frame will do)."""
+        ready = self._ready(final)
+        if ready <= self.emitted:
+            return None
+        if not (final or force) and ready - self.emitted < self.chunk_frames():
             return None
         emit_stop = min(ready, self.emitted + self.max_chunk)
         start = max(0, self.emitted - LEFT_CONTEXT_FRAMES)
@@ -402,6 +491,11 @@ class FrameDecoder:
         self.frames.extend(frames)
         return await self._emit(final=False)
 
+    async def flush(self) -> np.ndarray:
+        """The samples of every frame whose right context has arrived, whatever the chunk
+        target (the engine has stalled and ``due_in()`` has run out)."""
+        return await self._emit(final=False, force=True)
+
     async def finish(self) -> np.ndarray:
         """The samples of every frame not yet played, decoded with the context that exists."""
         return await self._emit(final=True)
@@ -412,11 +506,11 @@ class FrameDecoder:
             self._attached = False
             self.scheduler.detach()
 
-    async def _emit(self, final: bool) -> np.ndarray:
+    async def _emit(self, final: bool, force: bool = False) -> np.ndarray:
         """Decode window after window (each of at most ``max_chunk`` new frames) while one is
         due; a burst of frames (a client that read slowly) never becomes one huge decode."""
         pieces = []
-        while (window := self.next_window(final)) is not None:
+        while (window := self.next_window(final, force)) is not None:
             pieces.append(await self.scheduler.decode(window.span(self.frames)))
             self.emitted = window.emit_stop
             self.decoded += window.stop - window.start
