@@ -1,19 +1,95 @@
-"""PCM samples -> bytes on the wire: s16le and a streaming WAV header."""
+"""PCM samples -> bytes on the wire, in every response format, encoded as the audio arrives.
+
+The model speaks float32 mono at 24 kHz. ``AudioEncoder`` resamples that to the format's output
+rate with soxr (one stream per response, so chunk edges do not click) and encodes it:
+
+    format  bytes                    content type             sample rate the client gets
+    pcm     raw s16le                audio/pcm                ``sample_rate``, default 24000
+    wav     streaming WAV, s16le     audio/wav                ``sample_rate``, default 24000
+    mp3     MPEG audio (LAME)        audio/mpeg               ``sample_rate``, default 24000
+    opus    Opus in Ogg              audio/ogg; codecs=opus   48000 always (see below)
+    flac    FLAC                     audio/flac               ``sample_rate``, default 24000
+    aac     AAC-LC in ADTS           audio/aac                ``sample_rate``, default 24000
+    mulaw   raw G.711 mu-law         audio/basic              8000 only
+    alaw    raw G.711 A-law          audio/x-alaw-basic       8000 only
+
+Opus encodes at 8, 12, 16, 24 or 48 kHz, and Ogg Opus plays back at 48 kHz (RFC 7845; FFmpeg,
+opusfile and browsers all decode to 48 kHz), so an opus stream is 48 kHz whatever was asked.
+``sample_rate`` still picks the encoder's rate, i.e. the audio bandwidth: 22050 and 44100, which
+Opus lacks, encode at the next Opus rate up (24000, 48000).
+
+pcm and wav are the hot default path and never touch PyAV. Decoded durations: pcm, wav, flac,
+mulaw, alaw and opus give back exactly the samples sent (opus trims its priming and padding in
+the Ogg granule positions); mp3 and ADTS cannot say how much to trim, so a decoder returns
+codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of silence behind.
+"""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
 
+import av
 import numpy as np
+import soxr
 
 from voicehost.orpheus import SAMPLE_RATE
 
 STREAMING_SIZE = 0xFFFFFFFF  # "unknown length": players read until the stream ends
 
+FORMATS: tuple[str, ...] = ("pcm", "wav", "mp3", "opus", "flac", "aac", "mulaw", "alaw")
+SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 22050, 24000, 44100, 48000)
+TELEPHONE_RATE = 8000  # G.711 (mulaw, alaw) is defined at 8 kHz only
+OPUS_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
+OPUS_PLAYBACK_RATE = 48000
+
+CONTENT_TYPES: dict[str, str] = {
+    "pcm": "audio/pcm",
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg; codecs=opus",
+    "flac": "audio/flac",
+    "aac": "audio/aac",
+    "mulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Codec:
+    """How PyAV writes one format: muxer, encoder, the sample format the encoder takes."""
+
+    muxer: str
+    encoder: str
+    sample_format: str  # "s16" (packed int16) or "flt"/"fltp" (float32; mono, so same layout)
+    muxer_options: dict[str, str] = field(default_factory=dict)
+    bit_rate: int | None = None  # None: the encoder's default
+
+
+_CODECS: dict[str, _Codec] = {
+    # LAME's default scales with the rate, down to 8 kbit/s at 8 kHz: too thin for speech.
+    "mp3": _Codec("mp3", "libmp3lame", "fltp", bit_rate=64000),
+    # One 20 ms packet per Ogg page: the default 1 s pages would hold audio back for a second.
+    "opus": _Codec("ogg", "libopus", "flt", {"page_duration": "20000"}),
+    # No 8 KiB PADDING block: it is for taggers rewriting files in place, not for streams.
+    "flac": _Codec("flac", "flac", "s16", {"metadata_header_padding": "0"}),
+    "aac": _Codec("adts", "aac", "fltp"),
+    "mulaw": _Codec("mulaw", "pcm_mulaw", "s16"),
+    "alaw": _Codec("alaw", "pcm_alaw", "s16"),
+}
+
+
+class UnsupportedAudio(ValueError):
+    """A format, or a format and sample rate, that this server cannot produce."""
+
 
 def to_pcm16(samples: np.ndarray) -> bytes:
     """Float samples in [-1, 1] -> 16-bit little-endian PCM (clipped)."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    return _pcm16(samples).tobytes()
+
+
+def _pcm16(samples: np.ndarray) -> np.ndarray:
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
 
 
 def wav_header(
@@ -33,3 +109,153 @@ def wav_header(
         + b"data"
         + struct.pack("<I", data)
     )
+
+
+def content_type(fmt: str) -> str:
+    """The Content-Type of a ``fmt`` stream; raises ``UnsupportedAudio`` for an unknown format."""
+    _check_format(fmt)
+    return CONTENT_TYPES[fmt]
+
+
+def encoding_rate(fmt: str, sample_rate: int | None) -> int:
+    """The rate ``fmt`` is encoded at when ``sample_rate`` is asked for (``None``: the default).
+
+    Equal to ``output_rate`` except for opus, which encodes at the asked rate, or the next Opus
+    rate up, and is played back at 48 kHz. Raises ``UnsupportedAudio``.
+    """
+    _check_format(fmt)
+    telephone = fmt in ("mulaw", "alaw")
+    if sample_rate is None:
+        return TELEPHONE_RATE if telephone else SAMPLE_RATE
+    if sample_rate not in SAMPLE_RATES:
+        rates = ", ".join(map(str, SAMPLE_RATES))
+        raise UnsupportedAudio(f"sample_rate {sample_rate} is not supported; use one of {rates}")
+    if telephone and sample_rate != TELEPHONE_RATE:
+        raise UnsupportedAudio(
+            f"{fmt} is G.711 telephone audio at {TELEPHONE_RATE} Hz only, not {sample_rate} Hz"
+        )
+    if fmt == "opus":
+        return min(rate for rate in OPUS_RATES if rate >= sample_rate)
+    return sample_rate
+
+
+def output_rate(fmt: str, sample_rate: int | None) -> int:
+    """The sample rate a client decodes a ``fmt`` stream at, for the asked ``sample_rate``.
+
+    ``None`` asks for the default: 24000 (the model's rate), 8000 for mulaw and alaw. Opus is
+    always 48000 (see the module docstring). Raises ``UnsupportedAudio`` for an unknown format,
+    a rate outside ``SAMPLE_RATES``, or mulaw/alaw at anything but 8000.
+    """
+    rate = encoding_rate(fmt, sample_rate)
+    return OPUS_PLAYBACK_RATE if fmt == "opus" else rate
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UnsupportedAudio(f"unknown audio format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+class _ByteSink:
+    """A write-only, non-seekable file for PyAV: muxers stream instead of seeking back."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def drain(self) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        return data
+
+
+class _Muxer:
+    """A PyAV encoder and muxer writing to memory, fed whole codec frames."""
+
+    def __init__(self, codec: _Codec, rate: int) -> None:
+        self._codec = codec
+        self._rate = rate
+        self._sink = _ByteSink()
+        self._container = av.open(
+            self._sink, "w", format=codec.muxer, container_options=codec.muxer_options
+        )
+        self._stream = self._container.add_stream(codec.encoder, rate=rate, layout="mono")
+        self._stream.codec_context.format = codec.sample_format
+        if codec.bit_rate is not None:
+            self._stream.codec_context.bit_rate = codec.bit_rate
+        # Opens the encoder (for its frame size) and writes the container header right away.
+        self._container.start_encoding()
+        self._frame_size = self._stream.codec_context.frame_size  # 0: any size will do
+        self._pending = np.zeros(0, np.float32)
+        self._pts = 0
+
+    def push(self, samples: np.ndarray, last: bool) -> bytes:
+        """Encode the whole frames buffered (every sample if ``last``); returns the bytes out."""
+        pending = np.concatenate((self._pending, samples))
+        size = self._frame_size or max(len(pending), 1)
+        whole = len(pending) // size * size
+        for start in range(0, whole, size):
+            self._encode(pending[start : start + size])
+        self._pending = pending[whole:]
+        if last:
+            if len(self._pending):
+                # A short last frame, not zero padding: the encoder knows where the audio ends.
+                self._encode(self._pending)
+            self._container.mux(self._stream.encode(None))
+            self._container.close()
+        return self._sink.drain()
+
+    def _encode(self, block: np.ndarray) -> None:
+        data = _pcm16(block) if self._codec.sample_format == "s16" else np.clip(block, -1.0, 1.0)
+        frame = av.AudioFrame.from_ndarray(
+            data[np.newaxis, :], format=self._codec.sample_format, layout="mono"
+        )
+        frame.sample_rate = self._rate
+        frame.pts = self._pts
+        self._pts += len(block)
+        self._container.mux(self._stream.encode(frame))
+
+
+class AudioEncoder:
+    """One response's audio: model samples in, bytes of ``fmt`` out, as they become ready.
+
+    Call ``encode`` for every chunk of float32 mono samples at 24 kHz in [-1, 1] (any length,
+    0 included), then ``finish`` once; the concatenation of what they return is one complete
+    stream of ``fmt`` at ``sample_rate`` (``output_rate``). Raises ``UnsupportedAudio`` on
+    construction for what ``output_rate`` refuses. Not thread-safe; cheap to abandon mid-stream.
+    """
+
+    def __init__(self, fmt: str, sample_rate: int | None = None) -> None:
+        self.fmt = fmt
+        self.sample_rate = output_rate(fmt, sample_rate)
+        self._rate = encoding_rate(fmt, sample_rate)
+        self._resampler = (
+            None
+            if self._rate == SAMPLE_RATE
+            else soxr.ResampleStream(SAMPLE_RATE, self._rate, 1, dtype="float32")
+        )
+        self._finished = False
+        self._header = wav_header(self._rate) if fmt == "wav" else b""
+        self._muxer = _Muxer(_CODECS[fmt], self._rate) if fmt in _CODECS else None
+
+    def encode(self, samples: np.ndarray) -> bytes:
+        """Encode ``samples``; returns the bytes ready now (the header first), possibly b""."""
+        return self._push(samples, last=False)
+
+    def finish(self) -> bytes:
+        """Flush the resampler and the encoder; returns the rest of the stream, trailer included."""
+        return self._push(np.zeros(0, np.float32), last=True)
+
+    def _push(self, samples: np.ndarray, last: bool) -> bytes:
+        if self._finished:
+            raise RuntimeError("this AudioEncoder is finished")
+        self._finished = last
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self._resampler is not None:
+            samples = self._resampler.resample_chunk(samples, last=last)
+        header, self._header = self._header, b""
+        if self._muxer is None:
+            return header + to_pcm16(samples)
+        return self._muxer.push(samples, last)

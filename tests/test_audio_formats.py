@@ -1,0 +1,253 @@
+"""AudioEncoder: every format and rate, encoded in odd chunks, decoded back with PyAV."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+
+import av
+import numpy as np
+import pytest
+import soxr
+
+from voicehost.audio import (
+    FORMATS,
+    SAMPLE_RATES,
+    AudioEncoder,
+    UnsupportedAudio,
+    content_type,
+    encoding_rate,
+    output_rate,
+    to_pcm16,
+)
+from voicehost.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME
+
+SIGNAL_SAMPLES = 60_037  # 2.5 s and a bit: no codec frame size divides it
+TONE_HZ = 440.0
+TELEPHONE = ("mulaw", "alaw")
+LOSSLESS = ("pcm", "wav", "flac")
+LOSSY = ("mp3", "opus", "aac")
+RAW_DEMUXERS = {"pcm": "s16le", "mulaw": "mulaw", "alaw": "alaw"}
+# Neither an mp3 stream without a LAME tag nor ADTS can tell a decoder to trim the encoder's
+# priming: it comes back in front (LAME 576 + decoder 529; AAC 1024), and the last frame is
+# padded. The other formats decode to exactly the samples sent.
+PRIMING = {"mp3": 1105, "aac": 1024}
+
+
+def codec_frame(fmt: str, rate: int) -> int:
+    """Samples per mp3 or AAC frame: MPEG-2 and 2.5 (below 32 kHz) halve the mp3 frame."""
+    if fmt == "mp3":
+        return 1152 if rate >= 32000 else 576
+    return 1024
+
+
+def tone_and_chirp(samples: int = SIGNAL_SAMPLES) -> np.ndarray:
+    """A 440 Hz tone with a quieter 100 Hz -> 3.5 kHz chirp under it, at the model's rate."""
+    t = np.arange(samples) / SAMPLE_RATE
+    seconds = samples / SAMPLE_RATE
+    chirp = np.sin(2 * np.pi * (100 * t + (3500 - 100) / (2 * seconds) * t**2))
+    return (0.4 * np.sin(2 * np.pi * TONE_HZ * t) + 0.2 * chirp).astype(np.float32)
+
+
+def random_chunks(samples: np.ndarray, seed: int) -> list[np.ndarray]:
+    """``samples`` cut at random, with empty and 1-sample chunks among them."""
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, 0, 1, 2]
+    while sum(sizes) < len(samples):
+        sizes.append(int(rng.choice([0, 1, 7, 333, 2048, 4096, 7001])))
+    edges = np.cumsum([0, *sizes])
+    return [samples[start:end] for start, end in itertools.pairwise(edges)]
+
+
+def encode_all(encoder: AudioEncoder, chunks: list[np.ndarray]) -> tuple[list[bytes], bytes]:
+    """What each ``encode`` call returned, and what ``finish`` returned."""
+    return [encoder.encode(chunk) for chunk in chunks], encoder.finish()
+
+
+def decode(fmt: str, data: bytes, rate: int) -> tuple[np.ndarray, int]:
+    """Mono float samples and the sample rate PyAV decodes ``data`` to (``rate``: for raw ones)."""
+    raw = RAW_DEMUXERS.get(fmt)
+    options = {"sample_rate": str(rate)} if raw else {}
+    blocks = []
+    with av.open(io.BytesIO(data), format=raw, options=options) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.channels == 1
+        for frame in container.decode(stream):
+            block = frame.to_ndarray()[0]
+            blocks.append(block / 32768.0 if block.dtype == np.int16 else block)
+            decoded_rate = frame.sample_rate
+    return np.concatenate(blocks).astype(np.float32), decoded_rate
+
+
+def resampled(samples: np.ndarray, rate: int) -> np.ndarray:
+    return samples if rate == SAMPLE_RATE else soxr.resample(samples, SAMPLE_RATE, rate)
+
+
+def dominant_hz(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+VALID = [
+    *[(fmt, None) for fmt in FORMATS],
+    *[(fmt, rate) for fmt in FORMATS if fmt not in TELEPHONE for rate in SAMPLE_RATES],
+    *[(fmt, 8000) for fmt in TELEPHONE],
+]
+
+
+@pytest.mark.parametrize(("fmt", "rate"), VALID)
+def test_every_format_decodes_to_its_rate_and_duration(fmt: str, rate: int | None) -> None:
+    signal = tone_and_chirp()
+    encoder = AudioEncoder(fmt, rate)
+    parts, tail = encode_all(encoder, random_chunks(signal, seed=rate or 0))
+    decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
+
+    assert decoded_rate == encoder.sample_rate == output_rate(fmt, rate)
+    expected = len(signal) * decoded_rate / SAMPLE_RATE
+    extra = len(decoded) - expected
+    if fmt in PRIMING:
+        assert PRIMING[fmt] - 1 <= extra <= PRIMING[fmt] + codec_frame(fmt, decoded_rate)
+    else:
+        # Exact, to the rounding of one sample at the encoder's rate (opus plays 8 kHz as 48 kHz).
+        assert abs(extra) <= decoded_rate / encoding_rate(fmt, rate)
+
+
+@pytest.mark.parametrize("fmt", LOSSLESS)
+@pytest.mark.parametrize("rate", [8000, 24000, 44100])
+def test_lossless_formats_carry_the_resampled_samples_exactly(fmt: str, rate: int) -> None:
+    signal = tone_and_chirp()
+    encoder = AudioEncoder(fmt, rate)
+    parts, tail = encode_all(encoder, random_chunks(signal, seed=rate))
+    decoded, _ = decode(fmt, b"".join(parts) + tail, rate)
+
+    # Streamed in odd chunks, the samples equal a one-shot resampling: no clicks at chunk edges.
+    expected = np.frombuffer(to_pcm16(resampled(signal, rate)), "<i2")
+    np.testing.assert_array_equal(np.round(decoded * 32768).astype(np.int16), expected)
+
+
+@pytest.mark.parametrize("fmt", TELEPHONE)
+def test_telephone_formats_are_the_signal_at_8_khz_with_g711_noise(fmt: str) -> None:
+    signal = tone_and_chirp()
+    encoder = AudioEncoder(fmt)
+    parts, tail = encode_all(encoder, random_chunks(signal, seed=8))
+    decoded, _ = decode(fmt, b"".join(parts) + tail, 8000)
+
+    reference = resampled(signal, 8000)
+    noise = decoded - reference
+    snr_db = 10 * math.log10(np.sum(reference**2) / np.sum(noise**2))
+    assert snr_db > 35
+
+
+@pytest.mark.parametrize("fmt", LOSSY)
+@pytest.mark.parametrize("rate", [8000, 24000, 48000])
+def test_lossy_formats_keep_the_tone_and_its_loudness(fmt: str, rate: int) -> None:
+    tone = (0.5 * np.sin(2 * np.pi * TONE_HZ * np.arange(SAMPLE_RATE) / SAMPLE_RATE)).astype(
+        np.float32
+    )
+    encoder = AudioEncoder(fmt, rate)
+    parts, tail = encode_all(encoder, random_chunks(tone, seed=rate))
+    decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, rate)
+
+    middle = decoded[decoded_rate // 4 : decoded_rate * 3 // 4]  # clear of priming and fades
+    assert dominant_hz(middle, decoded_rate) == pytest.approx(TONE_HZ, abs=2)
+    # Opus and AAC keep the level within 1%; LAME's mp3 comes back 5% (0.45 dB) quieter.
+    loudness = np.sqrt(np.mean(middle**2)) / (0.5 / math.sqrt(2))
+    assert 0.93 < loudness < 1.02
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_audio_streams_out_before_finish(fmt: str) -> None:
+    signal = tone_and_chirp()
+    encoder = AudioEncoder(fmt)
+    model_frames = [
+        signal[start : start + SAMPLES_PER_FRAME]
+        for start in range(0, len(signal), SAMPLES_PER_FRAME)
+    ]
+    parts, _ = encode_all(encoder, model_frames)
+    decoded, decoded_rate = decode(fmt, b"".join(parts), encoder.sample_rate)
+
+    # All but about one model frame (85 ms) of audio is out before the stream is finished.
+    held_back = len(signal) / SAMPLE_RATE - len(decoded) / decoded_rate
+    assert held_back < 0.1
+
+
+@pytest.mark.parametrize(
+    ("fmt", "magic"),
+    [("wav", b"RIFF"), ("mp3", b"ID3"), ("opus", b"OggS"), ("flac", b"fLaC")],
+)
+def test_first_encode_returns_the_container_header(fmt: str, magic: bytes) -> None:
+    assert AudioEncoder(fmt).encode(np.zeros(0, np.float32)).startswith(magic)
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "aac", "mulaw", "alaw"])
+def test_headerless_formats_return_nothing_for_no_audio(fmt: str) -> None:
+    assert AudioEncoder(fmt).encode(np.zeros(0, np.float32)) == b""
+
+
+def test_wav_of_no_audio_is_the_bare_header_at_the_output_rate() -> None:
+    encoder = AudioEncoder("wav", 16000)
+    data = encoder.encode(np.zeros(0, np.float32)) + encoder.finish()
+    assert len(data) == 44
+    assert int.from_bytes(data[24:28], "little") == 16000
+
+
+def test_pcm_at_the_model_rate_is_the_samples_as_s16le() -> None:
+    signal = tone_and_chirp(2400)
+    parts, tail = encode_all(AudioEncoder("pcm"), random_chunks(signal, seed=0))
+    assert b"".join(parts) + tail == to_pcm16(signal)
+
+
+def test_default_rates_are_the_model_rate_and_8_khz_for_g711() -> None:
+    assert {fmt: output_rate(fmt, None) for fmt in FORMATS} == {
+        "pcm": 24000,
+        "wav": 24000,
+        "mp3": 24000,
+        "opus": 48000,
+        "flac": 24000,
+        "aac": 24000,
+        "mulaw": 8000,
+        "alaw": 8000,
+    }
+
+
+@pytest.mark.parametrize(
+    ("rate", "encoded_at"), [(8000, 8000), (16000, 16000), (22050, 24000), (44100, 48000)]
+)
+def test_opus_encodes_at_the_next_opus_rate_and_plays_at_48_khz(rate: int, encoded_at: int) -> None:
+    assert encoding_rate("opus", rate) == encoded_at
+    assert output_rate("opus", rate) == 48000
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rate"),
+    [("ogg", None), ("MP3", None), ("wav", 12345), ("pcm", 0), ("mulaw", 16000), ("alaw", 24000)],
+)
+def test_unsupported_formats_and_rates_are_refused(fmt: str, rate: int | None) -> None:
+    with pytest.raises(UnsupportedAudio):
+        AudioEncoder(fmt, rate)
+
+
+def test_unknown_format_has_no_content_type() -> None:
+    with pytest.raises(UnsupportedAudio, match="use one of pcm, wav"):
+        content_type("webm")
+
+
+def test_content_types() -> None:
+    assert {fmt: content_type(fmt) for fmt in FORMATS} == {
+        "pcm": "audio/pcm",
+        "wav": "audio/wav",
+        "mp3": "audio/mpeg",
+        "opus": "audio/ogg; codecs=opus",
+        "flac": "audio/flac",
+        "aac": "audio/aac",
+        "mulaw": "audio/basic",
+        "alaw": "audio/x-alaw-basic",
+    }
+
+
+def test_a_finished_encoder_takes_no_more_audio() -> None:
+    encoder = AudioEncoder("mp3")
+    encoder.finish()
+    with pytest.raises(RuntimeError):
+        encoder.encode(np.zeros(10, np.float32))
