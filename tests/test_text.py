@@ -1,0 +1,284 @@
+"""The text stage: normalisation to speakable words and segmentation of streamed text."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from voicehost.text import Segment, TextSegmenter, normalize, split_text
+
+EMOTIVE_TAGS = ["<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>"]
+EMOTIVE_TAGS += ["<gasp>"]
+
+PARAGRAPH = (
+    "So here is the thing, and I want to be honest with you about it. Last week I met "
+    "Dr. Smith at the clinic on St. Mary's road, e.g. the one near the station, and she told me "
+    "that the new treatment works in about 3.5 percent of cases. <sigh> That is not a lot. "
+    'Mr. Jones, who was waiting outside, said: "Well, numbers are numbers!" and then he left '
+    "without another word. I went home, made some tea, and read a few chapters of a book by "
+    "J. R. R. Tolkien, because nothing calms me down quite like a long walk through the Shire… "
+    "Honestly? It helped. <laugh> The next morning, at 7:30 am, the phone rang again; it was the "
+    "clinic, asking whether I could come in on 2024-03-05 instead of the original date, which "
+    "was a Friday, approx. two weeks later than I had hoped, but fine. We talked about costs "
+    "($3.50 for the form, €20 for the visit, etc.) and about the waiting list, which has grown "
+    "by 50% since 1999 — or so they claim. In the end I said yes, of course, since there was "
+    "really no other option that made any sense at all, and I wrote the appointment into my "
+    "calendar twice, just to be sure I would not forget it this time around. "
+)
+
+
+def segment(text: str, pieces: list[str] | None = None, **options: int | None) -> list[Segment]:
+    segmenter = TextSegmenter(**options)  # type: ignore[arg-type]
+    segments: list[Segment] = []
+    for piece in pieces if pieces is not None else [text]:
+        segments += segmenter.push(piece)
+    return segments + segmenter.flush()
+
+
+def texts(segments: list[Segment]) -> list[str]:
+    return [s.text for s in segments]
+
+
+def random_pieces(text: str, rng: random.Random) -> list[str]:
+    pieces, i = [], 0
+    while i < len(text):
+        size = rng.choice([1, 1, 2, 3, rng.randint(1, 12), rng.randint(1, 40)])
+        pieces.append(text[i : i + size])
+        i += size
+    return pieces
+
+
+def assert_partition(segments: list[Segment], text: str) -> None:
+    assert "".join(s.text for s in segments) == text
+    position = 0
+    for s in segments:
+        assert s.start == position and s.end > s.start
+        assert text[s.start : s.end] == s.text
+        position = s.end
+    assert position == len(text)
+    # A blank segment only at flush, from trailing whitespace.
+    assert all(s.text.strip() for s in segments[:-1])
+
+
+# -- normalisation ------------------------------------------------------------------------------
+
+NORMALISED = [
+    ("42", "forty-two"),
+    ("1,234 people", "one thousand two hundred and thirty-four people"),
+    ("3.5", "three point five"),
+    ("It was -7 outside.", "It was minus seven outside."),
+    ("the 21st century", "the twenty-first century"),
+    ("in 1999", "in nineteen ninety-nine"),
+    ("Since 2010, prices rose.", "Since twenty ten, prices rose."),
+    ("from 1999 to 2004", "from nineteen ninety-nine to two thousand and four"),
+    ("the 1990s", "the nineteen nineties"),
+    ("2024-03-05", "March fifth, twenty twenty-four"),
+    ("March 5, 2024", "March fifth, twenty twenty-four"),
+    ("on 5 March 2024", "on the fifth of March, twenty twenty-four"),
+    ("the 5th of March", "the fifth of March"),
+    ("3:30 pm", "three thirty p m"),
+    ("at 7:05", "at seven oh five"),
+    ("Come at 5 p.m.", "Come at five p m."),
+    ("$5", "five dollars"),
+    ("$1", "one dollar"),
+    ("$3.50", "three dollars, fifty cents"),
+    ("$0.99", "ninety-nine cents"),
+    ("€20", "twenty euros"),
+    ("£1.5 million", "one point five million pounds"),
+    ("$5k", "five thousand dollars"),
+    ("50%", "fifty percent"),
+    ("5 km", "five kilometers"),
+    ("1 kg", "one kilogram"),
+    ("Dr. Smith", "Doctor Smith"),
+    ("Mr. and Mrs. Jones", "Mister and Missus Jones"),
+    ("St. Louis", "Saint Louis"),
+    ("Baker St. is long", "Baker Street is long"),
+    ("fruit, e.g. apples", "fruit, for example apples"),
+    ("one thing, i.e. this", "one thing, that is this"),
+    ("apples, pears, etc.", "apples, pears, et cetera."),
+    ("cats vs. dogs", "cats versus dogs"),
+    ("approx. 10 minutes", "approximately ten minutes"),
+    ("mp3 files", "mp three files"),
+    ("No. 5", "number five"),
+    ("007", "zero zero seven"),
+]
+
+
+@pytest.mark.parametrize(("raw", "spoken"), NORMALISED)
+def test_normalize_says_numbers_dates_money_and_abbreviations_as_words(raw: str, spoken: str):
+    assert normalize(raw) == spoken
+
+
+@pytest.mark.parametrize("tag", [*EMOTIVE_TAGS, "<whisper>", "<laugh2>", "<x-1>"])
+def test_emotive_tags_come_out_byte_identical(tag: str):
+    assert normalize(tag) == tag
+    assert normalize(f"{tag}I paid $5{tag}, <sigh> 42{tag}.") == (
+        f"{tag}I paid five dollars{tag}, <sigh> forty-two{tag}."
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Hello, world! How are you?",
+        "  Two spaces,\ttabs\nand newlines.  ",
+        "Ünïcödé — “quotes” and \N{LEFT SINGLE QUOTATION MARK}more\N{RIGHT SINGLE QUOTATION MARK}"
+        "… <laugh> ok",
+        "Jekyll's lab (the old one) is closed; nobody knows why.",
+    ],
+)
+def test_text_with_nothing_to_normalise_comes_back_unchanged(text: str):
+    assert normalize(text) == text
+
+
+def test_normalize_never_raises_on_random_unicode():
+    rng = random.Random(1234)
+    alphabet = "0123456789$€£¥%.,:;-'\N{MINUS SIGN}\N{RIGHT SINGLE QUOTATION MARK} <>/#&"
+    alphabet += "amAMpPstndrhkmMbBgC°Dr.e.g.JanMay"
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        else:
+            text = "".join(chr(rng.randrange(0x110000)) for _ in range(rng.randint(0, 40)))
+        assert isinstance(normalize(text), str)
+    assert normalize("9" * 5000).startswith("nine nine")
+    assert isinstance(normalize("$" + "9" * 5000 + "th"), str)
+
+
+def test_normalize_takes_linear_time_on_long_digit_runs():
+    started = time.monotonic()
+    normalize("9" * 50_000 + " $" + "9" * 50_000 + "%")
+    assert time.monotonic() - started < 2  # a quadratic regex takes minutes here
+
+
+# -- segmentation -------------------------------------------------------------------------------
+
+
+def test_pieces_of_any_size_give_the_segments_of_the_whole_text():
+    whole = segment(PARAGRAPH)
+    rng = random.Random(7)
+    for _ in range(40):
+        assert segment(PARAGRAPH, random_pieces(PARAGRAPH, rng)) == whole
+    one_char = segment(PARAGRAPH, list(PARAGRAPH))
+    assert one_char == whole
+
+
+@pytest.mark.parametrize("options", [{}, {"max_chars": 80}, {"target_chars": 150}])
+def test_segments_partition_the_input_exactly(options: dict[str, int]):
+    rng = random.Random(3)
+    text = "  " + PARAGRAPH + PARAGRAPH + "  \n"
+    segments = segment(text, random_pieces(text, rng), **options)
+    assert_partition(segments, text)
+    assert segments[-1].text.isspace()
+
+
+def test_first_segment_ends_at_the_first_clause_after_four_words():
+    text = (
+        "Well, you know, I really think so, and then we left. Six, seven, eight nine ten, eleven."
+    )
+    assert texts(segment(text)) == [
+        "Well, you know, I really think so,",
+        " and then we left.",
+        " Six, seven, eight nine ten, eleven.",
+    ]
+    assert texts(segment(text, first_min_words=None))[0] == (
+        "Well, you know, I really think so, and then we left."
+    )
+
+
+def test_a_date_is_not_a_clause_boundary():
+    text = "We met on March 5, 2024, at noon and talked."
+    assert texts(segment(text)) == ["We met on March 5, 2024,", " at noon and talked."]
+
+
+def test_first_segment_is_spoken_as_soon_as_its_clause_ends():
+    segmenter = TextSegmenter()
+    words = "Okay so the plan is , simple".split(" ")
+    pushed = [segmenter.push(w if i == 0 else " " + w) for i, w in enumerate(words)]
+    assert [texts(p) for p in pushed] == [[], [], [], [], [], [], ["Okay so the plan is ,"]]
+
+
+def test_no_sentence_end_after_abbreviations_decimals_or_initials():
+    text = (
+        "I met Dr. Smith, Mr. Brown and Mrs. Green at 3.5 past nine, e.g. early, etc. and "
+        "they quoted J. R. R. Tolkien on the U.S. economy. Done."
+    )
+    expected = [text[: -len(" Done.")], " Done."]
+    assert texts(segment(text, first_min_words=None)) == expected
+    assert texts(segment(text, list(text), first_min_words=None)) == expected
+
+
+def test_a_cut_waits_for_the_whitespace_that_proves_it():
+    segmenter = TextSegmenter()
+    assert segmenter.push("It costs 3.") == []
+    assert segmenter.push("5 dollars.") == []
+    assert texts(segmenter.push(" Then")) == ["It costs 3.5 dollars."]
+    assert texts(segmenter.flush()) == [" Then"]
+
+
+def test_sentence_end_takes_its_closing_quotes_and_brackets():
+    text = '"Stop!" He ran (fast.) Then he stopped?) Fine.'
+    assert texts(segment(text)) == ['"Stop!"', " He ran (fast.)", " Then he stopped?)", " Fine."]
+
+
+def test_long_sentences_are_cut_at_clauses_then_spaces_within_max_chars():
+    clauses = ", ".join(["and the rain kept falling on the quiet little town"] * 20) + "."
+    segments = segment(clauses, max_chars=120)
+    assert_partition(segments, clauses)
+    assert all(len(s.text) <= 120 for s in segments)
+    assert all(s.text.endswith(",") for s in segments[:-1])
+
+    words = " ".join(["word"] * 200)
+    segments = segment(words, max_chars=100)
+    assert_partition(segments, words)
+    assert [len(s.text) for s in segments[:-1]] == [99] + [100] * (len(segments) - 2)
+
+
+def test_a_word_longer_than_max_chars_is_cut_hard_but_not_inside_an_emotive_tag():
+    word = "x" * 250
+    assert [len(s) for s in texts(segment(word, max_chars=100))] == [100, 100, 50]
+    tagged = "y" * 95 + "<laugh>" + "z" * 10
+    assert texts(segment(tagged, list(tagged), max_chars=100)) == ["y" * 95, "<laugh>" + "z" * 10]
+
+
+def test_short_sentences_merge_up_to_target_chars():
+    text = "One. Two. Three. Four. Five six seven eight nine ten eleven twelve. End."
+    assert texts(segment(text, first_min_words=None, target_chars=20)) == [
+        "One. Two. Three.",
+        " Four.",
+        " Five six seven eight nine ten eleven twelve.",
+        " End.",
+    ]
+    assert texts(segment(text, target_chars=20))[0] == "One."
+
+
+def test_flush_starts_a_new_input():
+    segmenter = TextSegmenter()
+    assert segmenter.push("First input. ") == [Segment("First input.", 0, 12)]
+    assert segmenter.flush() == [Segment(" ", 12, 13)]
+    assert segmenter.push("Second, with four words here, yes.") == [
+        Segment("Second, with four words here,", 0, 29)
+    ]
+
+
+def test_split_text_packs_whole_sentences_into_max_chars():
+    text = (PARAGRAPH * 20)[:10_000]
+    segments = split_text(text, max_chars=300)
+    assert_partition(segments, text)
+    assert all(len(s.text) <= 300 for s in segments)
+    # The paragraph's sentences are at most 230 characters: a segment only ends early when the
+    # next sentence would not fit.
+    assert all(len(s.text) > 300 - 230 for s in segments[:-1])
+    assert all(s.text.rstrip("\"')").endswith((".", "!", "?", "…")) for s in segments[:-1])
+
+
+def test_segmenter_refuses_limits_it_cannot_keep():
+    with pytest.raises(ValueError, match="max_chars"):
+        TextSegmenter(max_chars=10)
+    with pytest.raises(ValueError, match="first_min_words"):
+        TextSegmenter(first_min_words=0)
+    with pytest.raises(ValueError, match="target_chars"):
+        TextSegmenter(max_chars=100, target_chars=101)

@@ -1,0 +1,649 @@
+"""The text stage: raw text -> speakable segments.
+
+Two independent steps, applied in this order:
+
+1. Segmentation (``TextSegmenter`` for text that arrives in pieces, ``split_text`` for a complete
+   text) cuts the *raw* text into segments that partition it exactly. It cuts only where
+   whitespace follows (or, for a word longer than ``max_chars``, hard), so a number or an emotive
+   tag is never split across two segments; only the ``max_chars`` fallback (cut at a space) can
+   split a multi-word expression such as "$1.5 million".
+2. Normalisation (``normalize``) rewrites one segment for the model: numbers, dates, times,
+   currency, percentages, units and common abbreviations become English words. Emotive tags such as
+   ``<laugh>`` pass through byte-identical.
+
+A segment may be blank (whitespace only, e.g. trailing whitespace at the end of the input): callers
+skip blank segments instead of synthesizing them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from num2words import num2words
+
+DEFAULT_MAX_CHARS = 300
+DEFAULT_FIRST_MIN_WORDS = 4
+
+_EN_DASH = "\N{EN DASH}"
+_MINUS = "\N{MINUS SIGN}"
+
+# An emotive tag (`<laugh>`, `<sigh>`, any `<word>`): never rewritten, never cut.
+TAG = re.compile(r"<[A-Za-z][\w-]{0,30}>")
+_TAG_SPLIT = re.compile(f"({TAG.pattern})")
+_TAG_PREFIX = re.compile(r"<[A-Za-z][\w-]{0,30}(>)?")
+_MAX_TAG_CHARS = 33
+
+# Words ending in "." after which a sentence does not end (compared lower-case, without the dot).
+ABBREVIATIONS = frozenset(
+    {
+        "dr", "mr", "mrs", "ms", "prof", "st", "mt", "jr", "sr", "gen", "col", "capt", "lt",
+        "sgt", "rev", "vs", "etc", "e.g", "i.e", "approx", "cf", "viz",
+    }
+)  # fmt: skip
+
+# ---------------------------------------------------------------------------------------------
+# Segmentation
+# ---------------------------------------------------------------------------------------------
+
+_SENTENCE_MARKS = ".!?…"
+_CLAUSE_MARKS = f",;:\N{EM DASH}{_EN_DASH}"
+_CLOSERS = "\"'\N{RIGHT DOUBLE QUOTATION MARK}\N{RIGHT SINGLE QUOTATION MARK}»)]}"
+_OPENERS = "\"'\N{LEFT DOUBLE QUOTATION MARK}\N{LEFT SINGLE QUOTATION MARK}«([{"
+_DAY_COMMA = re.compile(r"(?<![0-9])[0-9]{1,2}(?:st|nd|rd|th)?,\Z")
+_INITIALS = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]|[A-Z]")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One piece of the input: ``text == whole_input[start:end]``; segments tile the input."""
+
+    text: str
+    start: int
+    end: int
+
+
+class _Cut(IntEnum):
+    """How good a place to cut is; a higher value is preferred."""
+
+    SPACE = 1
+    CLAUSE = 2
+    SENTENCE = 3
+
+
+def _classify(token: str) -> _Cut:
+    """The boundary after ``token`` (a run of non-space characters followed by whitespace)."""
+    core = token.rstrip(_CLOSERS)
+    if core and core[-1] in _SENTENCE_MARKS:
+        if core[-1] != "." or core.endswith(".."):
+            return _Cut.SENTENCE
+        word = core[:-1].lstrip(_OPENERS)
+        if word.lower() in ABBREVIATIONS or _INITIALS.fullmatch(word):
+            return _Cut.SPACE
+        return _Cut.SENTENCE
+    if _DAY_COMMA.search(core):
+        return _Cut.SPACE  # the day of "March 5, 2024": the year belongs with it
+    if core and (core[-1] in _CLAUSE_MARKS or core == "-" or core.endswith("--")):
+        return _Cut.CLAUSE
+    return _Cut.SPACE
+
+
+def _word_count(text: str) -> int:
+    return sum(1 for token in text.split() if not TAG.fullmatch(token))
+
+
+class TextSegmenter:
+    """Cuts text that arrives in pieces (an LLM's output, word by word) into speakable segments.
+
+    ``push`` returns the segments that are complete so far, ``flush`` the rest of the input. The
+    segments, in order, partition the concatenation of all pushed pieces exactly (offsets are into
+    it), and the result does not depend on how the input was split into pieces. After ``flush``
+    the segmenter starts a new input: offsets restart at 0 and the first-segment rule applies again.
+
+    Rules:
+    - A cut needs whitespace after it (or the end of the input at flush), so a word is never cut
+      while more text may come. The whitespace starts the next segment.
+    - A sentence ends after ``. ! ? …`` (and closing quotes or brackets after them), but not after
+      an abbreviation (``ABBREVIATIONS``: Dr. Mr. e.g. etc. ...) or an initial (J. R. R., U.S.).
+    - The first segment ends early, at the first clause boundary (``, ; :``, an em or en dash or
+      a spaced hyphen; not the comma after a day as in "March 5, 2024") once it holds
+      ``first_min_words`` words (emotive tags do not count), so speech can start before the first
+      sentence is complete; ``None`` turns this off.
+    - Every segment is at most ``max_chars`` characters: a longer one is cut at its last sentence
+      end, else its last clause boundary, else its last space before the limit; a single word
+      longer than that is cut hard (outside emotive tags). Whitespace counts as characters.
+    - With ``target_chars`` > 0, consecutive sentences are merged into one segment while it stays
+      within ``target_chars`` (the first segment is not merged when ``first_min_words`` is set).
+      Merging waits for the next sentence, so it adds latency; 0 (the default) emits every
+      sentence as soon as it ends.
+
+    A blank segment (whitespace only) comes at flush, from trailing whitespace, and mid-stream only
+    from a run of whitespace about as long as ``max_chars``; callers skip blank segments.
+    """
+
+    def __init__(
+        self,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        first_min_words: int | None = DEFAULT_FIRST_MIN_WORDS,
+        target_chars: int = 0,
+    ) -> None:
+        if max_chars < 2 * _MAX_TAG_CHARS:
+            raise ValueError(f"max_chars must be at least {2 * _MAX_TAG_CHARS}, not {max_chars}")
+        if first_min_words is not None and first_min_words < 1:
+            raise ValueError(f"first_min_words must be at least 1 or None, not {first_min_words}")
+        if not 0 <= target_chars <= max_chars:
+            raise ValueError(f"target_chars must be in 0..max_chars, not {target_chars}")
+        self.max_chars = max_chars
+        self.first_min_words = first_min_words
+        self.target_chars = target_chars
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buffer = ""  # the input from offset self._base on
+        self._base = 0
+        self._start = 0  # where the next segment begins
+        self._scanned = 0  # offsets below this have been judged as places to cut
+        self._cuts: list[tuple[int, _Cut]] = []  # places to cut in (start, scanned), in order
+        self._emitted = 0
+
+    def push(self, piece: str) -> list[Segment]:
+        """Add the next piece of input; return the segments completed by it (often none)."""
+        self._buffer += piece
+        out: list[Segment] = []
+        self._scan(out)
+        return out
+
+    def flush(self) -> list[Segment]:
+        """End the input: return its remaining segments and start over."""
+        out: list[Segment] = []
+        self._scan(out)
+        end = self._base + len(self._buffer)
+        self._enforce_limit(end, out, final=True)
+        if end > self._start:
+            self._on_cut(end, _Cut.SENTENCE, out)
+        if end > self._start:
+            self._emit(end, out)
+        self._reset()
+        return out
+
+    def _scan(self, out: list[Segment]) -> None:
+        end = self._base + len(self._buffer)
+        for p in range(max(self._scanned, 1), end):
+            kind = self._judge(p)
+            if kind is not None and p > self._start:
+                self._on_cut(p, kind, out)
+            self._enforce_limit(p + 1, out, final=False)
+        self._scanned = max(self._scanned, end)
+        self._buffer = self._buffer[self._start - self._base :]
+        self._base = self._start
+
+    def _judge(self, p: int) -> _Cut | None:
+        """Whether and how well the input can be cut before offset ``p`` (``p`` is known)."""
+        buffer, i = self._buffer, p - self._base
+        if not buffer[i].isspace() or i == 0 or buffer[i - 1].isspace():
+            return None
+        j = i - 1
+        while j > 0 and not buffer[j - 1].isspace():
+            j -= 1
+        return _classify(buffer[j:i])
+
+    def _on_cut(self, p: int, kind: _Cut, out: list[Segment]) -> None:
+        length = p - self._start
+        early_words = self.first_min_words if self._emitted == 0 else None
+        if length > self.max_chars:
+            # Only while a hard cut waits for an emotive tag to end; _enforce_limit cuts earlier.
+            self._cuts.append((p, kind))
+        elif kind is _Cut.SENTENCE:
+            if early_words is not None or self.target_chars == 0:
+                self._emit(p, out)
+            elif length <= self.target_chars:
+                self._cuts.append((p, kind))
+            else:
+                merged = [cut for cut, k in self._cuts if k is _Cut.SENTENCE]
+                if merged:
+                    self._emit(merged[-1], out)
+                if merged and p - self._start <= self.target_chars:
+                    self._cuts.append((p, kind))
+                else:
+                    self._emit(p, out)
+        elif (
+            kind is _Cut.CLAUSE
+            and early_words is not None
+            and _word_count(self._text(self._start, p)) >= early_words
+        ):
+            self._emit(p, out)
+        else:
+            self._cuts.append((p, kind))
+
+    def _enforce_limit(self, known: int, out: list[Segment], final: bool) -> None:
+        """Cut while more than ``max_chars`` characters up to offset ``known`` are pending."""
+        while known - self._start > self.max_chars:
+            limit = self._start + self.max_chars
+            usable = [(kind, cut) for cut, kind in self._cuts if cut <= limit]
+            if usable:
+                self._emit(max(usable)[1], out)
+                continue
+            cut = self._hard_cut(limit, known, final)
+            if cut is None:
+                return
+            self._emit(cut, out)
+
+    def _hard_cut(self, limit: int, known: int, final: bool) -> int | None:
+        """Where to cut a word at ``limit``: before an emotive tag that spans it; None to wait."""
+        lo = max(self._start, limit - _MAX_TAG_CHARS) - self._base
+        i = self._buffer.rfind("<", lo, limit - self._base)
+        if i < 0:
+            return limit
+        match = _TAG_PREFIX.match(self._buffer, i, known - self._base)
+        if match is None:
+            return limit
+        tag_start, tag_end = self._base + i, self._base + match.end()
+        if match.group(1) is not None:
+            return tag_start if tag_end > limit and tag_start > self._start else limit
+        if tag_end == known and not final:
+            return None  # the tag may still close past the limit
+        return limit
+
+    def _text(self, start: int, end: int) -> str:
+        return self._buffer[start - self._base : end - self._base]
+
+    def _emit(self, cut: int, out: list[Segment]) -> None:
+        out.append(Segment(self._text(self._start, cut), self._start, cut))
+        self._start = cut
+        self._emitted += 1
+        self._cuts = [(p, kind) for p, kind in self._cuts if p > cut]
+
+
+def split_text(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[Segment]:
+    """Cut a complete text into segments of whole sentences, packed up to ``max_chars`` each.
+
+    The segments partition ``text`` exactly. A sentence longer than ``max_chars`` is cut as
+    ``TextSegmenter`` cuts it (last clause boundary, else last space, else hard).
+    """
+    segmenter = TextSegmenter(max_chars=max_chars, first_min_words=None, target_chars=max_chars)
+    return segmenter.push(text) + segmenter.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation
+# ---------------------------------------------------------------------------------------------
+
+_MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
+_MONTH_ABBREVIATIONS = {m[:3]: m for m in _MONTHS} | {"Sept": "September"}
+_MONTH = (
+    r"(?P<mon>(?:" + "|".join(_MONTHS) + r")\b"
+    r"|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\b\.?)"
+)
+_DIGIT_WORDS = "zero one two three four five six seven eight nine".split()
+# Longer digit runs are identifiers (phone, card, order numbers): read digit by digit.
+_MAX_CARDINAL_DIGITS = 15
+# Every number pattern starts where a digit run starts: retrying inside a run is quadratic.
+_NUMBER = r"(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
+_SIGN = rf"(?P<sign>(?<![\w-])[-{_MINUS}](?=[0-9]))?"
+_YEAR = r"1[1-9][0-9]{2}|20[0-9]{2}"
+_SENTENCE_FOLLOWS = re.compile(rf"[{re.escape(_CLOSERS)}]*(?:\s*\Z|\s+[A-Z])")
+_NAME_FOLLOWS = re.compile(r"\s+[A-Z]")
+
+
+def _digits(digits: str) -> str:
+    return " ".join(_DIGIT_WORDS[int(d)] for d in digits)
+
+
+def _cardinal(digits: str) -> str:
+    """``"1,234"`` -> ``"one thousand two hundred and thirty-four"``; ``"007"`` digit by digit."""
+    plain = digits.replace(",", "")
+    if (len(plain) > 1 and plain.startswith("0")) or len(plain) > _MAX_CARDINAL_DIGITS:
+        return _digits(plain)
+    # num2words writes "one thousand, two hundred": the comma would make the model pause.
+    return num2words(int(plain)).replace(",", "")
+
+
+def _number(int_part: str, frac: str | None, sign: str | None = None) -> str:
+    words = _cardinal(int_part)
+    if frac:
+        words += " point " + _digits(frac)
+    return f"minus {words}" if sign else words
+
+
+def _ordinal(value: int) -> str:
+    return num2words(value, to="ordinal").replace(",", "")
+
+
+def _year(value: int) -> str:
+    return num2words(value, to="year")
+
+
+def _plural(words: str) -> str:
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def _ends_sentence(match: re.Match[str]) -> bool:
+    """Whether the ``.`` that ends ``match`` also ends its sentence (so it must be kept)."""
+    return _SENTENCE_FOLLOWS.match(match.string, match.end()) is not None
+
+
+def _like(original: str, words: str) -> str:
+    return words[:1].upper() + words[1:] if original[:1].isupper() else words
+
+
+def _iso_date(m: re.Match[str]) -> str | None:
+    year, month, day = int(m["y"]), int(m["mo"]), int(m["d"])
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    return f"{_MONTHS[month - 1]} {_ordinal(day)}, {_year(year)}"
+
+
+def _month(name: str) -> str:
+    return _MONTH_ABBREVIATIONS.get(name.rstrip("."), name.rstrip("."))
+
+
+def _month_day(m: re.Match[str]) -> str | None:
+    day = int(m["d"])
+    if not 1 <= day <= 31:
+        return None
+    words = f"{_month(m['mon'])} {_ordinal(day)}"
+    return f"{words}, {_year(int(m['y']))}" if m["y"] else words
+
+
+def _day_month(m: re.Match[str]) -> str | None:
+    day = int(m["d"])
+    if not 1 <= day <= 31:
+        return None
+    words = f"{m['the'] or 'the '}{_ordinal(day)} of {_month(m['mon'])}"
+    return f"{words}, {_year(int(m['y']))}" if m["y"] else words
+
+
+def _month_year(m: re.Match[str]) -> str:
+    return f"{_month(m['mon'])} {_year(int(m['y']))}"
+
+
+def _meridiem(m: re.Match[str]) -> str:
+    letters = "a m" if m["ap"][0] in "aA" else "p m"
+    return letters + "." if m["ap"].endswith(".") and _ends_sentence(m) else letters
+
+
+def _clock(m: re.Match[str]) -> str | None:
+    hour, minute = int(m["h"]), int(m["m"])
+    if hour > 24:
+        return None
+    if minute == 0:
+        words = _cardinal(m["h"].lstrip("0") or "0")
+        words += "" if m["ap"] else " o'clock" if hour <= 12 else " hundred"
+    else:
+        words = f"{_cardinal(m['h'].lstrip('0') or '0')} "
+        words += f"oh {_DIGIT_WORDS[minute]}" if minute < 10 else _cardinal(m["m"])
+    return f"{words} {_meridiem(m)}" if m["ap"] else words
+
+
+def _hour(m: re.Match[str]) -> str:
+    return f"{_cardinal(m['h'].lstrip('0'))} {_meridiem(m)}"
+
+
+# symbol -> (unit, units, subunit, subunits); no subunit: decimals are read as "point".
+_CURRENCIES = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yen", "yen", "", ""),
+}
+_SCALES = {"k": "thousand", "m": "million", "mn": "million", "b": "billion", "bn": "billion"}
+_SCALES |= {"tn": "trillion", "thousand": "thousand", "million": "million"}
+_SCALES |= {"billion": "billion", "trillion": "trillion"}
+
+
+def _money(m: re.Match[str]) -> str:
+    unit, units, subunit, subunits = _CURRENCIES[m["sym"]]
+    sign = "minus " if m["sign"] else ""
+    scale = m.groupdict().get("word") or m.groupdict().get("abbr")
+    if scale:
+        return f"{sign}{_number(m['int'], m['frac'])} {_SCALES[scale.lower()]} {units}"
+    whole = int(m["int"].replace(",", ""))
+    frac = m["frac"]
+    if frac and (not subunit or len(frac) > 2):
+        return f"{sign}{_number(m['int'], frac)} {units}"
+    cents = int(frac.ljust(2, "0")) if frac else 0
+    parts = []
+    if whole or not cents:
+        parts.append(f"{_cardinal(m['int'])} {unit if whole == 1 else units}")
+    if cents:
+        parts.append(f"{_cardinal(str(cents))} {subunit if cents == 1 else subunits}")
+    return sign + ", ".join(parts)
+
+
+def _percent(m: re.Match[str]) -> str:
+    return f"{_number(m['int'], m['frac'], m['sign'])} percent"
+
+
+# unit -> (singular, plural)
+_UNITS = {
+    "km/h": ("kilometer per hour", "kilometers per hour"),
+    "kph": ("kilometer per hour", "kilometers per hour"),
+    "mph": ("mile per hour", "miles per hour"),
+    "km": ("kilometer", "kilometers"),
+    "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"),
+    "kg": ("kilogram", "kilograms"),
+    "mg": ("milligram", "milligrams"),
+    "ml": ("milliliter", "milliliters"),
+    "lbs": ("pound", "pounds"),
+    "lb": ("pound", "pounds"),
+    "oz": ("ounce", "ounces"),
+    "ft": ("foot", "feet"),
+    "ms": ("millisecond", "milliseconds"),
+    "°C": ("degree Celsius", "degrees Celsius"),
+    "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
+    "°": ("degree", "degrees"),
+    "kWh": ("kilowatt hour", "kilowatt hours"),
+    "kW": ("kilowatt", "kilowatts"),
+    "KB": ("kilobyte", "kilobytes"),
+    "kB": ("kilobyte", "kilobytes"),
+    "MB": ("megabyte", "megabytes"),
+    "GB": ("gigabyte", "gigabytes"),
+    "TB": ("terabyte", "terabytes"),
+    "kHz": ("kilohertz", "kilohertz"),
+    "MHz": ("megahertz", "megahertz"),
+    "GHz": ("gigahertz", "gigahertz"),
+    "Hz": ("hertz", "hertz"),
+}
+
+
+def _measure(m: re.Match[str]) -> str:
+    singular, plural = _UNITS[m["unit"]]
+    one = m["int"] == "1" and not m["frac"] and not m["sign"]
+    return f"{_number(m['int'], m['frac'], m['sign'])} {singular if one else plural}"
+
+
+def _century_decade(m: re.Match[str]) -> str:
+    return _plural(_year(int(m["century"] + m["d"] + "0")))
+
+
+def _decade(m: re.Match[str]) -> str:
+    return _plural(_cardinal(m["d"] + "0"))
+
+
+def _year_in_context(m: re.Match[str]) -> str:
+    words = f"{m['ctx']} {_year(int(m['y']))}"
+    if m["y2"]:
+        joiner = m["joiner"] if m["joiner"].strip() not in f"-{_EN_DASH}" else " to "
+        words += f"{joiner}{_year(int(m['y2']))}"
+    return words
+
+
+def _year_range(m: re.Match[str]) -> str:
+    return f"{_year(int(m['y']))} to {_year(int(m['y2']))}"
+
+
+def _ordinal_number(m: re.Match[str]) -> str | None:
+    plain = m["int"].replace(",", "")
+    return None if len(plain) > _MAX_CARDINAL_DIGITS else _ordinal(int(plain))
+
+
+def _dotted(m: re.Match[str]) -> str:
+    return " point ".join(_cardinal(part) for part in m[0].split("."))
+
+
+def _plain_number(m: re.Match[str]) -> str:
+    return _number(m["int"], m["frac"], m["sign"])
+
+
+def _leading_point(m: re.Match[str]) -> str:
+    return "point " + _digits(m["frac"])
+
+
+_TITLES = {
+    "dr": "Doctor",
+    "mr": "Mister",
+    "mrs": "Missus",
+    "ms": "Miz",
+    "prof": "Professor",
+    "mt": "Mount",
+    "gen": "General",
+    "capt": "Captain",
+    "rev": "Reverend",
+}
+_LATIN = {
+    "e.g.": "for example",
+    "i.e.": "that is",
+    "etc.": "et cetera",
+    "vs.": "versus",
+    "vs": "versus",
+    "approx.": "approximately",
+    "jr.": "Junior",
+    "sr.": "Senior",
+}
+_MAY_END_SENTENCE = frozenset({"etc.", "jr.", "sr."})
+
+
+def _title(m: re.Match[str]) -> str:
+    return _TITLES[(m["title"] or m["bare"]).lower()]
+
+
+def _saint(m: re.Match[str]) -> str:
+    # "St. Louis" is a saint, "Baker St." a street: only a following name tells them apart.
+    return "Saint" if _NAME_FOLLOWS.match(m.string, m.end()) else "Street"
+
+
+def _latin(m: re.Match[str]) -> str:
+    key = m[0].lower()
+    words = _like(m[0], _LATIN[key])
+    return words + "." if key in _MAY_END_SENTENCE and _ends_sentence(m) else words
+
+
+Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str | None]]
+
+# Applied in order: abbreviations, then dates before times before money before plain numbers,
+# each on what the previous ones left (their output has no digits, so no rule rereads it).
+_RULES: tuple[Rule, ...] = (
+    (
+        re.compile(
+            r"\b(?P<title>Dr|Mr|Mrs|Ms|Prof|Mt|Gen|Capt|Rev)\."
+            r"|\b(?P<bare>Dr|Mr|Mrs|Ms)(?=\s+[A-Z])"
+        ),
+        _title,
+    ),
+    (re.compile(r"\bSt(?:\.|(?=\s+[A-Z]))"), _saint),
+    (re.compile(r"\b(?:[eE]\.g\.|[iI]\.e\.|(?i:etc|approx|jr|sr|vs)\.|vs\b)"), _latin),
+    (re.compile(r"\bNo\.(?=\s*[0-9])|#(?=[0-9])"), lambda m: "number"),
+    (re.compile(r"(?<=\s)&(?=\s)"), lambda m: "and"),
+    (re.compile(r"\b(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})\b"), _iso_date),
+    (
+        re.compile(
+            rf"\b{_MONTH}\s+(?P<d>[0-9]{{1,2}})(?:st|nd|rd|th)?\b(?![:.,]?[0-9])"
+            r"(?:,?\s+(?P<y>[0-9]{4})\b(?![.,]?[0-9]))?"
+        ),
+        _month_day,
+    ),
+    (
+        re.compile(
+            rf"(?P<the>\b(?i:the)\s+)?\b(?P<d>[0-9]{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}"
+            r"(?:,?\s+(?P<y>[0-9]{4})\b(?![.,]?[0-9]))?"
+        ),
+        _day_month,
+    ),
+    (re.compile(rf"\b{_MONTH}\s+(?P<y>[0-9]{{4}})\b(?![.,]?[0-9])"), _month_year),
+    (
+        re.compile(
+            r"\b(?P<h>[0-9]{1,2}):(?P<m>[0-5][0-9])(?!:?[0-9])"
+            r"(?:\s?(?P<ap>[AaPp]\.?[Mm]\b\.?))?"
+        ),
+        _clock,
+    ),
+    (re.compile(r"\b(?P<h>1[0-2]|0?[1-9])\s?(?P<ap>[AaPp]\.?[Mm]\b\.?)"), _hour),
+    (
+        re.compile(
+            rf"(?P<sign>(?<![\w-])[-{_MINUS}])?(?P<sym>[$€£¥])\s?{_NUMBER}"
+            r"(?:\s+(?P<word>(?i:thousand|million|billion|trillion))\b"
+            r"|(?P<abbr>[kKmMbB]|bn|mn|tn)\b)?"
+        ),
+        _money,
+    ),
+    (re.compile(rf"{_SIGN}{_NUMBER}\s?(?P<sym>[$€£¥])"), _money),
+    (re.compile(rf"{_SIGN}{_NUMBER}\s?%"), _percent),
+    (
+        re.compile(
+            rf"{_SIGN}{_NUMBER}\s?(?P<unit>"
+            + "|".join(re.escape(unit) for unit in _UNITS)
+            + r")(?![\w/])"
+        ),
+        _measure,
+    ),
+    (re.compile(r"\b(?P<century>1[1-9]|20)(?P<d>[0-9])0s\b"), _century_decade),
+    (re.compile(r"(?<!\w)['\N{RIGHT SINGLE QUOTATION MARK}]?(?P<d>[2-9])0s\b"), _decade),
+    (
+        re.compile(
+            r"\b(?P<ctx>(?i:in|since|by|from|until|till|through|during|circa|before|after|around"
+            rf"|year|early|late|mid|between))\s+(?P<y>{_YEAR})(?![0-9]|[.,][0-9]|\s?%)"
+            rf"(?:(?P<joiner>\s*[-{_EN_DASH}]\s*|\s+(?:to|and|until|through)\s+)"
+            rf"(?P<y2>{_YEAR})(?![0-9]))?"
+        ),
+        _year_in_context,
+    ),
+    (re.compile(rf"\b(?P<y>{_YEAR})[-{_EN_DASH}](?P<y2>{_YEAR})\b"), _year_range),
+    (re.compile(r"\b(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?i:st|nd|rd|th)\b"), _ordinal_number),
+    (re.compile(r"(?<![0-9])[0-9]+(?:\.[0-9]+){2,}"), _dotted),
+    (re.compile(r"(?<![\w.])\.(?P<frac>[0-9]+)"), _leading_point),
+    (re.compile(rf"{_SIGN}{_NUMBER}"), _plain_number),
+)
+
+
+def _apply(rule: Rule, text: str) -> str:
+    pattern, convert = rule
+
+    def replace(m: re.Match[str]) -> str:
+        try:
+            words = convert(m)
+        except (ArithmeticError, ValueError, NotImplementedError):
+            # num2words refuses some values; such text stays as written.
+            return m[0]
+        if words is None:
+            return m[0]
+        # Keep words apart from letters they were glued to ("mp3" -> "mp three").
+        before = m.string[m.start() - 1 : m.start()]
+        after = m.string[m.end() : m.end() + 1]
+        if before.isalnum() and words[:1].isalnum():
+            words = " " + words
+        if after.isalnum() and words[-1:].isalnum():
+            words += " "
+        return words
+
+    return pattern.sub(replace, text)
+
+
+def normalize(text: str) -> str:
+    """English text -> the words a speaker would say, for one segment; never raises.
+
+    Numbers (cardinals, decimals, negatives, ordinals, years after words like "in"/"since",
+    decades), dates (ISO, "March 5, 2024", "5 March 2024"), clock times, money ($ € £ ¥, with
+    "million" or "5k"), percentages, common units and abbreviations (Dr. Mr. Mrs. St. e.g. i.e.
+    etc. vs. approx.) become words. Emotive tags (``<laugh>``, any ``<word>``) and everything
+    else come back byte-identical.
+    """
+    parts = _TAG_SPLIT.split(text)
+    for i in range(0, len(parts), 2):  # odd indices are tags
+        for rule in _RULES:
+            parts[i] = _apply(rule, parts[i])
+    return "".join(parts)
