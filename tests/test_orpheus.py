@@ -23,6 +23,17 @@ def test_prompt_wraps_text_tokens_with_one_bos():
     assert prompt.count(orpheus.BEGIN_OF_TEXT) == 1
 
 
+def test_prompt_with_context_puts_the_earlier_turn_first_as_a_finished_exchange():
+    frame = orpheus.Frame((0,), (1, 2), (3, 4, 5, 6))
+    prompt = orpheus.encode_prompt(lambda s: [ord(c) for c in s], "Hi", "tara", ("Yo", [frame]))
+    earlier = [128259, 128000, *map(ord, "tara: Yo"), 128009, 128260, 128261, 128257]
+    audio = [128266, 128266 + 4096 + 1, 128266 + 2 * 4096 + 3, 128266 + 3 * 4096 + 4]
+    audio += [128266 + 4 * 4096 + 2, 128266 + 5 * 4096 + 5, 128266 + 6 * 4096 + 6]
+    now = [128259, 128000, *map(ord, "tara: Hi"), 128009, 128260, 128261, 128257]
+    assert prompt == [*earlier, *audio, 128258, 128262, *now]
+    assert orpheus.encode_prompt(lambda s: [ord(c) for c in s], "Hi", "tara", ("Yo", [])) == now
+
+
 def test_prompt_without_voice_has_no_prefix():
     assert orpheus.encode_prompt(lambda s: [ord(c) for c in s], "Hi", None)[2:4] == [72, 105]
 

@@ -122,10 +122,16 @@ class SpeechEngine:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         return cls(llm, tokenizer, settings)
 
-    def prompt(self, text: str, voice: Voice) -> list[int]:
-        """The Orpheus prompt token ids for ``text`` in ``voice``."""
+    def prompt(
+        self, text: str, voice: Voice, context: tuple[str, list[orpheus.Frame]] | None = None
+    ) -> list[int]:
+        """The Orpheus prompt token ids for ``text`` in ``voice``, after ``context`` (an earlier
+        segment's text and frames) if given."""
         return orpheus.encode_prompt(
-            lambda s: self.tokenizer.encode(s, add_special_tokens=False), text, voice.prompt_name()
+            lambda s: self.tokenizer.encode(s, add_special_tokens=False),
+            text,
+            voice.prompt_name(),
+            context,
         )
 
     def sampling(self, text: str, seed: int | None, prompt_tokens: int) -> SamplingOptions:

@@ -63,9 +63,22 @@ def build_prompt(text_token_ids: Sequence[int]) -> list[int]:
     return [START_OF_HUMAN, BEGIN_OF_TEXT, *text_token_ids, *PROMPT_SUFFIX]
 
 
-def encode_prompt(tokenize: Callable[[str], list[int]], text: str, voice: str | None) -> list[int]:
-    """Token ids of the prompt for ``text`` spoken by ``voice`` (``None``: no voice prefix)."""
-    return build_prompt(tokenize(prompt_text(text, voice)))
+def encode_prompt(
+    tokenize: Callable[[str], list[int]],
+    text: str,
+    voice: str | None,
+    context: tuple[str, Sequence[Frame]] | None = None,
+) -> list[int]:
+    """Token ids of the prompt for ``text`` spoken by ``voice`` (``None``: no voice prefix).
+
+    ``context``: an earlier turn (its text and the frames spoken for it) placed before the
+    prompt as a finished exchange, so the new speech continues its voice and pace.
+    """
+    prompt = build_prompt(tokenize(prompt_text(text, voice)))
+    if context is None or not context[1]:
+        return prompt
+    context_text, frames = context
+    return [*training_sequence(tokenize(prompt_text(context_text, voice)), frames), *prompt]
 
 
 def audio_token_id(position: int, code: int) -> int:
