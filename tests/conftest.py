@@ -121,6 +121,10 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
     env = dev_env(
         VOICEHOST_JOBS_DIR=str(root / "jobs"),
         VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_WS_IDLE_TIMEOUT_SECONDS="3",
+        # the dev model says ~90 frames whatever the text: few, long segments keep tests short
+        VOICEHOST_SEGMENT_MAX_CHARS="900",
+        VOICEHOST_SEGMENT_PREFETCH="8",
         VOICEHOST_MAX_UPLOAD_MB="20",
     )
     command = [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(port)]

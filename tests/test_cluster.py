@@ -2,6 +2,7 @@
 over real HTTP. The tests run in order; the last ones kill and drain the workers."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -202,6 +203,28 @@ async def test_a_session_stays_on_one_worker(cluster, http):
     assert len(served) == 1
     ttl = cluster.redis.client().ttl("vh:session:call-42")
     assert 0 < ttl <= 600
+
+
+async def test_a_realtime_socket_is_relayed_to_the_voices_owner(cluster, http):
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice = two_per_worker(owner)[0]
+    url = cluster.gateway.url + "/v1/audio/speech/ws"
+    async with http.ws_connect(url) as ws:
+        await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+        await ws.send_json({"type": "text", "text": "Through the gateway."})
+        await ws.send_json({"type": "end"})
+        events, audio = [], 0
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                audio += len(message.data)
+            else:
+                events.append(json.loads(message.data)["type"])
+    assert events == ["ready", "segment.started", "segment.done", "done"]
+    assert audio > 0 and audio % 4096 == 0
+    async with http.ws_connect(url) as ws:  # a voice that does not exist: refused at the gateway
+        await ws.send_json({"type": "config", "voice": "nobody"})
+        message = await ws.receive(timeout=30)
+        assert json.loads(message.data)["error"]["code"] == "voice_not_found"
 
 
 async def test_every_key_but_the_registry_records_expires(cluster):

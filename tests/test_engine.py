@@ -66,9 +66,10 @@ def test_each_adapter_keeps_one_lora_id_for_the_engine_life():
 
 
 def test_text_that_cannot_fit_the_context_is_refused():
-    engine = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True, max_model_len=512))
-    with pytest.raises(InputTooLong, match="max_model_len is 512"):
-        engine.sampling("word " * 40, seed=None, prompt_tokens=210)
+    small = Settings(dev=True, max_model_len=1024, segment_max_chars=80, continuity_frames=0)
+    engine = SpeechEngine(llm=None, tokenizer=None, settings=small)
+    with pytest.raises(InputTooLong, match="max_model_len is 1024"):
+        engine.sampling("word " * 100, seed=None, prompt_tokens=210)
 
 
 def test_max_tokens_follows_the_text_and_the_context_left():
@@ -88,3 +89,11 @@ def test_the_engine_wraps_only_the_modules_voice_adapters_may_target():
     assert sorted(args.lora_target_modules) == sorted(LORA_TARGET_MODULES)
     assert "lm_head" not in args.lora_target_modules
     assert args.enable_lora and args.max_loras == Settings(dev=True).max_loras
+
+
+def test_settings_refuse_segments_that_cannot_fit_the_context():
+    assert Settings(segment_max_chars=900).segment_max_chars == 900
+    with pytest.raises(ValueError, match="lower segment_max_chars"):
+        Settings(segment_max_chars=1000)
+    with pytest.raises(ValueError, match="lower segment_max_chars"):
+        Settings(max_model_len=2048)  # 300 characters need more

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from voicehost import orpheus
 from voicehost.devmodel import DevModelPaths
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
@@ -47,7 +48,24 @@ class Settings(BaseSettings):
     # HTTP
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8080, description="Port to bind.")
-    max_input_chars: int = Field(4096, description="Longest accepted input (413 beyond).")
+    max_input_chars: int = Field(100_000, description="Longest accepted input (413 beyond).")
+    ws_idle_timeout_seconds: float = Field(
+        30.0, gt=0, description="A WebSocket with no message and nothing to speak is closed."
+    )
+
+    # Text
+    segment_max_chars: int = Field(
+        300, ge=80, description="Longest text segment; longer input is split at sentences."
+    )
+    continuity_frames: int = Field(
+        48, ge=0, description="Frames of the previous segment a segment's prompt carries."
+    )
+    segment_prefetch: int = Field(
+        1, ge=1, description="Segments of a long input generated at once when continuity is off."
+    )
+    trim_threshold_db: float = Field(
+        -45.0, description="Level under which leading audio is trimmed (trim_silence)."
+    )
 
     # Engine
     quantization: str = Field(
@@ -118,7 +136,24 @@ class Settings(BaseSettings):
     codec_threads: int | None = Field(
         None, ge=1, description="CPU threads for SNAC on CPU (auto: half the cores)."
     )
+    codec_cuda_graphs: bool = Field(
+        True, description="On a GPU, replay SNAC calls from CUDA graphs of bucketed shapes."
+    )
     codec_noise: bool = Field(True, description="Keep SNAC's decoder noise (as trained).")
+
+    @model_validator(mode="after")
+    def _segments_fit_the_context(self) -> Settings:
+        """A segment of ``segment_max_chars`` must fit: the speech it needs, its text and the
+        previous segment's carried in the prompt (at worst a token per character)."""
+        chars = self.segment_max_chars
+        needed = orpheus.min_audio_tokens("x" * chars) + 2 * chars + 7 * self.continuity_frames
+        if needed + 32 > self.max_model_len:
+            raise ValueError(
+                f"segment_max_chars {chars} needs up to {needed + 32} tokens of context with "
+                f"continuity_frames {self.continuity_frames}; max_model_len is "
+                f"{self.max_model_len}: lower segment_max_chars"
+            )
+        return self
 
     def served_model(self) -> str:
         """The weights to load: the dev model's directory or the configured model."""

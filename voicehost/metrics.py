@@ -38,6 +38,19 @@ class SpeechMetrics:
             registry=r,
         )
         self.audio_seconds = Counter("voicehost_audio_seconds", "Audio produced.", registry=r)
+        self.stall_flushes = Counter(
+            "voicehost_stall_flushes",
+            "Held frames decoded early: the engine went quiet as the listener's lead ran out.",
+            registry=r,
+        )
+        self.segments = Counter(
+            "voicehost_segments", "Text segments spoken (long inputs are split).", registry=r
+        )
+        self.trimmed_seconds = Counter(
+            "voicehost_trimmed_leading_seconds",
+            "Near-silent audio dropped from the start of streams that asked for it.",
+            registry=r,
+        )
         self.errors = Counter("voicehost_errors", "Errors by kind.", ["kind"], registry=r)
         self.engine_requests = Gauge(
             "voicehost_engine_unfinished_requests", "Requests held by the vLLM engine.", registry=r

@@ -164,6 +164,7 @@ class Runtime:
             device=s.codec_device,
             noise=s.codec_noise,
             threads=s.codec_threads,
+            cuda_graphs=s.codec_cuda_graphs,
         )
         self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
         synthesizer = Synthesizer(

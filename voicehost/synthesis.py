@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -13,9 +16,139 @@ from voicehost import orpheus
 from voicehost.codec import DecodeScheduler, FrameDecoder
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
+from voicehost.text import Segment, normalize
 from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
+
+STALLED = None  # what ``paced`` yields when held frames are due and the engine has said nothing
+
+
+async def paced(
+    deltas: AsyncIterator[list[int]], due_in: Callable[[], float | None]
+) -> AsyncIterator[list[int] | None]:
+    """The engine's deltas, and ``STALLED`` whenever ``due_in()`` seconds pass without one.
+
+    A task reads the engine, so waiting with a timeout never cancels the engine's generator
+    (that would abort the request); closing this iterator cancels the reader, which does.
+    """
+    queue: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for delta in deltas:
+                queue.put_nowait(delta)
+            queue.put_nowait(None)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    reader = asyncio.create_task(read(), name="engine-deltas")
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(due_in()):
+                    item = await queue.get()
+            except TimeoutError:
+                yield STALLED
+                continue
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        reader.cancel()
+        with suppress(asyncio.CancelledError):
+            await reader
+
+
+@dataclass
+class Continuity:
+    """What the next segment's prompt carries of the previous one, so a long text keeps one
+    voice and pace: the previous segment's last ``max_frames`` frames and (about) the words
+    spoken in them. ``max_frames`` 0: nothing."""
+
+    max_frames: int
+    text: str = ""
+    frames: list[orpheus.Frame] = field(default_factory=list)
+
+    def context(self) -> tuple[str, list[orpheus.Frame]] | None:
+        return (self.text, self.frames) if self.max_frames and self.frames else None
+
+    def remember(self, text: str, frames: list[orpheus.Frame]) -> None:
+        kept = frames[-self.max_frames :] if self.max_frames else []
+        if kept and len(kept) < len(frames):
+            # the same share of the text as of the frames, from the start of a word
+            cut = len(text) - len(text) * len(kept) // len(frames)
+            space = text.find(" ", cut)
+            text = text[space + 1 :] if space >= 0 else text[cut:]
+        self.text, self.frames = text.strip(), kept
+
+
+class LeadingSilenceTrim:
+    """Drops the near-silent audio at the very start of a stream: everything before the 10 ms
+    block ahead of the first one louder than ``threshold_db`` (RMS, dBFS; blocks counted from
+    each chunk's start), and never more than ``max_seconds``."""
+
+    BLOCK = orpheus.SAMPLE_RATE // 100
+
+    def __init__(self, threshold_db: float, max_seconds: float = 1.0) -> None:
+        self.threshold = 10 ** (threshold_db / 20)
+        self.budget = int(max_seconds * orpheus.SAMPLE_RATE)
+        self.dropped = 0  # samples
+        self.done = False
+
+    def __call__(self, pcm: np.ndarray) -> np.ndarray:
+        """The part of ``pcm`` to play (empty while the stream is still silent)."""
+        if self.done or not pcm.size:
+            return pcm
+        room = self.budget - self.dropped
+        head = pcm[:room]
+        loud = next(
+            (
+                i
+                for i in range(0, head.size, self.BLOCK)
+                if np.sqrt(np.mean(np.square(head[i : i + self.BLOCK]))) > self.threshold
+            ),
+            None,
+        )
+        if loud is not None:
+            cut = max(0, loud - self.BLOCK)
+        elif pcm.size >= room:
+            cut = room  # a second of silence: trim no further
+        else:
+            self.dropped += pcm.size
+            return pcm[:0]
+        self.dropped += cut
+        self.done = True
+        return pcm[cut:]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakOptions:
+    """How a text of one or more segments is spoken."""
+
+    seed: int | None = None
+    normalize: bool = True
+    continuity_frames: int = 0
+    prefetch: int = 1  # segments generated at once when continuity is off
+    trim_db: float | None = None  # drop leading silence quieter than this (None: keep it)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStarted:
+    index: int
+    segment: Segment
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentDone:
+    index: int
+    segment: Segment
+    samples: int
+
+
+SpeechEvent = SegmentStarted | np.ndarray | SegmentDone
 
 
 class Synthesizer:
@@ -36,13 +169,120 @@ class Synthesizer:
         self.max_chunk = max_chunk
         self.active = 0  # streams in progress, reported to the cluster as this worker's load
 
+    async def speak(
+        self, segments: AsyncIterator[Segment], voice: Voice, options: SpeakOptions
+    ) -> AsyncIterator[SpeechEvent]:
+        """Speak segments in order as one stream: for each, ``SegmentStarted``, its PCM chunks,
+        ``SegmentDone``. Segments with nothing to say (no letter, digit or tag) are skipped.
+        Closing the iterator aborts the engine requests in progress."""
+        trim = LeadingSilenceTrim(options.trim_db) if options.trim_db is not None else None
+        async with aclosing(self._generated(segments, voice, options)) as generated:
+            async for index, segment, chunks in generated:
+                self.metrics.segments.inc()
+                yield SegmentStarted(index, segment)
+                samples = 0
+                async for pcm in chunks:
+                    if trim is not None and not trim.done:
+                        pcm = trim(pcm)
+                        if trim.done:
+                            self.metrics.trimmed_seconds.inc(trim.dropped / orpheus.SAMPLE_RATE)
+                    if pcm.size:
+                        samples += pcm.size
+                        yield pcm
+                yield SegmentDone(index, segment, samples)
+
+    async def _generated(
+        self, segments: AsyncIterator[Segment], voice: Voice, options: SpeakOptions
+    ) -> AsyncIterator[tuple[int, Segment, AsyncIterator[np.ndarray]]]:
+        """The segments to speak, in order, each with its PCM as it is generated.
+
+        Up to ``options.prefetch`` segments are generated at once (batched by the engine) and
+        held until played; with continuity one at a time, as each prompt needs the frames of
+        the segment before.
+        """
+        continuity = Continuity(options.continuity_frames)
+        slots = asyncio.Semaphore(1 if options.continuity_frames else max(1, options.prefetch))
+        order: asyncio.Queue[tuple[int, Segment, asyncio.Queue[Any]] | BaseException | None]
+        order = asyncio.Queue()
+        producers: list[asyncio.Task[None]] = []
+
+        async def produce(text: str, seed: int | None, out: asyncio.Queue[Any]) -> None:
+            try:
+                async with aclosing(self.stream(text, voice, seed, continuity)) as chunks:
+                    async for pcm in chunks:
+                        out.put_nowait(pcm)
+                out.put_nowait(None)
+            except Exception as exc:
+                out.put_nowait(exc)
+
+        async def feed() -> None:
+            try:
+                index = 0
+                async for segment in segments:
+                    text = normalize(segment.text) if options.normalize else segment.text
+                    if not any(ch.isalnum() for ch in text):
+                        continue
+                    await slots.acquire()  # released once the segment has been played
+                    out: asyncio.Queue[Any] = asyncio.Queue()
+                    seed = None if options.seed is None else options.seed + index
+                    producers.append(asyncio.create_task(produce(text, seed, out)))
+                    order.put_nowait((index, segment, out))
+                    index += 1
+                order.put_nowait(None)
+            except Exception as exc:
+                order.put_nowait(exc)
+
+        async def played(out: asyncio.Queue[Any]) -> AsyncIterator[np.ndarray]:
+            while (item := await out.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+        feeder = asyncio.create_task(feed(), name="segment-feeder")
+        try:
+            while (item := await order.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                index, segment, out = item
+                yield index, segment, played(out)
+                slots.release()
+        finally:
+            for task in (feeder, *producers):
+                task.cancel()
+            await asyncio.gather(feeder, *producers, return_exceptions=True)
+
     async def stream(
-        self, text: str, voice: Voice, seed: int | None = None
+        self,
+        text: str,
+        voice: Voice,
+        seed: int | None = None,
+        continuity: Continuity | None = None,
     ) -> AsyncIterator[np.ndarray]:
-        """Yield PCM chunks in order; closing the iterator aborts the engine request."""
+        """Yield PCM chunks in order; closing the iterator aborts the engine request.
+
+        ``continuity``: the prompt carries its context, and it remembers this text's frames
+        once the stream has ended.
+        """
         started = time.monotonic()
-        prompt = self.engine.prompt(text, voice)
+        prompt = self.engine.prompt(text, voice, continuity.context() if continuity else None)
         options = self.engine.sampling(text, seed, len(prompt))
+        deltas = self.engine.audio_tokens(prompt, voice, options)
+        frames: list[orpheus.Frame] = []
+        async with aclosing(self.play(deltas, started, frames)) as chunks:
+            async for pcm in chunks:
+                yield pcm
+        if continuity is not None:
+            continuity.remember(text, frames)
+
+    async def play(
+        self,
+        deltas: AsyncIterator[list[int]],
+        started: float,
+        keep: list[orpheus.Frame] | None = None,
+    ) -> AsyncIterator[np.ndarray]:
+        """Audio token deltas -> frames (appended to ``keep``) -> PCM chunks, in order; closing
+        the iterator closes ``deltas``. While the engine is quiet, frames held for a bigger
+        window are decoded before the listener's lead runs out."""
         assembler = orpheus.FrameAssembler()
         decoder = FrameDecoder(self.scheduler, self.lookahead, self.max_chunk)
         first_audio: float | None = None
@@ -50,14 +290,20 @@ class Synthesizer:
         self.metrics.active_streams.inc()
         self.active += 1
         try:
-            async with aclosing(self.engine.audio_tokens(prompt, voice, options)) as deltas:
-                async for delta in deltas:
-                    tokens += len(delta)
-                    self.metrics.audio_tokens.inc(len(delta))
-                    frames = assembler.push(delta)
-                    if not frames:
-                        continue
-                    pcm = await decoder.push(frames)
+            async with aclosing(paced(deltas, decoder.due_in)) as paced_deltas:
+                async for delta in paced_deltas:
+                    if delta is STALLED:
+                        pcm = await decoder.flush()
+                        self.metrics.stall_flushes.inc()
+                    else:
+                        tokens += len(delta)
+                        self.metrics.audio_tokens.inc(len(delta))
+                        frames = assembler.push(delta)
+                        if not frames:
+                            continue
+                        if keep is not None:
+                            keep.extend(frames)
+                        pcm = await decoder.push(frames)
                     if pcm.size:
                         first_audio = first_audio or self._first_audio(started)
                         yield pcm

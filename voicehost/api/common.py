@@ -6,12 +6,14 @@ from typing import Protocol
 
 from aiohttp import web
 
-from voicehost.api.schemas import ErrorDetail, ErrorResponse
+from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions
+from voicehost.audio import UnsupportedAudio, output_rate
 from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
 from voicehost.runtime import Runtime
-from voicehost.voices import VoiceDirectory
+from voicehost.synthesis import SpeakOptions
+from voicehost.voices import Voice, VoiceDirectory
 
 
 class VoiceService(Protocol):
@@ -40,3 +42,32 @@ class ApiError(Exception):
 def error_response(status: int, code: str, message: str) -> web.Response:
     body = ErrorResponse(error=ErrorDetail(code=code, message=message))
     return web.json_response(body.model_dump(), status=status)
+
+
+def check_audio_options(body: SpeechOptions) -> int:
+    """The output sample rate of ``body``'s format and rate; 400 if they cannot be served."""
+    try:
+        return output_rate(body.response_format, body.sample_rate)
+    except UnsupportedAudio as exc:
+        raise ApiError(400, "unsupported_format", str(exc)) from exc
+
+
+def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
+    return SpeakOptions(
+        seed=body.seed,
+        normalize=body.normalize,
+        continuity_frames=settings.continuity_frames if body.continuity else 0,
+        prefetch=settings.segment_prefetch,
+        trim_db=settings.trim_threshold_db if body.trim_silence else None,
+    )
+
+
+async def find_voice(runtime: Runtime, voice_id: str) -> Voice:
+    """The voice to speak with: 404 if there is none, 422 if its adapter is unusable."""
+    voice = await runtime.registry.find(voice_id)
+    if voice is None:
+        broken = runtime.registry.broken(voice_id)
+        if broken is not None:
+            raise ApiError(422, "voice_unusable", f"voice {voice_id!r} is unusable: {broken}")
+        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    return voice

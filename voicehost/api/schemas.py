@@ -6,26 +6,66 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SUPPORTED_FORMATS = ("pcm", "wav")
-PLANNED_FORMATS = ("mp3", "opus", "aac", "flac", "mulaw", "alaw")
+FORMATS_HELP = (
+    "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
+)
 
 
-class SpeechRequest(BaseModel):
-    """``POST /v1/audio/speech``: OpenAI's fields, plus ``seed``."""
+class SpeechOptions(BaseModel):
+    """What both speech endpoints take besides the text: voice, audio format and options."""
 
     model_config = ConfigDict(extra="ignore")
+
+    voice: str = Field(description="A voice id from GET /v1/audio/voices.")
+    response_format: str = Field("wav", description=FORMATS_HELP)
+    sample_rate: int | None = Field(
+        None,
+        description="8000, 16000, 22050, 24000, 44100 or 48000 (default 24000; mulaw/alaw 8000).",
+    )
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="Sampling seed: same seed, same audio."
+    )
+    normalize: bool = Field(
+        True, description="Speak numbers, dates, currency and abbreviations as words."
+    )
+    trim_silence: bool = Field(
+        False, description="Drop near-silent audio at the very start (at most 1 s)."
+    )
+    continuity: bool = Field(
+        True, description="Each segment of a long text hears the end of the one before."
+    )
+
+
+class SpeechRequest(SpeechOptions):
+    """``POST /v1/audio/speech``: OpenAI's fields, plus the options above."""
 
     model: str = Field(
         "orpheus", description="Accepted for OpenAI compatibility; one model is served."
     )
-    input: str = Field(description="The text to speak.")
-    voice: str = Field(description="A voice id from GET /v1/audio/voices.")
-    response_format: str = Field("wav", description="pcm (24 kHz s16le mono) or wav.")
+    input: str = Field(description="The text to speak, of any length up to max_input_chars.")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="Playback speed; only 1.0 for now.")
     stream_format: Literal["audio", "sse"] = Field("audio", description="Raw audio or SSE events.")
-    seed: int | None = Field(
-        None, ge=0, lt=2**63, description="Sampling seed: same seed, same audio."
-    )
+
+
+class RealtimeConfig(SpeechOptions):
+    """The first message on ``/v1/audio/speech/ws``."""
+
+    type: Literal["config"]
+    response_format: str = Field("pcm", description=FORMATS_HELP)
+
+
+class RealtimeText(BaseModel):
+    """A piece of text, as it comes (a word, a token, a sentence)."""
+
+    type: Literal["text"]
+    text: str = Field(max_length=65536)
+
+
+class RealtimeControl(BaseModel):
+    """``flush``: speak the text buffered so far; ``end``: no more text, finish and close;
+    ``cancel``: stop at once (barge-in) and drop what is buffered."""
+
+    type: Literal["flush", "end", "cancel"]
 
 
 class VoiceInfo(BaseModel):

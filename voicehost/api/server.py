@@ -14,24 +14,29 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
+from voicehost.api import realtime
 from voicehost.api import voices as voice_routes
-from voicehost.api.common import RUNTIME, SERVICE, ApiError, error_response
-from voicehost.api.schemas import (
-    PLANNED_FORMATS,
-    SUPPORTED_FORMATS,
-    SpeechRequest,
-    VoiceInfo,
-    VoiceList,
+from voicehost.api.common import (
+    RUNTIME,
+    SERVICE,
+    ApiError,
+    check_audio_options,
+    error_response,
+    find_voice,
+    speak_options,
 )
-from voicehost.audio import to_pcm16, wav_header
+from voicehost.api.schemas import SpeechRequest, VoiceInfo, VoiceList
+from voicehost.audio import AudioEncoder, content_type
 from voicehost.config import Settings
 from voicehost.engine import InputTooLong
+from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import NotReady, Runtime
+from voicehost.synthesis import SpeechEvent
+from voicehost.text import Segment, split_text
 
 log = logging.getLogger(__name__)
 
 Body = TypeVar("Body", bound=BaseModel)
-CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav"}
 WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
 
 
@@ -87,16 +92,20 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
             "input_too_long",
             f"input has {len(body.input)} characters; the limit is {max_chars}",
         )
-    if body.response_format not in SUPPORTED_FORMATS:
-        planned = " (not supported yet)" if body.response_format in PLANNED_FORMATS else ""
-        raise ApiError(
-            400,
-            "unsupported_format",
-            f"response_format {body.response_format!r}{planned}; "
-            f"use one of {', '.join(SUPPORTED_FORMATS)}",
-        )
+    check_audio_options(body)
     if body.speed != 1.0:
         raise ApiError(400, "unsupported_speed", "only speed 1.0 is supported for now")
+
+
+async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
+    for segment in segments:
+        yield segment
+
+
+async def audio_only(events: AsyncIterator[SpeechEvent]) -> AsyncIterator[np.ndarray]:
+    async for event in events:
+        if isinstance(event, np.ndarray):
+            yield event
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -104,13 +113,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, runtime.settings.max_input_chars)
     synthesizer = runtime.require_synthesizer()
-    voice = await runtime.registry.find(body.voice)
-    if voice is None:
-        broken = runtime.registry.broken(body.voice)
-        if broken is not None:
-            raise ApiError(422, "voice_unusable", f"voice {body.voice!r} is unusable: {broken}")
-        raise ApiError(404, "voice_not_found", f"voice {body.voice!r} does not exist")
-    async with aclosing(synthesizer.stream(body.input, voice, body.seed)) as chunks:
+    voice = await find_voice(runtime, body.voice)
+    segments = split_text(body.input, runtime.settings.segment_max_chars)
+    events = synthesizer.speak(each(segments), voice, speak_options(body, runtime.settings))
+    async with aclosing(events), aclosing(audio_only(events)) as chunks:
         try:
             first = await anext(chunks)
         except InputTooLong as exc:
@@ -121,31 +127,29 @@ async def speech(request: web.Request) -> web.StreamResponse:
             runtime.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
+        encoder = AudioEncoder(body.response_format, body.sample_rate)
         if body.stream_format == "sse":
-            return await send_sse(request, body.response_format, first, chunks)
-        return await send_audio(request, body.response_format, first, chunks)
-
-
-def opening_bytes(fmt: str, first: np.ndarray) -> bytes:
-    """The first chunk of a stream: the WAV header (for wav) and the first samples."""
-    return (wav_header() if fmt == "wav" else b"") + to_pcm16(first)
+            return await send_sse(request, encoder, first, chunks)
+        return await send_audio(request, encoder, first, chunks)
 
 
 async def send_audio(
-    request: web.Request, fmt: str, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request, encoder: AudioEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt]})
+    response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt)})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    await response.write(opening_bytes(fmt, first))
+    await response.write(encoder.encode(first))
     async for pcm in rest:
-        await response.write(to_pcm16(pcm))
+        if data := encoder.encode(pcm):
+            await response.write(data)
+    await response.write(encoder.finish())
     await response.write_eof()
     return response
 
 
 async def send_sse(
-    request: web.Request, fmt: str, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request, encoder: AudioEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -155,15 +159,18 @@ async def send_sse(
     async def event(payload: dict[str, object]) -> None:
         await response.write(f"data: {json.dumps(payload)}\n\n".encode())
 
+    async def audio(data: bytes) -> None:
+        if data:
+            await event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+
     samples = first.size
-    audio = opening_bytes(fmt, first)
-    await event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode()})
+    await audio(encoder.encode(first))
     async for pcm in rest:
         samples += pcm.size
-        await event(
-            {"type": "speech.audio.delta", "audio": base64.b64encode(to_pcm16(pcm)).decode()}
-        )
-    await event({"type": "speech.audio.done", "samples": samples})
+        await audio(encoder.encode(pcm))
+    await audio(encoder.finish())
+    rate = encoder.sample_rate
+    await event({"type": "speech.audio.done", "samples": round(samples * rate / SAMPLE_RATE)})
     await response.write_eof()
     return response
 
@@ -225,10 +232,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_public_routes(
-    app: web.Application, speak: Handler, health: Handler, ready: Handler
+    app: web.Application, speak: Handler, speak_ws: Handler, health: Handler, ready: Handler
 ) -> None:
     """The public API, the same on ``serve``, a worker and a gateway (which speaks by proxy)."""
     app.router.add_post("/v1/audio/speech", speak)
+    app.router.add_get("/v1/audio/speech/ws", speak_ws)
     app.router.add_get("/v1/audio/voices", list_voices)
     app.router.add_get("/v1/voices", list_voices)
     voice_routes.add_routes(app)
@@ -261,7 +269,7 @@ def create_app(settings: Settings, worker: bool = False) -> web.Application:
         await app[RUNTIME].close()
 
     app.cleanup_ctx.append(runtime_ctx)
-    add_public_routes(app, speech, healthz, readyz)
+    add_public_routes(app, speech, realtime.speech_ws, healthz, readyz)
     app.router.add_get("/internal/load", worker_load)
     app.router.add_post("/internal/drain", drain)
     return app

@@ -11,6 +11,7 @@ and the shared store.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,7 +21,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from voicehost.api.common import SERVICE, ApiError, error_response
+from voicehost.api.common import SERVICE, ApiError, check_audio_options, error_response
+from voicehost.api.realtime import MAX_MESSAGE_BYTES, ProtocolError, error_event, read_config
 from voicehost.api.schemas import SpeechRequest
 from voicehost.api.server import (
     WORKER_HEADER,
@@ -248,6 +250,75 @@ async def _end_cut_stream(
         request.transport.close()
 
 
+async def speech_ws(request: web.Request) -> web.StreamResponse:
+    """Relay a realtime socket to the worker its voice routes to (read from the config)."""
+    gateway = request.app[GATEWAY]
+    assert gateway.client is not None
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
+    await ws.prepare(request)
+    try:
+        config = await read_config(ws, gateway.settings.ws_idle_timeout_seconds)
+        try:
+            check_audio_options(config)
+        except ApiError as exc:
+            raise ProtocolError(exc.code, exc.message) from exc
+        if await gateway.registry.find(config.voice) is None:
+            raise ProtocolError("voice_not_found", f"voice {config.voice!r} does not exist")
+        worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
+        if worker is None:
+            raise ProtocolError("no_workers", "no worker is available; try again shortly")
+        try:
+            upstream = await gateway.client.ws_connect(
+                f"{worker.url}/v1/audio/speech/ws", max_msg_size=MAX_MESSAGE_BYTES
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ProtocolError("upstream_failed", f"{worker.worker_id}: {exc}") from exc
+    except ProtocolError as exc:
+        with suppress(ConnectionError):
+            await ws.send_str(json.dumps(error_event(exc.code, exc.message)))
+            await ws.close(code=1008, message=exc.code.encode())
+        return ws
+    gateway.in_flight[worker.worker_id] += 1
+    try:
+        await upstream.send_str(config.model_dump_json())
+        await _relay_sockets(ws, upstream)
+    finally:
+        gateway.in_flight[worker.worker_id] -= 1
+        await upstream.close()
+    return ws
+
+
+async def _relay_sockets(
+    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+) -> None:
+    """Copy messages both ways until either side closes; then close the other."""
+
+    async def pump(
+        source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+        sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    ) -> None:
+        async for message in source:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await sink.send_str(message.data)
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+        if not sink.closed:
+            await sink.close()
+
+    tasks = [
+        asyncio.create_task(pump(client, upstream)),
+        asyncio.create_task(pump(upstream, client)),
+    ]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if not client.closed:
+            await client.close()
+
+
 async def cluster_view(request: web.Request) -> web.Response:
     """``GET /v1/cluster``: the workers this gateway routes to, and its own streams in flight."""
     gateway = request.app[GATEWAY]
@@ -301,7 +372,7 @@ def create_gateway_app(settings: Settings) -> web.Application:
             await gateway.close()
 
     app.cleanup_ctx.append(lifecycle)
-    add_public_routes(app, speech, healthz, readyz)
+    add_public_routes(app, speech, speech_ws, healthz, readyz)
     app.router.add_get("/v1/cluster", cluster_view)
     app.router.add_post("/v1/cluster/route", route)
     return app

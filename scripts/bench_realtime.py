@@ -1,0 +1,204 @@
+"""Realtime input streaming: when does speech start, and what does continuity cost?
+
+Against a running server (``--url``) or its own ``voicehost serve --dev`` (``--start-server``),
+in one run, rounds interleaved so the machine's noise hits every variant alike:
+
+1. **WebSocket, text as an LLM streams it**: the words of a paragraph sent one by one at
+   ``--words-per-second``; time from the first piece sent to the first audio byte.
+2. **HTTP, the same text whole**: time to the first byte of ``POST /v1/audio/speech``. An agent
+   that waits for the whole text before calling it also waits for the LLM to finish: that sum is
+   reported too.
+3. **Continuity**: the same multi-sentence text over the WebSocket (all sent at once), with
+   ``continuity`` on and off: time from each later segment's ``segment.started`` to its first
+   audio (prefill of the longer prompt), and the prompt tokens the context adds (estimated from
+   the previous segment's frames: 7 per frame carried, plus its words and 9 special tokens).
+
+The last line of output is one JSON object with every figure.
+
+    python scripts/bench_realtime.py --start-server [--rounds 5] [--words-per-second 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from voicehost import orpheus
+from voicehost.bench import percentile, start_server, stop_server, wait_ready
+
+WORDS = (
+    "we walked along the river and talked about the weather while the evening light "
+    "turned the water gold and a few boats drifted slowly past the old stone bridge"
+).split()
+
+
+def paragraph(sentences: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(sentences):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(8, 16))]
+        words[rng.randint(3, len(words) - 3)] += ","
+        out.append(" ".join(words).capitalize() + ".")
+    return " ".join(out)
+
+
+async def ws_first_audio(
+    session: aiohttp.ClientSession, url: str, text: str, words_per_second: float, voice: str
+) -> float:
+    """Seconds from the first word sent to the first audio byte, words sent at the given rate."""
+    async with session.ws_connect(url.replace("http", "ws", 1) + "/v1/audio/speech/ws") as ws:
+        await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+        assert json.loads((await ws.receive()).data)["type"] == "ready"
+        first: list[float] = []
+
+        async def send() -> None:
+            for i, word in enumerate(text.split(" ")):
+                if not first:
+                    await ws.send_json({"type": "text", "text": word if i == 0 else " " + word})
+                await asyncio.sleep(1 / words_per_second)
+            await ws.send_json({"type": "end"})
+
+        started = time.monotonic()
+        sender = asyncio.create_task(send())
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY and not first:
+                first.append(time.monotonic() - started)
+                sender.cancel()
+                break
+        await asyncio.gather(sender, return_exceptions=True)
+        return first[0]
+
+
+async def http_first_byte(session: aiohttp.ClientSession, url: str, text: str, voice: str) -> float:
+    started = time.monotonic()
+    body = {"input": text, "voice": voice, "response_format": "pcm"}
+    async with session.post(url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 200, await response.text()
+        await response.content.readany()
+        return time.monotonic() - started
+
+
+async def segment_first_audio(
+    session: aiohttp.ClientSession, url: str, text: str, voice: str, continuity: bool, seed: int
+) -> tuple[list[float], list[int]]:
+    """Per later segment: seconds from ``segment.started`` to its first audio, and the prompt
+    tokens its context adds (estimated)."""
+    async with session.ws_connect(url.replace("http", "ws", 1) + "/v1/audio/speech/ws") as ws:
+        config = {"type": "config", "voice": voice, "response_format": "pcm"}
+        await ws.send_json({**config, "continuity": continuity, "seed": seed})
+        await ws.send_json({"type": "text", "text": text})
+        await ws.send_json({"type": "end"})
+        waits: list[float] = []
+        added: list[int] = []
+        segment_started: float | None = None
+        previous: dict[str, Any] | None = None
+        index = -1
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                if segment_started is not None and index > 0:
+                    waits.append(time.monotonic() - segment_started)
+                segment_started = None
+                continue
+            event = json.loads(message.data)
+            if event["type"] == "segment.started":
+                segment_started, index = time.monotonic(), event["segment"]
+                if index > 0 and continuity and previous is not None:
+                    frames = round(previous["audio_seconds"] / orpheus.FRAME_SECONDS)
+                    carried = min(frames, 48)
+                    words = len(previous["text"].split()) * carried // max(frames, 1)
+                    added.append(7 * carried + round(1.3 * words) + 9)
+                previous = {"text": event["text"]}
+            elif event["type"] == "segment.done" and previous is not None:
+                previous["audio_seconds"] = event["audio_seconds"]
+            elif event["type"] in ("done", "error"):
+                break
+        return waits, added
+
+
+def ms(values: list[float]) -> dict[str, float | None]:
+    return {
+        "p50": None if not values else round(1e3 * statistics.median(values), 1),
+        "p95": None if not values else round(1e3 * (percentile(values, 95) or 0), 1),
+        "mean": None if not values else round(1e3 * statistics.fmean(values), 1),
+        "n": len(values),
+    }
+
+
+async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    timeout = aiohttp.ClientTimeout(total=600)
+    ws_s: list[float] = []
+    http_s: list[float] = []
+    waits = {True: [], False: []}
+    added: list[int] = []
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for round_ in range(args.rounds):
+            text = paragraph(3, seed=round_)
+            ws_s.append(await ws_first_audio(session, url, text, args.words_per_second, args.voice))
+            http_s.append(await http_first_byte(session, url, text, args.voice))
+            long_text = paragraph(args.segments, seed=100 + round_)
+            for continuity in (True, False):
+                w, a = await segment_first_audio(
+                    session, url, long_text, args.voice, continuity, seed=round_
+                )
+                waits[continuity] += w
+                added += a
+            print(
+                f"round {round_ + 1}/{args.rounds}: ws {1e3 * ws_s[-1]:.0f} ms, "
+                f"http {1e3 * http_s[-1]:.0f} ms",
+                file=sys.stderr,
+            )
+    words = len(paragraph(3, seed=0).split())
+    llm_s = words / args.words_per_second
+    return {
+        "words_per_second": args.words_per_second,
+        "ws_first_audio_ms": ms(ws_s),
+        "http_whole_text_first_byte_ms": ms(http_s),
+        "http_after_llm_finishes_ms": ms([s + llm_s for s in http_s]),
+        "segment_first_audio_ms": {
+            "continuity": ms(waits[True]),
+            "no_continuity": ms(waits[False]),
+        },
+        "context_tokens_added_mean": round(statistics.fmean(added), 1) if added else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running server (default: start one with --start-server)")
+    parser.add_argument("--start-server", action="store_true")
+    parser.add_argument("--voice", default="dev-a")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--segments", type=int, default=4, help="sentences of the long text")
+    parser.add_argument("--words-per-second", type=float, default=15.0)
+    args = parser.parse_args()
+    if not args.url and not args.start_server:
+        parser.error("give --url or --start-server")
+    proc = None
+    url = args.url
+    if args.start_server:
+        log = Path(tempfile.mkdtemp()) / "server.log"
+        proc, url = start_server(log)
+        wait_ready(proc, url, log, timeout=600)
+    try:
+        result = asyncio.run(bench(args, url))
+    finally:
+        if proc is not None:
+            stop_server(proc)
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The pipeline from audio token deltas to PCM: pacing while the engine is quiet."""
+
+import asyncio
+import time
+
+import pytest
+from test_codec import random_frames
+
+from voicehost import orpheus
+from voicehost.codec import DecodeScheduler, SnacCodec
+from voicehost.metrics import SpeechMetrics
+from voicehost.synthesis import Synthesizer
+
+
+@pytest.fixture(scope="module")
+def codec(dev_model):
+    return SnacCodec.load(dev_model.codec, device="cpu", noise=False)
+
+
+async def stalling_engine(frames, stall_after: int, stall_seconds: float, speed: float):
+    """Token deltas of ``frames`` generated ``speed`` x faster than real time, one frame per
+    delta, with the engine silent for ``stall_seconds`` after frame ``stall_after``."""
+    for index, frame in enumerate(frames):
+        await asyncio.sleep(orpheus.FRAME_SECONDS / speed)
+        if index == stall_after:
+            await asyncio.sleep(stall_seconds)
+        yield frame.tokens()
+
+
+def test_frames_held_for_a_bigger_window_play_before_the_listener_runs_dry_in_a_stall(codec):
+    """Generated at 3x, then the engine stalls for 3 s: every decodable frame is handed out
+    while the listener still has audio queued, and the rest of the stream plays after."""
+    frames = random_frames(36, seed=21)
+    stall_after = 30
+
+    async def run():
+        synthesizer = Synthesizer(None, DecodeScheduler(codec), SpeechMetrics(), 2, 16)
+        started = time.monotonic()
+        first_audio, handed_out, chunks = None, 0.0, []
+        deltas = stalling_engine(frames, stall_after, stall_seconds=3.0, speed=3.0)
+        async for pcm in synthesizer.play(deltas, started):
+            now = time.monotonic()
+            first_audio = first_audio or now
+            lead = handed_out - (now - first_audio)  # audio still queued when this chunk came
+            chunks.append((now - started, lead, pcm.size // orpheus.SAMPLES_PER_FRAME))
+            handed_out += pcm.size / orpheus.SAMPLE_RATE
+        return synthesizer, chunks
+
+    synthesizer, chunks = asyncio.run(run())
+    assert sum(size for _, _, size in chunks) == 36
+    stall_ends = (stall_after + 1) * orpheus.FRAME_SECONDS / 3.0 + 3.0
+    before_end = [(lead, size) for at, lead, size in chunks if at < stall_ends]
+    # 30 frames came before the stall, 28 of them with their right context: all played
+    # before the stall ended, each chunk while the listener still had audio queued
+    assert sum(size for _, size in before_end) == stall_after - 2
+    assert all(lead > 0 for lead, _ in before_end[1:])
+    assert synthesizer.metrics.stall_flushes._value.get() >= 1

@@ -1,0 +1,285 @@
+"""``/v1/audio/speech/ws``: text in as it comes (an LLM's output, word by word), audio out.
+
+The protocol (see the README): the client sends a ``config`` message, then ``text`` pieces,
+``flush``, ``cancel`` and finally ``end``; the server answers ``ready``, then for each segment of
+the text ``segment.started`` (with its span in the input), the audio as binary messages and
+``segment.done``; after ``end``, ``done`` and a normal close. ``cancel`` (barge-in) stops the
+audio at once, aborts the engine request and drops the buffered text; ``cancelled`` confirms
+it, and no audio of what was cancelled follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing, suppress
+
+import numpy as np
+from aiohttp import WSMsgType, web
+from pydantic import BaseModel, ValidationError
+
+from voicehost.api.common import RUNTIME, ApiError, check_audio_options, find_voice, speak_options
+from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
+from voicehost.audio import AudioEncoder, content_type
+from voicehost.orpheus import SAMPLE_RATE
+from voicehost.runtime import Runtime
+from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.text import Segment, TextSegmenter
+from voicehost.voices import Voice
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 1 << 17
+END = None  # what the segment queue holds after the last segment
+
+
+class ProtocolError(Exception):
+    """A message the protocol does not allow; answered with an ``error`` event."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def parse(message: str, model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate_json(message)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ProtocolError("invalid_message", problems) from exc
+
+
+def parse_client_message(message: str) -> RealtimeText | RealtimeControl:
+    try:
+        kind = json.loads(message).get("type")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ProtocolError("invalid_message", "a message is a JSON object with a type") from exc
+    if kind == "text":
+        return parse(message, RealtimeText)  # type: ignore[return-value]
+    if kind in ("flush", "end", "cancel"):
+        return parse(message, RealtimeControl)  # type: ignore[return-value]
+    raise ProtocolError("invalid_message", f"unknown message type {kind!r}")
+
+
+class RealtimeSession:
+    """One socket: its text segmenter, its queue of segments and the task speaking them."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        runtime: Runtime,
+        synthesizer: Synthesizer,
+        voice: Voice,
+        config: RealtimeConfig,
+    ) -> None:
+        self.ws = ws
+        self.runtime = runtime
+        self.synthesizer = synthesizer
+        self.voice = voice
+        self.options: SpeakOptions = speak_options(config, runtime.settings)
+        self.encoder = AudioEncoder(config.response_format, config.sample_rate)
+        self.received = 0  # characters of text so far: segment spans count from the first
+        self.segmenter = TextSegmenter(max_chars=runtime.settings.segment_max_chars)
+        self.segmenter_base = 0  # where the current segmenter's offsets start
+        self.queue: asyncio.Queue[Segment | None] = asyncio.Queue()
+        self.speaker: asyncio.Task[None] | None = None
+        self.speaking = False  # a segment is being spoken
+        self.ended = False
+
+    async def send(self, payload: dict[str, object]) -> None:
+        await self.ws.send_str(json.dumps(payload))
+
+    async def run(self) -> None:
+        await self.send(
+            {
+                "type": "ready",
+                "voice": self.voice.voice_id,
+                "response_format": self.encoder.fmt,
+                "sample_rate": self.encoder.sample_rate,
+                "content_type": content_type(self.encoder.fmt),
+            }
+        )
+        self.speaker = self._start_speaker()
+        idle = self.runtime.settings.ws_idle_timeout_seconds
+        try:
+            while not self.ws.closed:
+                try:
+                    message = await self.ws.receive(timeout=idle)
+                except TimeoutError:
+                    if self._busy():
+                        continue
+                    await self.send(error_event("idle_timeout", f"no message for {idle:g} s"))
+                    await self.ws.close(message=b"idle timeout")
+                    return
+                if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    return
+                if message.type == WSMsgType.ERROR:
+                    log.info("websocket error: %s", self.ws.exception())
+                    return
+                if message.type != WSMsgType.TEXT:
+                    await self.send(error_event("invalid_message", "send text messages (JSON)"))
+                    continue
+                try:
+                    await self._handle(parse_client_message(message.data))
+                except ProtocolError as exc:
+                    await self.send(error_event(exc.code, exc.message))
+        finally:
+            await self._stop_speaker()
+
+    async def _handle(self, message: RealtimeText | RealtimeControl) -> None:
+        if self.ended:
+            raise ProtocolError("ended", "the input has ended; open a new socket")
+        if isinstance(message, RealtimeText):
+            self.received += len(message.text)
+            self._queue(self.segmenter.push(message.text))
+        elif message.type == "flush":
+            self._flush()
+        elif message.type == "end":
+            self.ended = True
+            self._flush()
+            self.queue.put_nowait(END)
+        else:
+            await self._cancel()
+
+    def _queue(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            self.queue.put_nowait(
+                dataclasses.replace(
+                    segment,
+                    start=segment.start + self.segmenter_base,
+                    end=segment.end + self.segmenter_base,
+                )
+            )
+
+    def _flush(self) -> None:
+        """Queue the buffered text; the segmenter then counts from 0 again."""
+        self._queue(self.segmenter.flush())
+        self.segmenter_base = self.received
+
+    async def _cancel(self) -> None:
+        """Barge-in: stop speaking, drop every queued segment and the buffered text."""
+        await self._stop_speaker()
+        self.queue = asyncio.Queue()
+        self.segmenter = TextSegmenter(max_chars=self.runtime.settings.segment_max_chars)
+        self.segmenter_base = self.received
+        await self.send({"type": "cancelled"})
+        self.speaker = self._start_speaker()
+
+    def _busy(self) -> bool:
+        return not self.queue.empty() or self.speaking
+
+    def _start_speaker(self) -> asyncio.Task[None]:
+        self.speaking = False
+        return asyncio.create_task(self._speak(self.queue), name="realtime-speaker")
+
+    async def _stop_speaker(self) -> None:
+        if self.speaker is not None:
+            self.speaker.cancel()
+            with suppress(asyncio.CancelledError):
+                await self.speaker
+            self.speaker = None
+
+    async def _segments(self, queue: asyncio.Queue[Segment | None]) -> AsyncIterator[Segment]:
+        while (segment := await queue.get()) is not END:
+            self.speaking = True
+            yield segment
+            self.speaking = not queue.empty()
+
+    async def _speak(self, queue: asyncio.Queue[Segment | None]) -> None:
+        """Speak queued segments until ``END``; then ``done`` and close."""
+        events = self.synthesizer.speak(self._segments(queue), self.voice, self.options)
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    await self._forward(event)
+            await self._audio(self.encoder.finish())
+            await self.send({"type": "done"})
+            await self.ws.close()
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError:
+            pass  # the client left; the socket's loop ends too
+        except Exception as exc:
+            self.runtime.metrics.errors.labels("engine").inc()
+            log.exception("realtime synthesis failed")
+            with suppress(ConnectionError):
+                await self.send(error_event("synthesis_failed", f"synthesis failed: {exc}"))
+                await self.ws.close()
+        finally:
+            self.speaking = False
+
+    async def _forward(self, event: SegmentStarted | np.ndarray | SegmentDone) -> None:
+        if isinstance(event, np.ndarray):
+            await self._audio(self.encoder.encode(event))
+        elif isinstance(event, SegmentStarted):
+            span = event.segment
+            await self.send(
+                {
+                    "type": "segment.started",
+                    "segment": event.index,
+                    "text": span.text,
+                    "start": span.start,
+                    "end": span.end,
+                }
+            )
+        else:
+            await self.send(
+                {
+                    "type": "segment.done",
+                    "segment": event.index,
+                    "samples": round(event.samples * self.encoder.sample_rate / SAMPLE_RATE),
+                    "audio_seconds": round(event.samples / SAMPLE_RATE, 4),
+                }
+            )
+
+    async def _audio(self, data: bytes) -> None:
+        if data:
+            await self.ws.send_bytes(data)
+
+
+def error_event(code: str, message: str) -> dict[str, object]:
+    return {"type": "error", "error": {"code": code, "message": message}}
+
+
+async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
+    try:
+        message = await ws.receive(timeout=idle)
+    except TimeoutError as exc:
+        raise ProtocolError("idle_timeout", f"no config within {idle:g} s") from exc
+    if message.type != WSMsgType.TEXT:
+        raise ProtocolError("invalid_message", "the first message is the JSON config")
+    try:
+        kind = json.loads(message.data).get("type")
+    except (json.JSONDecodeError, AttributeError):
+        kind = None
+    if kind != "config":
+        raise ProtocolError("invalid_message", 'the first message is {"type": "config", ...}')
+    return parse(message.data, RealtimeConfig)  # type: ignore[return-value]
+
+
+async def speech_ws(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above."""
+    runtime = request.app[RUNTIME]
+    synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
+    await ws.prepare(request)
+    try:
+        config = await read_config(ws, runtime.settings.ws_idle_timeout_seconds)
+        try:
+            check_audio_options(config)
+            voice = await find_voice(runtime, config.voice)
+        except ApiError as exc:
+            raise ProtocolError(exc.code, exc.message) from exc
+    except ProtocolError as exc:
+        with suppress(ConnectionError):
+            await ws.send_str(json.dumps(error_event(exc.code, exc.message)))
+            await ws.close(code=1008, message=exc.code.encode())
+        return ws
+    await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
+    return ws
