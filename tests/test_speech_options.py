@@ -118,8 +118,8 @@ async def counter(http, server, name: str) -> float:
 
 
 async def test_numbers_are_spoken_as_words_unless_normalisation_is_off(http, server):
-    said = {"input": "$5 since 1999.", "seed": 4, "response_format": "pcm"}
-    spelt = {**said, "input": "five dollars since nineteen ninety-nine."}
+    said = {"input": "$5.", "seed": 4, "response_format": "pcm"}
+    spelt = {**said, "input": "five dollars."}
     (_, normalised), (_, words), (_, raw) = await asyncio.gather(
         post(http, server, **said),
         post(http, server, **spelt),
@@ -146,10 +146,12 @@ def test_the_leading_silence_trim_drops_quiet_audio_up_to_the_first_sound_and_no
 
 
 async def test_trimming_drops_only_the_start_and_is_counted(http, server):
-    body = {"input": "Quiet first.", "seed": 31, "response_format": "pcm"}
-    _, whole = await post(http, server, **body)
+    body = {"input": "Quiet.", "seed": 31, "response_format": "pcm"}
     before = await counter(http, server, "voicehost_trimmed_leading_seconds_total")
-    _, trimmed = await post(http, server, **body, trim_silence=True)
+    (_, whole), (_, trimmed) = await asyncio.gather(
+        post(http, server, **body), post(http, server, **body, trim_silence=True)
+    )
     dropped = await counter(http, server, "voicehost_trimmed_leading_seconds_total") - before
-    assert whole.endswith(trimmed)
+    w, t = pcm(whole), pcm(trimmed)
+    assert t.size and same_audio(w[w.size - t.size :], t)
     assert dropped == pytest.approx((len(whole) - len(trimmed)) / 2 / 24000, abs=1e-6)

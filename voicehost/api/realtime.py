@@ -263,23 +263,42 @@ async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
     return parse(message.data, RealtimeConfig)  # type: ignore[return-value]
 
 
+async def open_socket(
+    request: web.Request, idle: float
+) -> tuple[web.WebSocketResponse, RealtimeConfig | None]:
+    """Upgrade to a WebSocket and read its config; a bad config is refused (``None``)."""
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
+    await ws.prepare(request)
+    try:
+        config = await read_config(ws, idle)
+        try:
+            check_audio_options(config)
+        except ApiError as exc:
+            raise ProtocolError(exc.code, exc.message) from exc
+    except ProtocolError as exc:
+        await refuse(ws, exc.code, exc.message)
+        return ws, None
+    return ws, config
+
+
+async def refuse(ws: web.WebSocketResponse, code: str, message: str) -> None:
+    """An ``error`` event, then a policy-violation close."""
+    with suppress(ConnectionError):
+        await ws.send_str(json.dumps(error_event(code, message)))
+        await ws.close(code=1008, message=code.encode())
+
+
 async def speech_ws(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above."""
     runtime = request.app[RUNTIME]
     synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
-    await ws.prepare(request)
+    ws, config = await open_socket(request, runtime.settings.ws_idle_timeout_seconds)
+    if config is None:
+        return ws
     try:
-        config = await read_config(ws, runtime.settings.ws_idle_timeout_seconds)
-        try:
-            check_audio_options(config)
-            voice = await find_voice(runtime, config.voice)
-        except ApiError as exc:
-            raise ProtocolError(exc.code, exc.message) from exc
-    except ProtocolError as exc:
-        with suppress(ConnectionError):
-            await ws.send_str(json.dumps(error_event(exc.code, exc.message)))
-            await ws.close(code=1008, message=exc.code.encode())
+        voice = await find_voice(runtime, config.voice)
+    except ApiError as exc:
+        await refuse(ws, exc.code, exc.message)
         return ws
     await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
     return ws

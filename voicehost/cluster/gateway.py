@@ -11,7 +11,6 @@ and the shared store.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -21,8 +20,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from voicehost.api.common import SERVICE, ApiError, check_audio_options, error_response
-from voicehost.api.realtime import MAX_MESSAGE_BYTES, ProtocolError, error_event, read_config
+from voicehost.api.common import SERVICE, ApiError, error_response
+from voicehost.api.realtime import MAX_MESSAGE_BYTES, open_socket, refuse
 from voicehost.api.schemas import SpeechRequest
 from voicehost.api.server import (
     WORKER_HEADER,
@@ -254,29 +253,22 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     """Relay a realtime socket to the worker its voice routes to (read from the config)."""
     gateway = request.app[GATEWAY]
     assert gateway.client is not None
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
-    await ws.prepare(request)
+    ws, config = await open_socket(request, gateway.settings.ws_idle_timeout_seconds)
+    if config is None:
+        return ws
+    if await gateway.registry.find(config.voice) is None:
+        await refuse(ws, "voice_not_found", f"voice {config.voice!r} does not exist")
+        return ws
+    worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
+    if worker is None:
+        await refuse(ws, "no_workers", "no worker is available; try again shortly")
+        return ws
     try:
-        config = await read_config(ws, gateway.settings.ws_idle_timeout_seconds)
-        try:
-            check_audio_options(config)
-        except ApiError as exc:
-            raise ProtocolError(exc.code, exc.message) from exc
-        if await gateway.registry.find(config.voice) is None:
-            raise ProtocolError("voice_not_found", f"voice {config.voice!r} does not exist")
-        worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
-        if worker is None:
-            raise ProtocolError("no_workers", "no worker is available; try again shortly")
-        try:
-            upstream = await gateway.client.ws_connect(
-                f"{worker.url}/v1/audio/speech/ws", max_msg_size=MAX_MESSAGE_BYTES
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ProtocolError("upstream_failed", f"{worker.worker_id}: {exc}") from exc
-    except ProtocolError as exc:
-        with suppress(ConnectionError):
-            await ws.send_str(json.dumps(error_event(exc.code, exc.message)))
-            await ws.close(code=1008, message=exc.code.encode())
+        upstream = await gateway.client.ws_connect(
+            f"{worker.url}/v1/audio/speech/ws", max_msg_size=MAX_MESSAGE_BYTES
+        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        await refuse(ws, "upstream_failed", f"{worker.worker_id}: {exc}")
         return ws
     gateway.in_flight[worker.worker_id] += 1
     try:
