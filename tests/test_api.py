@@ -156,6 +156,7 @@ async def test_a_broken_adapter_is_listed_with_its_error_and_refused(http, serve
         (b'{"voice": "dev-a"}', 400, "invalid_request"),
         (b'{"input": "", "voice": "dev-a"}', 400, "empty_input"),
         (b'{"input": "   ", "voice": "dev-a"}', 400, "empty_input"),
+        (b'{"input": " ... !", "voice": "dev-a"}', 400, "empty_input"),
         (json.dumps({"input": "a" * 100_001, "voice": "dev-a"}).encode(), 413, "input_too_long"),
         (b'{"input": "Hi.", "voice": "nobody"}', 404, "voice_not_found"),
         (b'{"input": "Hi.", "voice": "../etc"}', 404, "voice_not_found"),

@@ -24,8 +24,8 @@ POLL = 0.5
 SLACK = 1.0  # scheduling on a busy 2-core machine
 LONG_TEXT = (
     "This is a long sentence that keeps the worker busy for a while, so that the stream is "
-    "still running when something happens to the cluster around it. " * 2
-)  # 300 characters: one segment
+    "still running when something happens to the cluster around it. " * 3
+)  # two segments: a stream long enough to be cut
 
 
 @dataclass

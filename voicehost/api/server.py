@@ -84,8 +84,8 @@ async def read_body(request: web.Request, model: type[Body]) -> Body:
 
 
 def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
-    if not body.input.strip():
-        raise ApiError(400, "empty_input", "input is empty")
+    if not any(ch.isalnum() for ch in body.input):
+        raise ApiError(400, "empty_input", "input is empty or has nothing to say")
     if len(body.input) > max_chars:
         raise ApiError(
             413,

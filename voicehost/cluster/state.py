@@ -159,7 +159,8 @@ class WorkerPresence:
                     "heartbeat came %.1f s apart (TTL %.1f s)", now - last, self.ttl_ms / 1e3
                 )
             last = now
-            await asyncio.sleep(self.interval)
+            # while Redis is away, try again sooner: re-register as soon as it is back
+            await asyncio.sleep(self.interval if self.registered else self.interval / 4)
 
     async def leave(self) -> None:
         """Leave the ring now (drain): gateways stop sending new streams here."""
