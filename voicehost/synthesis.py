@@ -267,11 +267,11 @@ class Synthesizer:
         prompt = self.engine.prompt(text, voice, continuity.context() if continuity else None)
         options = self.engine.sampling(text, seed, len(prompt))
         deltas = self.engine.audio_tokens(prompt, voice, options)
-        frames: list[orpheus.Frame] = []
+        frames: list[orpheus.Frame] | None = [] if continuity is not None else None
         async with aclosing(self.play(deltas, started, frames)) as chunks:
             async for pcm in chunks:
                 yield pcm
-        if continuity is not None:
+        if continuity is not None and frames is not None:
             continuity.remember(text, frames)
 
     async def play(
