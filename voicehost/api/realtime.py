@@ -19,7 +19,7 @@ from contextlib import aclosing, suppress
 
 import numpy as np
 from aiohttp import WSMsgType, web
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from voicehost.api.common import RUNTIME, ApiError, check_audio_options, find_voice, speak_options
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
@@ -45,9 +45,27 @@ class ProtocolError(Exception):
         self.message = message
 
 
-def parse(message: str, model: type[BaseModel]) -> BaseModel:
+MESSAGES: dict[str, type[RealtimeConfig | RealtimeText | RealtimeControl]] = {
+    "config": RealtimeConfig,
+    "text": RealtimeText,
+    "flush": RealtimeControl,
+    "end": RealtimeControl,
+    "cancel": RealtimeControl,
+}
+
+
+def parse(message: str) -> RealtimeConfig | RealtimeText | RealtimeControl:
+    """A client message, parsed once; ``ProtocolError`` if it is not one of ``MESSAGES``."""
     try:
-        return model.model_validate_json(message)
+        payload = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError("invalid_message", "a message is a JSON object with a type") from exc
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    model = MESSAGES.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise ProtocolError("invalid_message", f"unknown message type {kind!r}")
+    try:
+        return model.model_validate(payload)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
@@ -56,15 +74,10 @@ def parse(message: str, model: type[BaseModel]) -> BaseModel:
 
 
 def parse_client_message(message: str) -> RealtimeText | RealtimeControl:
-    try:
-        kind = json.loads(message).get("type")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise ProtocolError("invalid_message", "a message is a JSON object with a type") from exc
-    if kind == "text":
-        return parse(message, RealtimeText)  # type: ignore[return-value]
-    if kind in ("flush", "end", "cancel"):
-        return parse(message, RealtimeControl)  # type: ignore[return-value]
-    raise ProtocolError("invalid_message", f"unknown message type {kind!r}")
+    parsed = parse(message)
+    if isinstance(parsed, RealtimeConfig):
+        raise ProtocolError("invalid_message", "the config comes once, first")
+    return parsed
 
 
 class RealtimeSession:
@@ -254,13 +267,10 @@ async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
         raise ProtocolError("idle_timeout", f"no config within {idle:g} s") from exc
     if message.type != WSMsgType.TEXT:
         raise ProtocolError("invalid_message", "the first message is the JSON config")
-    try:
-        kind = json.loads(message.data).get("type")
-    except (json.JSONDecodeError, AttributeError):
-        kind = None
-    if kind != "config":
+    config = parse(message.data)
+    if not isinstance(config, RealtimeConfig):
         raise ProtocolError("invalid_message", 'the first message is {"type": "config", ...}')
-    return parse(message.data, RealtimeConfig)  # type: ignore[return-value]
+    return config
 
 
 async def open_socket(
