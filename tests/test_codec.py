@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from voicehost import orpheus
-from voicehost.codec import DecodeScheduler, FrameDecoder, SnacCodec, Span
+from voicehost.codec import (
+    GRAPH_CALL_FRAMES,
+    DecodeScheduler,
+    FrameDecoder,
+    SnacCodec,
+    Span,
+    is_graph_shape,
+    padded_shape,
+)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +157,27 @@ def test_calls_padded_to_bucket_shapes_equal_their_decodes_alone(codec):
         alone = codec.decode(span.frames)[span.keep_start * spf : span.keep_stop * spf]
         assert audio.shape == alone.shape
         assert np.abs(audio - alone).max() < 1e-3
+
+
+def test_only_calls_small_enough_for_graphs_are_padded():
+    """Padding pays only where a call is bound by kernel launches (a CUDA graph removes them);
+    a bigger call is bound by arithmetic and keeps its own shape."""
+    assert padded_shape(3, 11) == (4, 12)
+    assert padded_shape(1, 6) == (1, 8)
+    assert padded_shape(8, 21) == (8, 24)  # 192 padded frames
+    assert padded_shape(16, 21) == (16, 21)  # 16 x 24 would be 384 > GRAPH_CALL_FRAMES
+    assert padded_shape(37, 6) == (37, 6)
+    assert padded_shape(2, 40) == (2, 40)  # longer than every frame bucket
+    assert padded_shape(300, 4) == (300, 4)
+    for rows, frames in [(r, f) for r in range(1, 70) for f in range(1, 40)]:
+        padded = padded_shape(rows, frames)
+        assert padded[0] >= rows and padded[1] >= frames
+        assert padded == (rows, frames) or is_graph_shape(*padded)
+        assert padded[0] * padded[1] <= max(GRAPH_CALL_FRAMES, rows * frames)
+
+
+def test_capture_graphs_is_a_no_op_off_a_gpu(codec):
+    assert SnacCodec(codec.model, codec.device, buckets=True).capture_graphs() == 0
 
 
 def test_concurrent_streams_share_batches_and_each_equals_its_one_shot_decode(codec):

@@ -48,6 +48,25 @@ GPU_CALL_FRAMES = 8192
 # windows are at most max_chunk + 5 frames, so a few lengths cover them.
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FRAME_BUCKETS = (4, 8, 12, 16, 24, 32)
+# Only calls of at most this many padded frames (rows x frames) are padded to a bucket: they are
+# bound by kernel launches, which a graph removes. A bigger call is bound by the GPU's arithmetic,
+# so padding would cost more than it saves; it runs eagerly at its own shape (measured on an
+# H200: docs/BENCHMARKS.md).
+GRAPH_CALL_FRAMES = 256
+
+
+def is_graph_shape(rows: int, frames: int) -> bool:
+    """Whether calls of this shape are replayed from a CUDA graph (on a GPU, buckets on)."""
+    return rows in ROW_BUCKETS and frames in FRAME_BUCKETS and rows * frames <= GRAPH_CALL_FRAMES
+
+
+def padded_shape(rows: int, frames: int) -> tuple[int, int]:
+    """The (rows, frames) a bucketed call is padded to: its buckets where padding pays (see
+    ``GRAPH_CALL_FRAMES``), else its own shape."""
+    padded = bucket(rows, ROW_BUCKETS), bucket(frames, FRAME_BUCKETS)
+    if padded[0] and padded[1] and is_graph_shape(padded[0], padded[1]):
+        return padded[0], padded[1]
+    return rows, frames
 
 
 def bucket(value: int, buckets: Sequence[int]) -> int | None:
@@ -120,16 +139,20 @@ class SnacCodec:
         On a GPU, ``cuda_graphs`` replays calls from graphs of fixed shapes.
         """
         from snac import SNAC
-        from snac.layers import NoiseBlock
 
         model = SNAC.from_pretrained(str(name))
         if not noise:
-            _replace_modules(model, NoiseBlock, torch.nn.Identity)
+            remove_noise(model)
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if target.type == "cpu":
             torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
         model = model.to(target).eval()
         return cls(model, target, buckets=cuda_graphs and target.type == "cuda")
+
+    @property
+    def captured_graphs(self) -> int:
+        """How many call shapes have a CUDA graph (0 off a GPU or with graphs off)."""
+        return len(self._graphs)
 
     def encode(self, audio: np.ndarray) -> list[orpheus.Frame]:
         """Frames of 24 kHz mono float audio (padded up to whole frames)."""
@@ -176,8 +199,7 @@ class SnacCodec:
         longest = max(len(spans[i].frames) for i in call)
         rows_needed = len(call)
         if self.buckets and all(spans[i].pad_side() for i in call):
-            longest = bucket(longest, FRAME_BUCKETS) or longest
-            rows_needed = bucket(rows_needed, ROW_BUCKETS) or rows_needed
+            rows_needed, longest = padded_shape(rows_needed, longest)
         rows, shifts = [], []
         for index in call:
             frames, short = list(spans[index].frames), longest - len(spans[index].frames)
@@ -204,12 +226,27 @@ class SnacCodec:
                 row, (shift + span.keep_start) * spf : (shift + span.keep_stop) * spf
             ]
 
+    def capture_graphs(self) -> int:
+        """Capture a CUDA graph of every bucketed shape now, so that no stream waits for a
+        capture (hundreds of ms) on its first call of a shape. Returns how many there are."""
+        if self._stream is None or not self.buckets:
+            return 0
+        for rows in ROW_BUCKETS:
+            for frames in FRAME_BUCKETS:
+                if is_graph_shape(rows, frames) and self.buckets:
+                    codes = [
+                        torch.zeros((rows, frames * n), dtype=torch.long, device=self.device)
+                        for n in (1, 2, 4)
+                    ]
+                    with torch.inference_mode(), torch.cuda.stream(self._stream):
+                        self._run_decoder(codes)
+        return len(self._graphs)
+
     def _run_decoder(self, codes: list[torch.Tensor]) -> torch.Tensor:
         """SNAC's decoder on ``codes``: replayed from the shape's CUDA graph where there is one
         (captured on first use; a capture that fails turns graphs off, decoding goes on)."""
         shape = (codes[0].shape[0], codes[0].shape[1])
-        bucketed = shape[0] in ROW_BUCKETS and shape[1] in FRAME_BUCKETS
-        if self._stream is None or not self.buckets or not bucketed:
+        if self._stream is None or not self.buckets or not is_graph_shape(*shape):
             return self.model.decode(codes)
         graph = self._graphs.get(shape)
         if graph is None:
@@ -259,6 +296,13 @@ class DecodeGraph:
             static.copy_(new)
         self.graph.replay()
         return self.output
+
+
+def remove_noise(model: torch.nn.Module) -> None:
+    """Replace SNAC's random noise blocks with identities: decoding becomes deterministic."""
+    from snac.layers import NoiseBlock
+
+    _replace_modules(model, NoiseBlock, torch.nn.Identity)
 
 
 def _replace_modules(root: torch.nn.Module, kind: type, factory: type) -> None:

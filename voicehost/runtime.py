@@ -166,6 +166,8 @@ class Runtime:
             threads=s.codec_threads,
             cuda_graphs=s.codec_cuda_graphs,
         )
+        if graphs := await asyncio.to_thread(self.codec.capture_graphs):
+            log.info("captured CUDA graphs of SNAC for %d call shapes", graphs)
         self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
         synthesizer = Synthesizer(
             self.engine, self.scheduler, self.metrics, s.lookahead_frames, s.codec_max_chunk_frames
