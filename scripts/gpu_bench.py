@@ -5,7 +5,10 @@ weights at the real sizes, so nothing is downloaded. Two parts, each time-boxed:
 
 1. SNAC decode through the project's own ``SnacCodec.decode_batch``: windows of K new frames plus
    3 left-context and 2 lookahead frames (K = 16: the steady state; K = 1: the worst case), at
-   batch 1, 2, 4, ..., 256. Real-time streams = B * K * 85.33 ms / (time of one call).
+   batch 1, 2, 4, ..., 256, as served (small calls padded and replayed from CUDA graphs captured
+   up front) and, on a GPU, eagerly at each call's own shape. Real-time streams =
+   B * K * 85.33 ms / (time of one call). Before that, a check: graph replays against eager
+   decodes of a noise-free SNAC, and what capturing and first calls cost.
 2. Decode steps of a Llama-3.2-3B-shaped model (Orpheus' vocabulary, bf16) over a KV cache of
    ``--context`` tokens per sequence, at batch 16 .. 256: the base model alone; PEFT LoRA
    (rank 16, all projections) with 1, 16 and 64 adapters mixed in one batch via
@@ -20,7 +23,8 @@ predicted to end past its part's time is skipped (the table says so), as is ever
 of a series whose point failed (out of memory, say). The table goes to stdout at the end, then
 one JSON line with every figure (the last line); progress goes to stderr.
 
-    python scripts/gpu_bench.py [--budget-s 420] [--context 512] [--no-graphs] [--json OUT]
+    python scripts/gpu_bench.py [--budget-s 420] [--context 512] [--no-graphs] [--snac-only]
+                                [--json OUT]
     python scripts/gpu_bench.py --smoke    # CPU, tiny sizes: a test of the script itself
 """
 
@@ -52,6 +56,7 @@ from voicehost.codec import (
     LEFT_CONTEXT_FRAMES,
     SnacCodec,
     Span,
+    remove_noise,
 )
 
 TOKENS_PER_STREAM_S = orpheus.AUDIO_TOKENS_PER_SECOND  # 82.03
@@ -246,28 +251,86 @@ def random_windows(rng: np.random.Generator, batch: int, chunk: int) -> list[Spa
     ]
 
 
-def bench_snac(scale: Scale, deadline: Deadline, report: Report) -> None:
-    codec = SnacCodec(build_snac(scale.snac_decoder_dim, scale.device), scale.device)
-    rng = np.random.default_rng(0)
+def check_graphs(scale: Scale, report: Report) -> None:
+    """Bucketed calls (CUDA graphs on a GPU) against plain eager calls of the same noise-free
+    SNAC: the largest difference in samples, and what capturing a new shape costs."""
+    model = build_snac(scale.snac_decoder_dim, scale.device)
+    remove_noise(model)
+    bucketed = SnacCodec(model, scale.device, buckets=True)
+    plain = SnacCodec(model, scale.device, buckets=False)
+    rng = np.random.default_rng(1)
+    worst, first_ms, again_ms, eager_ms = 0.0, [], [], []
     try:
-        for chunk in scale.chunk_frames:
-            bench_snac_series(codec, chunk, rng, scale, deadline, report)
+        synchronize(scale.device)
+        t0 = time.perf_counter()
+        captured = bucketed.capture_graphs()
+        synchronize(scale.device)
+        report.notes.append(
+            f"snac: capture_graphs() captured {captured} shapes in {time.perf_counter() - t0:.1f} s"
+        )
+        for batch, chunk in ((1, 1), (3, 16), (8, 16), (37, 1), (100, 16)):
+            windows = random_windows(rng, batch, chunk)
+            for timings in (first_ms, again_ms):  # the first call captures, the second replays
+                synchronize(scale.device)
+                t0 = time.perf_counter()
+                got = bucketed.decode_batch(windows)
+                synchronize(scale.device)
+                timings.append(1e3 * (time.perf_counter() - t0))
+            plain.decode_batch(windows)  # warm-up: cuDNN picks its algorithms
+            synchronize(scale.device)
+            t0 = time.perf_counter()
+            want = plain.decode_batch(windows)
+            synchronize(scale.device)
+            eager_ms.append(1e3 * (time.perf_counter() - t0))
+            worst = max(
+                worst, *(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
+            )
+        graphs = bucketed.captured_graphs
+        report.notes.append(
+            f"snac bucketed/graph calls vs eager: max |diff| {worst:.2e} over 5 shapes;"
+            f" {graphs} graphs in all; first call per shape {statistics.median(first_ms):.1f} ms"
+            f" (max {max(first_ms):.1f}); second call per shape (B,K = 1,1 3,16 8,16 37,1 100,16):"
+            f" bucketed {' '.join(f'{t:.1f}' for t in again_ms)} ms,"
+            f" eager {' '.join(f'{t:.1f}' for t in eager_ms)} ms"
+        )
     finally:
-        codec.close()
-        del codec
+        bucketed.close()
+        plain.close()
+        del model
+        free_memory(scale.device)
+
+
+def bench_snac(scale: Scale, deadline: Deadline, report: Report) -> None:
+    """The serving codec (buckets and graphs on a GPU, graphs captured up front), then on a GPU
+    the same calls eagerly at their own shapes."""
+    model = build_snac(scale.snac_decoder_dim, scale.device)
+    modes = [("", True), (" eager", False)] if scale.device.type == "cuda" else [("", None)]
+    try:
+        for label, buckets in modes:
+            codec = SnacCodec(model, scale.device, buckets=buckets)
+            codec.capture_graphs()
+            rng = np.random.default_rng(0)
+            try:
+                for chunk in scale.chunk_frames:
+                    bench_snac_series(codec, chunk, label, rng, scale, deadline, report)
+            finally:
+                codec.close()
+    finally:
+        del model
         free_memory(scale.device)
 
 
 def bench_snac_series(
     codec: SnacCodec,
     chunk: int,
+    label: str,
     rng: np.random.Generator,
     scale: Scale,
     deadline: Deadline,
     report: Report,
 ) -> None:
     window = chunk + CONTEXT_FRAMES
-    config = f"K={chunk} ({window}-frame windows)"
+    config = f"K={chunk} ({window}-frame windows){label}"
     last_s, failed = 0.0, False
     for batch in scale.snac_batches:
         if note := skip_note(deadline, 2.5 * last_s, failed):
@@ -717,6 +780,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--context", type=int, default=None, help="KV tokens per sequence (512, smoke 32)"
     )
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    parser.add_argument("--snac-only", action="store_true", help="part 1 only (SNAC decode)")
     parser.add_argument("--json", type=Path, help="also write the JSON object here")
     args = parser.parse_args(argv)
     args.budget_s = args.budget_s or (150.0 if args.smoke else 420.0)
@@ -743,9 +807,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "CUDA graphs: not run (" + ("--no-graphs" if args.no_graphs else "no CUDA") + ")."
         )
     progress("part 1: SNAC batched decode")
+    try:
+        check_graphs(scale, report)
+    except Exception as exc:
+        report.notes.append(f"snac graph check: {failure_note(exc, scale)}")
     bench_snac(scale, Deadline(started + SNAC_SHARE * args.budget_s), report)
-    progress("part 2: LLM decode steps")
-    bench_llm(scale, args.context, Deadline(started + args.budget_s), graphs, report)
+    if not args.snac_only:
+        progress("part 2: LLM decode steps")
+        bench_llm(scale, args.context, Deadline(started + args.budget_s), graphs, report)
     rows = [*report.rows, *summary_rows(report.rows)]
     notes = [*standard_notes(args.context), *report.notes]
     result = {
