@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,37 +29,40 @@ async def paced(
 ) -> AsyncIterator[list[int] | None]:
     """The engine's deltas, and ``STALLED`` whenever ``due_in()`` seconds pass without one.
 
-    A task reads the engine, so waiting with a timeout never cancels the engine's generator
-    (that would abort the request); closing this iterator cancels the reader, which does.
+    While nothing is due (``due_in()`` is ``None``) the engine is read directly. Otherwise its
+    next delta is awaited in a task, so that a timeout never cancels the engine's generator
+    (that would abort the request). Closing this iterator closes ``deltas``, which does.
     """
-    queue: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
-
-    async def read() -> None:
-        try:
-            async for delta in deltas:
-                queue.put_nowait(delta)
-            queue.put_nowait(None)
-        except Exception as exc:
-            queue.put_nowait(exc)
-
-    reader = asyncio.create_task(read(), name="engine-deltas")
+    pending: asyncio.Future[list[int]] | None = None
     try:
         while True:
-            try:
-                async with asyncio.timeout(due_in()):
-                    item = await queue.get()
-            except TimeoutError:
+            due = due_in()
+            if pending is None and due is None:  # the hot path: no task, no timer
+                try:
+                    delta = await anext(deltas)
+                except StopAsyncIteration:
+                    return
+                yield delta
+                continue
+            if pending is None:
+                pending = asyncio.ensure_future(anext(deltas))
+            done, _ = await asyncio.wait((pending,), timeout=due)
+            if not done:
                 yield STALLED
                 continue
-            if item is None:
+            finished, pending = pending, None
+            try:
+                delta = finished.result()
+            except StopAsyncIteration:
                 return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            yield delta
     finally:
-        reader.cancel()
-        with suppress(asyncio.CancelledError):
-            await reader
+        if pending is not None:
+            pending.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        if isinstance(deltas, AsyncGenerator):
+            await deltas.aclose()
 
 
 @dataclass
@@ -149,6 +152,8 @@ class SegmentDone:
 
 
 SpeechEvent = SegmentStarted | np.ndarray | SegmentDone
+# Where a segment's audio comes from: a producer's queue, or (text, seed) to stream directly.
+Source = asyncio.Queue[Any] | tuple[str, int | None]
 
 
 class Synthesizer:
@@ -198,11 +203,14 @@ class Synthesizer:
 
         Up to ``options.prefetch`` segments are generated at once (batched by the engine) and
         held until played; with continuity one at a time, as each prompt needs the frames of
-        the segment before.
+        the segment before. A segment that nothing runs ahead of (the first, or every one when
+        one is generated at a time) is streamed straight through, with no task between the
+        engine and the listener.
         """
         continuity = Continuity(options.continuity_frames)
-        slots = asyncio.Semaphore(1 if options.continuity_frames else max(1, options.prefetch))
-        order: asyncio.Queue[tuple[int, Segment, asyncio.Queue[Any]] | BaseException | None]
+        at_once = 1 if options.continuity_frames else max(1, options.prefetch)
+        slots = asyncio.Semaphore(at_once)
+        order: asyncio.Queue[tuple[int, Segment, Source] | BaseException | None]
         order = asyncio.Queue()
         producers: list[asyncio.Task[None]] = []
 
@@ -223,10 +231,12 @@ class Synthesizer:
                     if not any(ch.isalnum() for ch in text):
                         continue
                     await slots.acquire()  # released once the segment has been played
-                    out: asyncio.Queue[Any] = asyncio.Queue()
                     seed = None if options.seed is None else options.seed + index
-                    producers.append(asyncio.create_task(produce(text, seed, out)))
-                    order.put_nowait((index, segment, out))
+                    source: Source = (text, seed)
+                    if index and at_once > 1:  # generated ahead, while the one before plays
+                        source = asyncio.Queue()
+                        producers.append(asyncio.create_task(produce(text, seed, source)))
+                    order.put_nowait((index, segment, source))
                     index += 1
                 order.put_nowait(None)
             except Exception as exc:
@@ -243,8 +253,13 @@ class Synthesizer:
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                index, segment, out = item
-                yield index, segment, played(out)
+                index, segment, source = item
+                if isinstance(source, asyncio.Queue):
+                    yield index, segment, played(source)
+                else:
+                    text, seed = source
+                    async with aclosing(self.stream(text, voice, seed, continuity)) as chunks:
+                        yield index, segment, chunks
                 slots.release()
         finally:
             for task in (feeder, *producers):
