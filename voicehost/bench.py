@@ -169,6 +169,7 @@ class Trace:
     pcm: bytearray = field(default_factory=bytearray)
     status: int | None = None
     error: str | None = None
+    answered_at: float | None = None  # when a refusal (503/429 with Retry-After) came
 
 
 @dataclass(slots=True)
@@ -181,6 +182,7 @@ class StreamResult:
     seed: int | None
     status: int | None
     error: str | None
+    refused_ms: float | None = None  # admission refused it (503/429 + Retry-After) this soon
     ttfb_ms: float | None = None
     first_speech_ms: float | None = None  # None: no 20 ms window above the threshold
     last_byte_ms: float | None = None
@@ -198,6 +200,10 @@ class StreamResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def refused(self) -> bool:
+        return self.refused_ms is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +226,8 @@ def analyse(
     import numpy as np
 
     result = StreamResult(concurrency, index, voice, seed, trace.status, trace.error)
+    if trace.answered_at is not None:
+        result.refused_ms = _ms(trace.answered_at - trace.sent_at)
     counts = samples_per_chunk(trace.sizes)
     total = sum(counts)
     result.bytes, result.chunks = len(trace.pcm), len(trace.arrivals)
@@ -259,6 +267,8 @@ async def run_stream(session: aiohttp.ClientSession, url: str, body: dict[str, A
         async with session.post(url + SPEECH_PATH, json=body) as response:
             trace.status = response.status
             if response.status != 200:
+                if response.status in (429, 503) and "Retry-After" in response.headers:
+                    trace.answered_at = time.perf_counter()
                 trace.error = f"HTTP {response.status}: {(await response.text())[:300]}"
                 return trace
             async for chunk in response.content.iter_any():
@@ -279,7 +289,9 @@ class LevelSummary:
 
     concurrency: int
     stream_count: int
-    errors: int
+    errors: int  # failed streams, not counting those refused by admission control
+    refused: int  # answered 503/429 with Retry-After (the server was full, or a key's quota)
+    refused_ms_max: float | None
     wall_s: float
     ttfb_ms: dict[str, float | None]
     first_speech_ms: dict[str, float | None]
@@ -289,7 +301,7 @@ class LevelSummary:
     underruns: int
     stall_s: float
     underrun_free_streams: int  # successful streams without an underrun
-    underrun_free_share: float  # of all the level's streams (a failed stream does not count)
+    underrun_free_share: float  # of the admitted streams (a failed one counts as not free)
     audio_s: float
     audio_tokens_per_s: float  # audio tokens of every stream / the level's wall time
     error_messages: list[str] = field(default_factory=list)
@@ -303,6 +315,7 @@ class LevelSummary:
 def summarize(concurrency: int, streams: Sequence[StreamResult], wall_s: float) -> LevelSummary:
     """A level's summary from its streams' figures."""
     ok = [s for s in streams if s.ok]
+    refused = [s.refused_ms for s in streams if s.refused_ms is not None]
     audio_s = sum(s.audio_s for s in ok)
     free = sum(1 for s in ok if s.underruns == 0)
 
@@ -314,7 +327,9 @@ def summarize(concurrency: int, streams: Sequence[StreamResult], wall_s: float) 
     return LevelSummary(
         concurrency=concurrency,
         stream_count=len(streams),
-        errors=len(streams) - len(ok),
+        errors=len(streams) - len(ok) - len(refused),
+        refused=len(refused),
+        refused_ms_max=max(refused, default=None),
         wall_s=round(wall_s, 3),
         ttfb_ms=spread("ttfb_ms"),
         first_speech_ms=spread("first_speech_ms"),
@@ -324,10 +339,14 @@ def summarize(concurrency: int, streams: Sequence[StreamResult], wall_s: float) 
         underruns=sum(s.underruns for s in ok),
         stall_s=round(sum(s.stall_s for s in ok), 3),
         underrun_free_streams=free,
-        underrun_free_share=round(free / len(streams), 4) if streams else 0.0,
+        underrun_free_share=round(free / admitted, 4)
+        if (admitted := len(streams) - len(refused))
+        else 0.0,
         audio_s=round(audio_s, 3),
         audio_tokens_per_s=round(audio_s * AUDIO_TOKENS_PER_SECOND / wall_s, 2) if wall_s else 0.0,
-        error_messages=[f"stream {s.index} ({s.voice}): {s.error}" for s in streams if s.error],
+        error_messages=[
+            f"stream {s.index} ({s.voice}): {s.error}" for s in streams if s.error and not s.refused
+        ],
     )
 
 
@@ -493,7 +512,7 @@ def format_table(levels: Sequence[LevelSummary]) -> str:
     head = (
         f"{'conc':>5} {'n':>4} {'ttfb p50':>9} {'p95':>7} {'p99':>7} {'speech p50':>11} "
         f"{'p95':>7} {'p99':>7} {'rtf p50':>8} {'rtf max':>8} {'no underrun':>12} "
-        f"{'stall s':>8} {'tok/s':>8} {'server ms':>9} {'http ms':>8} {'errors':>6}"
+        f"{'stall s':>8} {'tok/s':>8} {'server ms':>9} {'http ms':>8} {'errors':>6} {'refused':>7}"
     )
     lines = [head]
     for lv in levels:
@@ -505,7 +524,7 @@ def format_table(levels: Sequence[LevelSummary]) -> str:
             f"{_fmt(lv.rtf['p50'], '.2f'):>8} {_fmt(lv.rtf['max'], '.2f'):>8} "
             f"{f'{lv.underrun_free_streams}/{lv.stream_count}':>12} {lv.stall_s:>8.2f} "
             f"{lv.audio_tokens_per_s:>8.1f} {_fmt(lv.server_first_audio_ms_mean, '.1f'):>9} "
-            f"{_fmt(lv.http_overhead_ms_mean, '.1f'):>8} {lv.errors:>6}"
+            f"{_fmt(lv.http_overhead_ms_mean, '.1f'):>8} {lv.errors:>6} {lv.refused:>7}"
         )
         lines += [f"      error: {message}" for message in lv.error_messages[:5]]
     return "\n".join(lines)
