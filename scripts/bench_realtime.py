@@ -26,15 +26,13 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from voicehost import orpheus
-from voicehost.bench import percentile, start_server, stop_server, wait_ready
+from voicehost.bench import percentile, served
 
 WORDS = (
     "we walked along the river and talked about the weather while the evening light "
@@ -183,17 +181,8 @@ def main() -> int:
     args = parser.parse_args()
     if not args.url and not args.start_server:
         parser.error("give --url or --start-server")
-    proc = None
-    url = args.url
-    if args.start_server:
-        log = Path(tempfile.mkdtemp()) / "server.log"
-        proc, url = start_server(log)
-        wait_ready(proc, url, log, timeout=600)
-    try:
+    with served(None if args.start_server else args.url) as (url, _):
         result = asyncio.run(bench(args, url))
-    finally:
-        if proc is not None:
-            stop_server(proc)
     for key, value in result.items():
         print(f"{key}: {value}")
     print(json.dumps(result))

@@ -110,29 +110,35 @@ def stop(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
-def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``voicehost serve --dev`` in a subprocess, with its own adapters folder."""
-    root = tmp_path_factory.mktemp("server")
+@contextlib.contextmanager
+def dev_server(root: Path, **env: str) -> Iterator[Server]:
+    """``voicehost serve --dev`` in a subprocess with its own adapters and jobs folders under
+    ``root`` and ``env`` (``VOICEHOST_*`` settings) added; stopped on exit."""
     adapters = root / "adapters"
-    adapters.mkdir()
+    adapters.mkdir(exist_ok=True)
     log = root / "server.log"
     port = free_port()
-    env = dev_env(
-        VOICEHOST_JOBS_DIR=str(root / "jobs"),
-        VOICEHOST_CLONE_EPOCHS="1",
-        VOICEHOST_WS_IDLE_TIMEOUT_SECONDS="3",
-        # the dev model says ~90 frames whatever the text: few, long segments keep tests short
-        VOICEHOST_SEGMENT_MAX_CHARS="900",
-        VOICEHOST_SEGMENT_PREFETCH="8",
-        VOICEHOST_MAX_UPLOAD_MB="20",
-    )
     command = [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(port)]
     command += ["--adapters", str(adapters)]
-    process = launch(command, env, log)
+    process = launch(command, dev_env(VOICEHOST_JOBS_DIR=str(root / "jobs"), **env), log)
     server = Server(f"http://127.0.0.1:{port}", adapters, log, process)
     try:
         server.readiness.extend(wait_ready(process, server.url, log))
         yield server
     finally:
         stop(process)
+
+
+@pytest.fixture(scope="session")
+def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared ``voicehost serve --dev``: open (no keys), with its own adapters folder."""
+    with dev_server(
+        tmp_path_factory.mktemp("server"),
+        VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_WS_IDLE_TIMEOUT_SECONDS="3",
+        # the dev model says ~90 frames whatever the text: few, long segments keep tests short
+        VOICEHOST_SEGMENT_MAX_CHARS="900",
+        VOICEHOST_SEGMENT_PREFETCH="8",
+        VOICEHOST_MAX_UPLOAD_MB="20",
+    ) as server:
+        yield server

@@ -32,7 +32,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -742,21 +743,30 @@ def plan_from(args: argparse.Namespace) -> Plan:
     )
 
 
+@contextmanager
+def served(
+    url: str | None, ready_timeout: float = 600
+) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+    """``url`` as it is, or (``None``) a dev server started for the block and stopped after
+    it: yields the URL and the server's process (``None`` when not started here)."""
+    if url is not None:
+        yield url, None
+        return
+    log = Path(tempfile.mkdtemp(prefix="voicehost-bench-")) / "server.log"
+    progress(f"starting a dev server (log {log}) ...")
+    proc, url = start_server(log)
+    try:
+        wait_ready(proc, url, log, ready_timeout)
+        progress(f"server ready at {url}")
+        yield url, proc
+    finally:
+        stop_server(proc)
+
+
 def execute(plan: Plan, start: bool, ready_timeout: float) -> BenchResult:
     """Run the plan, against a dev server started for it when ``start``."""
-    proc = None
-    try:
-        if start:
-            log = Path(tempfile.mkdtemp(prefix="voicehost-bench-")) / "server.log"
-            progress(f"starting a dev server (log {log}) ...")
-            proc, url = start_server(log)
-            wait_ready(proc, url, log, ready_timeout)
-            progress(f"server ready at {url}")
-            plan = replace(plan, url=url)
-        return asyncio.run(bench(plan))
-    finally:
-        if proc is not None:
-            stop_server(proc)
+    with served(None if start else plan.url, ready_timeout) as (url, _):
+        return asyncio.run(bench(replace(plan, url=url)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The ``voicehost`` command: serve, dev-model, say, bench."""
+"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, bench, train."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from voicehost.bench import DESCRIPTION as BENCH_DESCRIPTION
@@ -33,6 +34,18 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
+def _run_server(command: str, start: Callable[[], None]) -> int:
+    """Run a server; a key configuration it cannot use stops it with a clear message."""
+    from voicehost.auth import AuthConfigError
+
+    try:
+        start()
+    except AuthConfigError as exc:
+        print(f"voicehost {command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from voicehost.api.server import serve
 
@@ -40,8 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not settings.dev and not settings.model:
         print("voicehost serve: pass --model (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
         return 2
-    serve(settings)
-    return 0
+    return _run_server("serve", lambda: serve(settings))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -54,8 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
         return 2
-    serve(settings, worker=True)
-    return 0
+    return _run_server("worker", lambda: serve(settings, worker=True))
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -72,8 +83,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    serve_gateway(settings)
-    return 0
+    return _run_server("gateway", lambda: serve_gateway(settings))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -82,8 +92,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     import time
     import urllib.request
 
+    from voicehost.auth import INTERNAL_TOKEN_HEADER
+
+    token = Settings().internal_token  # the worker's internal routes accept only it
+    headers = {INTERNAL_TOKEN_HEADER: token.get_secret_value()} if token else {}
+
     def call(method: str, path: str) -> dict:
-        request = urllib.request.Request(f"{args.url}{path}", method=method)
+        request = urllib.request.Request(f"{args.url}{path}", method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
 
@@ -98,6 +113,37 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return 1
     print(f"drained: {state['active_streams']} streams still in flight")
     return 0 if state["active_streams"] == 0 else 1
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    """Make a key: the key itself (shown once) and the entry to configure (its hash only)."""
+    import json
+
+    from voicehost.auth import ApiKey, hash_key, new_key
+
+    key = new_key()
+    try:
+        entry = ApiKey(
+            id=args.id, tenant=args.tenant, scopes=args.scopes.split(","), sha256=hash_key(key)
+        )
+    except ValueError as exc:
+        print(f"voicehost keys new: {exc}", file=sys.stderr)
+        return 2
+    print(f"key (give it to the client; it is not stored anywhere): {key}", file=sys.stderr)
+    print(json.dumps(entry.model_dump()))
+    return 0
+
+
+def cmd_keys_hash(args: argparse.Namespace) -> int:
+    """The SHA-256 of a key read from stdin (not from the command line: shell history)."""
+    from voicehost.auth import hash_key
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("voicehost keys hash: give the key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
 
 
 def cmd_dev_model(args: argparse.Namespace) -> int:
@@ -144,9 +190,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lora_training.transcripts import FasterWhisper, MissingTranscripts
     from lora_training.trim import TrimSettings
     from voicehost.devmodel import ensure_dev_model
-    from voicehost.voices import VOICE_ID_PATTERN
+    from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 
-    if not VOICE_ID_PATTERN.match(args.voice):
+    if not is_voice_id(args.voice):
         print(f"voicehost train: --voice must match {VOICE_ID_PATTERN.pattern}", file=sys.stderr)
         return 2
     settings = Settings(dev=args.dev, **({"model": args.base} if args.base else {}))
@@ -226,6 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for streams")
     drain.set_defaults(func=cmd_drain)
+
+    keys = commands.add_parser("keys", help="make API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    new = keys.add_parser("new", help="a new key, and its entry for VOICEHOST_API_KEYS")
+    new.add_argument("--id", required=True, help="the key's name (logs, quotas)")
+    new.add_argument("--tenant", required=True, help="whose voices and jobs it reaches")
+    new.add_argument(
+        "--scopes", default="synthesize,voices", help="comma-separated: synthesize, voices, admin"
+    )
+    new.set_defaults(func=cmd_keys_new)
+    hash_ = keys.add_parser("hash", help="the sha256 of a key given on stdin")
+    hash_.set_defaults(func=cmd_keys_hash)
 
     dev = commands.add_parser("dev-model", help="build the dev model (cached)")
     dev.add_argument("--out", type=Path, help="where to build it (default: the dev_dir setting)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import secrets
 import shutil
 import sys
@@ -28,10 +27,11 @@ from typing import Literal, Protocol
 
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
+from voicehost.ids import child, is_job_id
+from voicehost.voices import assign_tenant
 
 log = logging.getLogger(__name__)
 
-JOB_ID_PATTERN = re.compile(r"^job-[0-9a-f]{16}$")
 JobStatus = Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
 RUNNING: tuple[JobStatus, ...] = ("preparing", "training")
 FINISHED: tuple[JobStatus, ...] = ("done", "failed", "cancelled")
@@ -54,6 +54,7 @@ class CloneJob:
     error: str | None = None
     eval_loss: list[float] = field(default_factory=list)
     runner: str | None = None  # who runs the job's worker process right now
+    tenant: str | None = None  # whose job it is (and whose the voice); None: no keys configured
 
 
 class JobQueue(Protocol):
@@ -118,9 +119,12 @@ class CloneJobs:
         self._running: str | None = None
 
     def _dir(self, job_id: str) -> Path:
-        if not JOB_ID_PATTERN.match(job_id):
-            raise KeyError(job_id)
-        return self.root / job_id
+        try:
+            if is_job_id(job_id):
+                return child(self.root, job_id)
+        except ValueError:  # a job folder that is a link out of the jobs folder
+            pass
+        raise KeyError(job_id)
 
     def _save(self, job: CloneJob) -> None:
         job.updated = time.time()
@@ -153,11 +157,11 @@ class CloneJobs:
         """Where the job's worker writes the voice folder."""
         return self._dir(job_id) / OUTPUT
 
-    async def submit(self, job_id: str, spec: VoiceJob) -> CloneJob:
+    async def submit(self, job_id: str, spec: VoiceJob, tenant: str | None = None) -> CloneJob:
         """Queue a job whose inputs are in place (``spec.adapters_dir`` is ``output_dir``)."""
         (self._dir(job_id) / SPEC).write_text(json.dumps(job_to_json(spec)))
         now = time.time()
-        job = CloneJob(job_id, spec.voice_id, "queued", now, now)
+        job = CloneJob(job_id, spec.voice_id, "queued", now, now, tenant=tenant)
         self._save(job)
         await self.queue.put(job_id)  # if this fails, the caller discards the job
         return job
@@ -178,7 +182,7 @@ class CloneJobs:
         return job
 
     def jobs(self) -> list[CloneJob]:
-        found = [self._load(p.name) for p in self.root.iterdir() if JOB_ID_PATTERN.match(p.name)]
+        found = [self._load(p.name) for p in self.root.iterdir() if is_job_id(p.name)]
         return sorted((j for j in found if j), key=lambda j: j.created)
 
     def voice_in_progress(self, voice_id: str) -> bool:
@@ -301,6 +305,8 @@ class CloneJobs:
             if code == 0:
                 folder = self.output_dir(job.id) / job.voice_id
                 try:
+                    if job.tenant is not None:
+                        await asyncio.to_thread(assign_tenant, folder, job.tenant)
                     await self.on_voice_ready(job.voice_id, folder)
                 except ValueError as exc:  # VoiceExists, InvalidAdapter
                     self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")

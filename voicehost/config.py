@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost import orpheus
+from voicehost.auth import ApiKey
 from voicehost.devmodel import DevModelPaths
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
@@ -42,6 +43,7 @@ class Settings(BaseSettings):
     jobs_dir: Path = Field(Path("jobs"), description="Clone jobs: state and uploaded inputs.")
     max_upload_mb: float = Field(200.0, description="Largest upload to POST /v1/voices (413).")
     max_upload_minutes: float = Field(60.0, description="Most audio in one upload (413).")
+    max_adapter_mb: float = Field(256.0, description="Largest uploaded adapter file (413).")
     min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
 
@@ -52,6 +54,16 @@ class Settings(BaseSettings):
     ws_idle_timeout_seconds: float = Field(
         30.0, gt=0, description="A WebSocket with no message and nothing to speak is closed."
     )
+
+    # Authentication
+    api_keys: list[ApiKey] = Field(
+        default_factory=list, description="API keys: a JSON list of {id, tenant, scopes, sha256}."
+    )
+    api_keys_file: Path | None = Field(None, description="A JSON file of more API keys.")
+    internal_token: SecretStr | None = Field(
+        None, description="Shared secret of gateways and workers (internal routes, forwarding)."
+    )
+    metrics_public: bool = Field(True, description="Serve /metrics without a key (else admin).")
 
     # Text
     segment_max_chars: int = Field(
@@ -98,7 +110,16 @@ class Settings(BaseSettings):
         8, description="In-flight streams of one voice per extra worker it is replicated to."
     )
     worker_capacity: int | None = Field(
-        None, description="Streams a worker reports it can keep real-time (default max_num_seqs)."
+        None,
+        ge=1,
+        description="Streams this process admits at once and reports to the cluster: those it "
+        "keeps real-time (beyond: 503; default max_num_seqs).",
+    )
+    key_max_streams: int = Field(
+        0, ge=0, description="Streams one API key may hold at once (beyond: 429; 0: no quota)."
+    )
+    drain_timeout_seconds: float = Field(
+        60.0, ge=0, description="On SIGTERM, how long streams in flight may take to finish."
     )
     shared_dir: Path = Field(
         Path("shared"), description="Shared store of the cluster: adapters and clone jobs."
@@ -162,6 +183,10 @@ class Settings(BaseSettings):
         if not self.model:
             raise ValueError("no model configured: pass --model (or VOICEHOST_MODEL) or --dev")
         return self.model
+
+    def stream_capacity(self) -> int:
+        """Streams this process admits at once (and reports to the cluster)."""
+        return self.worker_capacity or self.max_num_seqs
 
     def served_codec(self) -> str:
         return str(DevModelPaths(self.dev_dir).codec) if self.dev else self.codec

@@ -190,8 +190,10 @@ def max_audio_tokens(text: str, limit: int) -> int:
     """A ``max_tokens`` for ``text``: whole frames of generous speech time plus the stop token.
 
     Speech runs at about 14 characters per second; allow twice that time plus one second, but
-    never more than ``limit`` tokens.
+    never more than ``limit`` tokens: ``ValueError`` if not even one frame and the stop fit.
     """
+    if limit < TOKENS_PER_FRAME + 1:
+        raise ValueError(f"a limit of {limit} tokens holds no frame and the stop token")
     seconds = 1.0 + 2.0 * len(text) / CHARACTERS_PER_SECOND
     frames = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND / TOKENS_PER_FRAME)
     frames = max(1, min(frames, (limit - 1) // TOKENS_PER_FRAME))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from voicehost.admission import Admission
 from voicehost.cloning import CloneJobs, JobQueue
 from voicehost.cluster.state import WorkerLoad
 from voicehost.codec import DecodeScheduler, SnacCodec
@@ -68,6 +69,7 @@ class Runtime:
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
         self.jobs = CloneJobs(jobs_dir, self.registry.add, queue, runner)
+        self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
         self.draining = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -101,14 +103,18 @@ class Runtime:
     def load(self) -> WorkerLoad:
         """What a cluster worker reports with each heartbeat."""
         loaded = self.registry.loaded()
-        capacity = self.settings.worker_capacity or self.settings.max_num_seqs
-        return WorkerLoad(self.active_streams, loaded, capacity)
+        return WorkerLoad(self.active_streams, loaded, self.settings.stream_capacity())
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish."""
         self.draining = True
         if self.cluster is not None and self.cluster.presence is not None:
             await self.cluster.presence.leave()
+
+    async def drain_and_wait(self) -> None:
+        """``drain``, then return once the last admitted stream has ended (SIGTERM)."""
+        await self.drain()
+        await self.admission.idle()
 
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions
 from voicehost.audio import UnsupportedAudio, output_rate
+from voicehost.auth import Principal, can_see
 from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
@@ -62,12 +63,20 @@ def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
     )
 
 
-async def find_voice(runtime: Runtime, voice_id: str) -> Voice:
-    """The voice to speak with: 404 if there is none, 422 if its adapter is unusable."""
+def voice_not_found(voice_id: str) -> ApiError:
+    """The one answer for a voice that does not exist, or is another tenant's."""
+    return ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+
+
+async def find_voice(runtime: Runtime, voice_id: str, principal: Principal | None) -> Voice:
+    """The voice ``principal`` speaks with: 404 if there is none (or it is another tenant's), 422
+    if its adapter is unusable (told only to an admin or in open mode: its tenant is unknown)."""
     voice = await runtime.registry.find(voice_id)
     if voice is None:
         broken = runtime.registry.broken(voice_id)
-        if broken is not None:
+        if broken is not None and (principal is None or principal.admin):
             raise ApiError(422, "voice_unusable", f"voice {voice_id!r} is unusable: {broken}")
-        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+        raise voice_not_found(voice_id)
+    if not can_see(principal, voice.tenant):
+        raise voice_not_found(voice_id)
     return voice

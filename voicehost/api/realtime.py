@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, suppress
 
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from voicehost.api.common import RUNTIME, ApiError, check_audio_options, find_voice, speak_options
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio import AudioEncoder, content_type
+from voicehost.auth import request_principal
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
@@ -102,11 +104,13 @@ class RealtimeSession:
         self.segmenter_base = 0  # where the current segmenter's offsets start
         self.queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self.speaker: asyncio.Task[None] | None = None
-        self.speaking = False  # a segment is being spoken
+        self.in_segment = False  # between a segment's start and its end: speaking
+        self.last_output = time.monotonic()  # when the socket last sent something
         self.ended = False
 
     async def send(self, payload: dict[str, object]) -> None:
         await self.ws.send_str(json.dumps(payload))
+        self.last_output = time.monotonic()
 
     async def run(self) -> None:
         await self.send(
@@ -125,7 +129,7 @@ class RealtimeSession:
                 try:
                     message = await self.ws.receive(timeout=idle)
                 except TimeoutError:
-                    if self._busy():
+                    if self._busy(idle):
                         continue
                     await self.send(error_event("idle_timeout", f"no message for {idle:g} s"))
                     await self.ws.close(message=b"idle timeout")
@@ -184,11 +188,14 @@ class RealtimeSession:
         await self.send({"type": "cancelled"})
         self.speaker = self._start_speaker()
 
-    def _busy(self) -> bool:
-        return not self.queue.empty() or self.speaking
+    def _busy(self, idle: float) -> bool:
+        """Whether the socket has something to say: queued text, a segment being spoken (its
+        audio may still be generating), or output in the last ``idle`` seconds."""
+        recent = time.monotonic() - self.last_output < idle
+        return not self.queue.empty() or self.in_segment or recent
 
     def _start_speaker(self) -> asyncio.Task[None]:
-        self.speaking = False
+        self.in_segment = False
         return asyncio.create_task(self._speak(self.queue), name="realtime-speaker")
 
     async def _stop_speaker(self) -> None:
@@ -200,9 +207,7 @@ class RealtimeSession:
 
     async def _segments(self, queue: asyncio.Queue[Segment | None]) -> AsyncIterator[Segment]:
         while (segment := await queue.get()) is not END:
-            self.speaking = True
             yield segment
-            self.speaking = not queue.empty()
 
     async def _speak(self, queue: asyncio.Queue[Segment | None]) -> None:
         """Speak queued segments until ``END``; then ``done`` and close."""
@@ -225,12 +230,13 @@ class RealtimeSession:
                 await self.send(error_event("synthesis_failed", f"synthesis failed: {exc}"))
                 await self.ws.close()
         finally:
-            self.speaking = False
+            self.in_segment = False
 
     async def _forward(self, event: SegmentStarted | np.ndarray | SegmentDone) -> None:
         if isinstance(event, np.ndarray):
             await self._audio(self.encoder.encode(event))
         elif isinstance(event, SegmentStarted):
+            self.in_segment = True
             span = event.segment
             await self.send(
                 {
@@ -242,6 +248,7 @@ class RealtimeSession:
                 }
             )
         else:
+            self.in_segment = False
             await self.send(
                 {
                     "type": "segment.done",
@@ -254,6 +261,7 @@ class RealtimeSession:
     async def _audio(self, data: bytes) -> None:
         if data:
             await self.ws.send_bytes(data)
+            self.last_output = time.monotonic()
 
 
 def error_event(code: str, message: str) -> dict[str, object]:
@@ -302,13 +310,16 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above."""
     runtime = request.app[RUNTIME]
     synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
-    ws, config = await open_socket(request, runtime.settings.ws_idle_timeout_seconds)
-    if config is None:
+    principal = request_principal(request)
+    # a session holds one stream slot while it is open; refused before the upgrade (503/429)
+    with runtime.admission.admit(principal.key_id if principal else None):
+        ws, config = await open_socket(request, runtime.settings.ws_idle_timeout_seconds)
+        if config is None:
+            return ws
+        try:
+            voice = await find_voice(runtime, config.voice, principal)
+        except ApiError as exc:
+            await refuse(ws, exc.code, exc.message)
+            return ws
+        await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
         return ws
-    try:
-        voice = await find_voice(runtime, config.voice)
-    except ApiError as exc:
-        await refuse(ws, exc.code, exc.message)
-        return ws
-    await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
-    return ws

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -14,7 +15,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
-from voicehost.api import realtime
+from voicehost.admission import Refused
+from voicehost.api import lifecycle, realtime
 from voicehost.api import voices as voice_routes
 from voicehost.api.common import (
     RUNTIME,
@@ -25,8 +27,17 @@ from voicehost.api.common import (
     find_voice,
     speak_options,
 )
+from voicehost.api.openapi import openapi
 from voicehost.api.schemas import SpeechRequest, VoiceInfo, VoiceList
 from voicehost.audio import AudioEncoder, content_type
+from voicehost.auth import (
+    AUTH,
+    Authenticator,
+    auth_middleware,
+    bind_host,
+    can_see,
+    request_principal,
+)
 from voicehost.config import Settings
 from voicehost.engine import InputTooLong
 from voicehost.orpheus import SAMPLE_RATE
@@ -49,8 +60,15 @@ async def error_middleware(
     except ApiError as exc:
         request.app[SERVICE].metrics.errors.labels(exc.code).inc()
         return error_response(exc.status, exc.code, exc.message)
-    except NotReady as exc:
-        return error_response(503, "not_ready", str(exc))
+    except NotReady as exc:  # warming up, draining or failed: another process may answer
+        response = error_response(503, "not_ready", str(exc))
+        response.headers["Retry-After"] = "1"
+        return response
+    except Refused as exc:
+        request.app[SERVICE].metrics.errors.labels(exc.code).inc()
+        response = error_response(exc.status, exc.code, exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after)
+        return response
     except RedisError as exc:
         request.app[SERVICE].metrics.errors.labels("redis_unavailable").inc()
         log.warning("redis unavailable on %s %s: %s", request.method, request.path, exc)
@@ -113,9 +131,19 @@ async def speech(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, runtime.settings.max_input_chars)
     synthesizer = runtime.require_synthesizer()
-    voice = await find_voice(runtime, body.voice)
+    principal = request_principal(request)
+    voice = await find_voice(runtime, body.voice, principal)
     segments = split_text(body.input, runtime.settings.segment_max_chars)
-    events = synthesizer.speak(each(segments), voice, speak_options(body, runtime.settings))
+    options = speak_options(body, runtime.settings)
+    with runtime.admission.admit(principal.key_id if principal else None):
+        events = synthesizer.speak(each(segments), voice, options)
+        return await speak(request, runtime, body, events)
+
+
+async def speak(
+    request: web.Request, runtime: Runtime, body: SpeechRequest, events: AsyncIterator[SpeechEvent]
+) -> web.StreamResponse:
+    """Stream ``events``' audio as ``body`` asks (raw bytes of its format, or SSE)."""
     async with aclosing(events), aclosing(audio_only(events)) as chunks:
         try:
             first = await anext(chunks)
@@ -176,8 +204,14 @@ async def send_sse(
 
 
 async def list_voices(request: web.Request) -> web.Response:
+    """Voices the caller can use: shared ones and its tenant's (all for an admin); unusable
+    adapters only to an admin or in open mode (their tenant is unknown)."""
     registry = request.app[SERVICE].registry
+    principal = request_principal(request)
     usable, broken = await registry.list_voices()
+    usable = [v for v in usable if can_see(principal, v.tenant)]
+    if principal is not None and not principal.admin:
+        broken = []
     voices = [
         VoiceInfo(
             id=v.voice_id,
@@ -243,6 +277,7 @@ def add_public_routes(
     app.router.add_get("/healthz", health)
     app.router.add_get("/readyz", ready)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
 
 
 def create_app(settings: Settings, worker: bool = False) -> web.Application:
@@ -250,7 +285,8 @@ def create_app(settings: Settings, worker: bool = False) -> web.Application:
 
     ``worker``: a cluster worker, whose voices and jobs live in Redis and the shared store.
     """
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(middlewares=[error_middleware, auth_middleware])
+    app[AUTH] = Authenticator.from_settings(settings, "worker" if worker else "serve")
     cluster = None
     if worker:
         from voicehost.cluster.worker import WorkerCluster
@@ -276,11 +312,17 @@ def create_app(settings: Settings, worker: bool = False) -> web.Application:
 
 
 def serve(settings: Settings, worker: bool = False) -> None:
-    """Run the server until interrupted; a disconnecting client cancels its handler."""
-    web.run_app(
-        create_app(settings, worker),
-        host=settings.host,
-        port=settings.port,
-        handler_cancellation=True,
-        print=lambda msg: log.info("%s", msg),
+    """Serve until SIGTERM or SIGINT, then drain (see ``lifecycle``); a disconnecting client
+    cancels its handler."""
+    app = create_app(settings, worker)
+    runtime = app[RUNTIME]
+    asyncio.run(
+        lifecycle.serve_until_signalled(
+            app,
+            host=bind_host(settings.host, app[AUTH].enabled),
+            port=settings.port,
+            drain=runtime.drain_and_wait,
+            in_flight=lambda: runtime.admission.active,
+            drain_timeout=settings.drain_timeout_seconds,
+        )
     )

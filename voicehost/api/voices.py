@@ -10,19 +10,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from lora_training.ingest import AudioTooLong, UnreadableAudio, decode
+from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio, measure
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
-from voicehost.api.common import SERVICE, ApiError, VoiceService
+from voicehost.api.common import SERVICE, ApiError, VoiceService, voice_not_found
 from voicehost.api.schemas import CloneJobInfo, VoiceDetail
+from voicehost.auth import Principal, can_manage, can_see, owner_tenant, request_principal
 from voicehost.cloning import FINISHED, CloneJob
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.voices import MANIFEST, VOICE_ID_PATTERN, InvalidAdapter, ReadOnlyVoice, VoiceExists
+from voicehost.ids import JOB_ID_PATTERN, is_job_id, is_voice_id
+from voicehost.voices import (
+    MANIFEST,
+    PICKLE_SUFFIXES,
+    VOICE_ID_PATTERN,
+    InvalidAdapter,
+    ReadOnlyVoice,
+    VoiceExists,
+    assign_tenant,
+    read_json_object,
+    voice_tenant,
+)
 
 CHUNK = 1 << 16
+MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
+MAX_FILES = 1000  # file parts in one upload
+MAX_NAME_CHARS = 100  # of a saved file name
+PATH_IDS = {"voice_id": (is_voice_id, VOICE_ID_PATTERN), "job_id": (is_job_id, JOB_ID_PATTERN)}
 ADAPTER_PARTS = {
     "adapter_config": "adapter_config.json",
     "adapter_model": "adapter_model.safetensors",
@@ -30,8 +46,20 @@ ADAPTER_PARTS = {
 
 
 def _safe_name(filename: str | None, index: int) -> str:
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename or "").name)
+    """A file name for an uploaded part: the sent name's last component, ASCII letters, digits
+    and ``._-`` only, short, never hidden (the sent name never makes a path)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename or "").name)[-MAX_NAME_CHARS:]
     return name if name and not name.startswith(".") else f"audio-{index}"
+
+
+def _path_id(request: web.Request, key: str) -> str:
+    """A voice or job id from the route's path (aiohttp has percent-decoded it): 400 unless it
+    matches the id pattern whole."""
+    value = request.match_info[key]
+    valid, pattern = PATH_IDS[key]
+    if not valid(value):
+        raise ApiError(400, f"invalid_{key}", f"{key} must match {pattern.pattern}")
+    return value
 
 
 @dataclass
@@ -54,24 +82,38 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload
         reader = await request.multipart()
     except (ValueError, AssertionError) as exc:
         raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+    try:
+        return await _read_parts(reader, folder, max_bytes)
+    except (ValueError, AssertionError, HttpProcessingError) as exc:  # a truncated or bad body
+        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+
+
+async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> Upload:
     upload = Upload()
     received = 0
     index = 0
     while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader) or not part.name:
-            continue
-        if part.filename is None:
-            value = await part.read(decode=True)
+        if not isinstance(part, BodyPartReader):
+            raise ApiError(400, "invalid_multipart", "nested multipart bodies are not taken")
+        if part.filename is None or not part.name:  # a field; a part without a name is dropped
+            value = bytearray()  # raw: a Content-Encoding is never inflated
+            while chunk := await part.read_chunk(CHUNK):
+                value += chunk
+                if len(value) > MAX_FIELD_BYTES or received + len(value) > max_bytes:
+                    raise ApiError(
+                        413, "upload_too_large", f"form field {part.name!r} is too large"
+                    )
             received += len(value)
-            if received > max_bytes:
-                raise ApiError(413, "upload_too_large", f"uploads are limited to {max_bytes} bytes")
-            upload.fields[part.name] = value.decode("utf-8", errors="replace").strip()
+            if part.name:
+                upload.fields[part.name] = value.decode("utf-8", errors="replace").strip()
             continue
         index += 1
+        if index > MAX_FILES:
+            raise ApiError(413, "upload_too_large", f"uploads are limited to {MAX_FILES} files")
         sent = unquote(part.filename)  # some clients percent-encode file names
         target = folder / _safe_name(sent, index)
         while target.exists():
-            target = target.with_name(f"{index}-{target.name}")
+            target = target.with_name(f"{index}-{target.name}"[: 2 * MAX_NAME_CHARS])
         upload.renamed[Path(sent).stem] = target.stem
         with target.open("wb") as sink:
             while chunk := await part.read_chunk(CHUNK):
@@ -88,7 +130,7 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload
 async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
     voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
-    if not VOICE_ID_PATTERN.match(voice_id):
+    if not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     await _ensure_free(runtime, voice_id)
     return voice_id
@@ -105,12 +147,13 @@ async def create_voice(request: web.Request) -> web.Response:
     """``POST /v1/voices``: audio files -> a clone job (202); a PEFT adapter -> a voice (201)."""
     runtime = request.app[SERVICE]
     settings = runtime.settings
+    tenant = owner_tenant(request_principal(request))
     job_id, inputs = runtime.jobs.new_job_dir()
     try:
         upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
         voice_id = await _voice_id(runtime, upload.fields)
         if "adapter_config" in upload.files or "adapter_model" in upload.files:
-            voice = await _register_adapter(runtime, voice_id, upload, inputs)
+            voice = await _register_adapter(runtime, voice_id, upload, inputs, tenant)
             runtime.jobs.discard(job_id)
             return web.json_response({"voice": voice.model_dump()}, status=201)
         spec = await _check_audio(runtime, voice_id, upload, inputs, job_id)
@@ -122,7 +165,7 @@ async def create_voice(request: web.Request) -> web.Response:
         runtime.jobs.discard(job_id)
         raise
     try:
-        job = await runtime.jobs.submit(job_id, spec)
+        job = await runtime.jobs.submit(job_id, spec, tenant)
     except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
         await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
         raise
@@ -153,11 +196,13 @@ async def _check_audio(
     if not audio:
         raise ApiError(400, "no_audio", "send one or more 'audio' files (or an adapter)")
     budget = settings.max_upload_minutes * 60
-    for path in audio:
+    for path in audio:  # by content; decoded, counted and dropped: nothing held in memory
         try:
-            seconds = (await asyncio.to_thread(decode, path, budget)).size / SAMPLE_RATE
+            seconds = await asyncio.to_thread(measure, path, budget)
         except AudioTooLong as exc:
             raise ApiError(413, "audio_too_long", f"{path.name}: {exc}") from exc
+        except UnsupportedAudio as exc:
+            raise ApiError(415, "unsupported_audio", f"{path.name}: {exc}") from exc
         except UnreadableAudio as exc:
             raise ApiError(
                 415, "not_audio", f"{path.name} is not audio we can read: {exc}"
@@ -192,22 +237,26 @@ async def _check_audio(
 
 
 async def _register_adapter(
-    runtime: VoiceService, voice_id: str, upload: Upload, inputs: Path
+    runtime: VoiceService, voice_id: str, upload: Upload, inputs: Path, tenant: str | None
 ) -> VoiceDetail:
     files, fields = upload.files, upload.fields
+    max_bytes = int(runtime.settings.max_adapter_mb * 1e6)
     staging = inputs / voice_id
     staging.mkdir()
     for part, name in ADAPTER_PARTS.items():
         if len(files.get(part, [])) != 1:
             raise ApiError(400, "invalid_adapter", f"send exactly one '{part}' file")
+        if files[part][0].suffix.lower() in PICKLE_SUFFIXES:
+            message = f"'{part}' is named like a pickle file: safetensors only"
+            raise ApiError(400, "invalid_adapter", message)
+        if files[part][0].stat().st_size > max_bytes:
+            raise ApiError(413, "adapter_too_large", f"adapters are limited to {max_bytes} bytes")
         files[part][0].replace(staging / name)
     manifest_part = files.get("voice", [])
-    try:
-        manifest = json.loads(manifest_part[0].read_text()) if manifest_part else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_adapter", f"'voice' is not JSON: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise ApiError(400, "invalid_adapter", "'voice' must be a JSON object")
+    try:  # the weights are first read by the registry's validation, after the config
+        manifest = read_json_object(manifest_part[0]) if manifest_part else {}
+    except InvalidAdapter as exc:
+        raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
     manifest = {
         "base_model": runtime.settings.served_base_name(),
         "prompt_style": "plain",
@@ -217,19 +266,22 @@ async def _register_adapter(
         "version": manifest.get("version", 1),
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
     try:
         await runtime.registry.add(voice_id, staging)
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", str(exc)) from exc
     except VoiceExists as exc:
         raise ApiError(409, "voice_exists", str(exc)) from exc
-    return await _voice_detail(runtime, voice_id)
+    return await _voice_detail(runtime, voice_id, None)
 
 
-async def _voice_detail(runtime: VoiceService, voice_id: str) -> VoiceDetail:
+async def _voice_detail(
+    runtime: VoiceService, voice_id: str, principal: Principal | None
+) -> VoiceDetail:
     manifest = await runtime.registry.manifest(voice_id)
-    if manifest is None:
-        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    if manifest is None or not can_see(principal, voice_tenant(manifest)):
+        raise voice_not_found(voice_id)
     builtin = runtime.registry.builtin.get(voice_id)
     if builtin is not None:
         return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
@@ -239,13 +291,18 @@ async def _voice_detail(runtime: VoiceService, voice_id: str) -> VoiceDetail:
 
 async def get_voice(request: web.Request) -> web.Response:
     runtime = request.app[SERVICE]
-    voice = await _voice_detail(runtime, request.match_info["voice_id"])
+    voice = await _voice_detail(runtime, _path_id(request, "voice_id"), request_principal(request))
     return web.json_response({"voice": voice.model_dump()})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
     runtime = request.app[SERVICE]
-    voice_id = request.match_info["voice_id"]
+    voice_id = _path_id(request, "voice_id")
+    principal = request_principal(request)
+    if principal is not None and not principal.admin:  # 404 for another tenant's
+        tenant = voice_tenant((await _voice_detail(runtime, voice_id, principal)).manifest)
+        if not can_manage(principal, tenant) and voice_id not in runtime.registry.builtin:
+            raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
     try:
         removed = await runtime.registry.remove(voice_id)
     except ReadOnlyVoice as exc:
@@ -259,15 +316,17 @@ def _job_info(job: CloneJob) -> CloneJobInfo:
     return CloneJobInfo.model_validate(job, from_attributes=True)
 
 
-def _job(runtime: VoiceService, job_id: str) -> CloneJob:
-    job = runtime.jobs.get(job_id)
-    if job is None:
+def _job(request: web.Request) -> CloneJob:
+    """The job the route names: 404 if there is none, or it is another tenant's."""
+    job_id = _path_id(request, "job_id")
+    job = request.app[SERVICE].jobs.get(job_id)
+    if job is None or not can_see(request_principal(request), job.tenant):
         raise ApiError(404, "job_not_found", f"job {job_id!r} does not exist")
     return job
 
 
 async def get_job(request: web.Request) -> web.Response:
-    job = _job(request.app[SERVICE], request.match_info["job_id"])
+    job = _job(request)
     return web.json_response({"job": _job_info(job).model_dump()})
 
 
@@ -275,7 +334,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     """``DELETE /v1/jobs/{id}``: cancel a queued or running job; delete a finished one (and its
     stored inputs)."""
     runtime = request.app[SERVICE]
-    job = _job(runtime, request.match_info["job_id"])
+    job = _job(request)
     if job.status in FINISHED:
         if runtime.jobs.is_running(job.id):
             raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
@@ -287,7 +346,7 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 async def retry_job(request: web.Request) -> web.Response:
     runtime = request.app[SERVICE]
-    job = _job(runtime, request.match_info["job_id"])
+    job = _job(request)
     if runtime.jobs.is_running(job.id):
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
     if await runtime.registry.exists(job.voice_id):

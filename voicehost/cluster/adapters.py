@@ -11,9 +11,9 @@ which the engine may be loading).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -21,25 +21,24 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from voicehost.voices import ADAPTER_WEIGHTS
+from voicehost.ids import child, is_voice_id
+from voicehost.voices import weights_checksum
 
 log = logging.getLogger(__name__)
 
 SCHEME = "shared:"
 IN_USE_SECONDS = 60.0
+CHECKSUM = re.compile(r"[0-9a-f]{64}")
 
 
 class AdapterFetchError(RuntimeError):
     """The adapter could not be fetched, or its weights do not match the registry's checksum."""
 
 
-def weights_checksum(folder: Path) -> str:
-    """The SHA-256 of an adapter's weights, which the registry records."""
-    digest = hashlib.sha256()
-    with (folder / ADAPTER_WEIGHTS).open("rb") as weights:
-        while block := weights.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+def _folder_names(voice_id: str, checksum: str) -> None:
+    """Refuse a voice id or checksum that could not name a folder under the store or cache."""
+    if not is_voice_id(voice_id) or not CHECKSUM.fullmatch(checksum):
+        raise AdapterFetchError(f"bad adapter name {voice_id!r} / checksum {checksum!r}")
 
 
 class AdapterStore(Protocol):
@@ -71,8 +70,9 @@ class SharedDirStore:
         return path
 
     def publish(self, folder: Path, voice_id: str, checksum: str) -> str:
+        _folder_names(voice_id, checksum)
         relative = Path("adapters") / voice_id / checksum[:32]
-        target = self.root / relative
+        target = child(child(self.root / "adapters", voice_id), checksum[:32])
         if not target.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = target.parent / f".{uuid.uuid4().hex}"
@@ -118,8 +118,9 @@ class AdapterCache:
     def fetch(self, uri: str, checksum: str, voice_id: str) -> Path:
         """A verified local folder of the adapter (named ``voice_id``), fetched if needed;
         marks it used (call it for every use, so that eviction is least recently used)."""
-        entry = self.root / checksum[:32]
-        folder = entry / voice_id
+        _folder_names(voice_id, checksum)
+        entry = child(self.root, checksum[:32])
+        folder = child(entry, voice_id)
         with self._lock:
             if folder.is_dir():
                 os.utime(entry)

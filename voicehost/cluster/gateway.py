@@ -5,7 +5,8 @@ hot voices replicated, sessions pinned), over one keep-alive client session. A r
 before its first byte is retried once on the next worker; a stream cut mid-way ends with a
 terminal error (an SSE error event, or a response cut short without its last chunk), never a
 hang. Voice and job routes are the same handlers as ``voicehost serve``, over the Redis registry
-and the shared store.
+and the shared store. Clients are authenticated here (``voicehost.auth``); a worker gets each
+request with the internal token and the caller, and checks the voice's tenant again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from voicehost.api.common import SERVICE, ApiError, error_response
+from voicehost.admission import Refused
+from voicehost.api.common import SERVICE, ApiError, error_response, voice_not_found
 from voicehost.api.realtime import MAX_MESSAGE_BYTES, open_socket, refuse
 from voicehost.api.schemas import SpeechRequest
 from voicehost.api.server import (
@@ -29,6 +31,14 @@ from voicehost.api.server import (
     check_speech_request,
     error_middleware,
     read_body,
+)
+from voicehost.auth import (
+    AUTH,
+    Authenticator,
+    auth_middleware,
+    bind_host,
+    can_see,
+    request_principal,
 )
 from voicehost.cloning import CloneJobs
 from voicehost.cluster.adapters import SharedDirStore
@@ -49,7 +59,12 @@ POOL_WAIT_SECONDS = 10.0
 
 
 class UpstreamFailed(Exception):
-    """The chosen worker failed before its first byte."""
+    """The chosen worker failed before its first byte; ``full``: it was at capacity (503 with
+    ``Retry-After``), so another worker, or a retry later, can serve the stream."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
 
 
 class Gateway:
@@ -130,7 +145,7 @@ GATEWAY = web.AppKey("gateway", Gateway)
 
 
 async def _open_upstream(
-    gateway: Gateway, worker: WorkerInfo, body: bytes
+    gateway: Gateway, worker: WorkerInfo, body: bytes, headers: dict[str, str]
 ) -> tuple[aiohttp.ClientResponse, bytes]:
     """POST to the worker and read its first bytes; ``UpstreamFailed`` if that fails."""
     assert gateway.client is not None
@@ -138,7 +153,7 @@ async def _open_upstream(
         upstream = await gateway.client.post(
             f"{worker.url}/v1/audio/speech",
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **headers},
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
@@ -149,7 +164,8 @@ async def _open_upstream(
             text = f"(unreadable body: {exc})"
         finally:
             upstream.release()
-        raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}")
+        full = upstream.status == 503 and "Retry-After" in upstream.headers
+        raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}", full)
     if upstream.status != 200:
         return upstream, b""
     try:
@@ -167,12 +183,16 @@ async def speech(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, gateway.settings.max_input_chars)
-    if await gateway.registry.find(body.voice) is None:
-        raise ApiError(404, "voice_not_found", f"voice {body.voice!r} does not exist")
+    principal = request_principal(request)
+    voice = await gateway.registry.find(body.voice)
+    if voice is None or not can_see(principal, voice.tenant):
+        raise voice_not_found(body.voice)
+    forwarded = request.app[AUTH].forward_headers(principal)  # the worker checks again
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
     failed: set[str] = set()
     errors: list[str] = []
+    full = 0  # of the workers tried, those at capacity
     for _attempt in range(2):  # the first choice, then once on the next worker
         worker = await gateway.pick(body.voice, session_id, frozenset(failed))
         if worker is None:
@@ -181,12 +201,13 @@ async def speech(request: web.Request) -> web.StreamResponse:
         gateway.voice_streams[body.voice] += 1
         try:
             try:
-                upstream, first = await _open_upstream(gateway, worker, raw)
+                upstream, first = await _open_upstream(gateway, worker, raw, forwarded)
             except UpstreamFailed as exc:
                 gateway.metrics.errors.labels("upstream_before_first_byte").inc()
                 log.warning("worker failed before the first byte: %s", exc)
                 failed.add(worker.worker_id)
                 errors.append(str(exc))
+                full += exc.full
                 continue
             return await _relay(request, upstream, first, body.stream_format == "sse")
         finally:
@@ -196,6 +217,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
                 del gateway.voice_streams[body.voice]
     if not errors:
         raise ApiError(503, "no_workers", "no worker is available; try again shortly")
+    if full == len(errors):  # every worker tried is full: the cluster is, for now
+        raise Refused(503, "at_capacity", "every worker tried is at capacity", retry_after=1)
     raise ApiError(502, "upstream_failed", "; ".join(errors))
 
 
@@ -204,9 +227,10 @@ async def _relay(
 ) -> web.StreamResponse:
     """Copy the worker's answer to the client as it arrives."""
     headers = {"Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")}
-    if WORKER_HEADER in upstream.headers:
-        headers[WORKER_HEADER] = upstream.headers[WORKER_HEADER]
-    if upstream.status != 200:  # the worker's own error answer, passed through
+    for name in (WORKER_HEADER, "Retry-After"):
+        if name in upstream.headers:
+            headers[name] = upstream.headers[name]
+    if upstream.status != 200:  # the worker's own error answer (a 429 too), passed through
         payload = await upstream.read()
         upstream.release()
         return web.Response(status=upstream.status, body=payload, headers=headers)
@@ -256,8 +280,10 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     ws, config = await open_socket(request, gateway.settings.ws_idle_timeout_seconds)
     if config is None:
         return ws
-    if await gateway.registry.find(config.voice) is None:
-        await refuse(ws, "voice_not_found", f"voice {config.voice!r} does not exist")
+    principal = request_principal(request)
+    voice = await gateway.registry.find(config.voice)
+    if voice is None or not can_see(principal, voice.tenant):
+        await refuse(ws, "voice_not_found", voice_not_found(config.voice).message)
         return ws
     worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
     if worker is None:
@@ -265,7 +291,9 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         return ws
     try:
         upstream = await gateway.client.ws_connect(
-            f"{worker.url}/v1/audio/speech/ws", max_msg_size=MAX_MESSAGE_BYTES
+            f"{worker.url}/v1/audio/speech/ws",
+            max_msg_size=MAX_MESSAGE_BYTES,
+            headers=request.app[AUTH].forward_headers(principal),
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
         await refuse(ws, "upstream_failed", f"{worker.worker_id}: {exc}")
@@ -352,7 +380,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def create_gateway_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application(middlewares=[error_middleware, auth_middleware])
+    app[AUTH] = Authenticator.from_settings(settings, "gateway")
     gateway = Gateway(settings)
     app[GATEWAY] = gateway
     app[SERVICE] = gateway
@@ -371,9 +400,10 @@ def create_gateway_app(settings: Settings) -> web.Application:
 
 
 def serve_gateway(settings: Settings) -> None:
+    app = create_gateway_app(settings)
     web.run_app(
-        create_gateway_app(settings),
-        host=settings.host,
+        app,
+        host=bind_host(settings.host, app[AUTH].enabled),
         port=settings.port,
         handler_cancellation=True,
         print=lambda msg: log.info("%s", msg),

@@ -1,6 +1,7 @@
 """The voice registry of a cluster: records in Redis, adapter files in the shared store.
 
-A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, version and status.
+A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, tenant, version and
+status.
 Gateways read records; workers also fetch the adapter into their local cache, verify it and
 validate it before the engine loads it. While Redis is down, records seen before still resolve.
 """
@@ -80,7 +81,7 @@ class RedisVoiceRegistry:
         if record is None or record.get("status") != "ready":
             return None
         if self.cache is None:  # a gateway: the record is enough
-            return Voice(voice_id, record["name"], record["prompt_style"], None, record["checksum"])
+            return _record_voice(record)
         key = (voice_id, record["checksum"])
         async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
             try:
@@ -113,11 +114,7 @@ class RedisVoiceRegistry:
             for voice_id in ids:
                 pipe.hgetall(voice_key(voice_id))
             records = await pipe.execute()
-        voices = [
-            Voice(r["voice_id"], r["name"], r["prompt_style"], None, r["checksum"])  # type: ignore[arg-type]
-            for r in records
-            if r and r.get("status") == "ready"
-        ]
+        voices = [_record_voice(r) for r in records if r and r.get("status") == "ready"]
         return sorted([*self.builtin.values(), *voices], key=lambda v: v.voice_id), []
 
     async def exists(self, voice_id: str) -> bool:
@@ -144,6 +141,7 @@ class RedisVoiceRegistry:
                 "uri": uri,
                 "checksum": checksum,
                 "owner": self.owner,
+                "tenant": voice.tenant or "",  # "": shared with every tenant
                 "version": str(version),
                 "created": str(time.time()),
                 "manifest": manifest,
@@ -182,3 +180,15 @@ class RedisVoiceRegistry:
         if record is None or record.get("status") != "ready":
             return None
         return json.loads(record.get("manifest") or "{}")
+
+
+def _record_voice(record: dict[str, str]) -> Voice:
+    """The voice a registry record describes (a gateway needs no adapter files)."""
+    return Voice(
+        record["voice_id"],
+        record["name"],
+        record["prompt_style"],  # type: ignore[arg-type]
+        None,
+        record["checksum"],
+        record.get("tenant") or None,
+    )

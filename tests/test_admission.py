@@ -1,0 +1,195 @@
+"""Admission control, quotas and the SIGTERM drain: unit tests of the counters, then a real
+dev server with a capacity of 2 streams and a quota of 1 per API key."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from conftest import Server, dev_server
+
+from voicehost.admission import Admission, Refused
+
+
+def test_a_full_process_refuses_with_503_and_frees_the_slot_when_a_stream_ends():
+    admission = Admission(capacity=2)
+    with admission.admit(None), admission.admit(None):
+        with pytest.raises(Refused) as refused:
+            with admission.admit(None):
+                pass
+        assert (refused.value.status, refused.value.code) == (503, "at_capacity")
+        assert refused.value.retry_after >= 1
+        assert admission.active == 2
+    assert admission.active == 0
+    with admission.admit(None):
+        assert admission.active == 1
+
+
+def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
+    admission = Admission(capacity=3, per_key=1)
+    with admission.admit("a"):
+        with pytest.raises(Refused) as refused:
+            with admission.admit("a"):
+                pass
+        assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
+        with admission.admit("b"), admission.admit(None):
+            # full: a key within its quota is told the process is full
+            with pytest.raises(Refused) as full:
+                with admission.admit("c"):
+                    pass
+            assert full.value.status == 503
+            # a key over its quota is told so, full or not
+            with pytest.raises(Refused) as over:
+                with admission.admit("a"):
+                    pass
+            assert over.value.status == 429
+    assert admission.active == 0 and admission.by_key == {}
+
+
+def test_a_stream_that_fails_still_gives_back_its_slots():
+    admission = Admission(capacity=1, per_key=1)
+    with pytest.raises(ValueError), admission.admit("a"):
+        raise ValueError("synthesis failed")
+    assert admission.active == 0 and admission.by_key == {}
+    with admission.admit("a"):
+        pass
+
+
+async def test_idle_waits_for_the_last_stream():
+    admission = Admission(capacity=2)
+    await asyncio.wait_for(admission.idle(), 1)  # nothing in flight: at once
+    slot = admission.admit(None)
+    slot.__enter__()
+    waiter = asyncio.ensure_future(admission.idle())
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    slot.__exit__(None, None, None)
+    await asyncio.wait_for(waiter, 1)
+
+
+# --- a real server: capacity 2 streams, 1 per key --------------------------------------------
+
+KEYS = {name: f"vh_admission_test_key_{name}_0123456789" for name in ("a", "b", "c")}
+LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
+
+
+@pytest.fixture(scope="module")
+def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
+    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant)."""
+    keys = [
+        {
+            "id": name,
+            "tenant": "acme",
+            "scopes": ["synthesize"],
+            "sha256": hashlib.sha256(key.encode()).hexdigest(),
+        }
+        for name, key in KEYS.items()
+    ]
+    with dev_server(
+        tmp_path_factory.mktemp("admission"),
+        VOICEHOST_API_KEYS=json.dumps(keys),
+        VOICEHOST_WORKER_CAPACITY="2",
+        VOICEHOST_KEY_MAX_STREAMS="1",
+        VOICEHOST_DRAIN_TIMEOUT_SECONDS="120",
+    ) as server:
+        yield server
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+async def open_stream(
+    http: aiohttp.ClientSession, server: Server, key: str
+) -> aiohttp.ClientResponse:
+    """A speech stream that has started playing (its first bytes are in)."""
+    response = await http.post(
+        server.url + "/v1/audio/speech",
+        json={"input": LONG_TEXT, "voice": "dev-b", "response_format": "pcm", "seed": 7},
+        headers=auth(key),
+    )
+    assert response.status == 200, await response.text()
+    assert await response.content.readany()
+    return response
+
+
+async def refused(http: aiohttp.ClientSession, server: Server, key: str) -> tuple[int, str, float]:
+    """Status, error code and answer time of a speech request expected to be refused."""
+    started = time.monotonic()
+    async with http.post(
+        server.url + "/v1/audio/speech",
+        json={"input": "Hello there.", "voice": "dev-b"},
+        headers=auth(key),
+    ) as response:
+        seconds = time.monotonic() - started
+        body = await response.json()
+        assert int(response.headers["Retry-After"]) >= 1
+        return response.status, body["error"]["code"], seconds
+
+
+async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(
+    small_server,
+):
+    async with aiohttp.ClientSession() as http:
+        first = await open_stream(http, small_server, "a")
+        # key a holds its one stream: 429, although the server has room
+        status, code, seconds = await refused(http, small_server, "a")
+        assert (status, code) == (429, "quota_exceeded")
+        assert seconds < 0.5
+        second = await open_stream(http, small_server, "b")
+        # two streams in flight: the server is full for every key
+        status, code, seconds = await refused(http, small_server, "c")
+        assert (status, code) == (503, "at_capacity")
+        assert seconds < 0.5
+        with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
+            await http.ws_connect(small_server.url + "/v1/audio/speech/ws", headers=auth("c"))
+        assert handshake.value.status == 503
+        # a stream whose client leaves gives its slot back
+        first.close()
+        deadline = time.monotonic() + 2
+        while True:
+            async with http.post(
+                small_server.url + "/v1/audio/speech",
+                json={"input": "Hi.", "voice": "dev-b", "response_format": "pcm"},
+                headers=auth("c"),
+            ) as response:
+                if response.status == 200:
+                    assert await response.read()
+                    break
+                assert response.status == 503 and time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        # the admitted stream played to its end meanwhile
+        rest = await second.read()
+        assert rest and second.status == 200
+
+
+async def test_sigterm_drains_streams_in_flight_refuses_new_ones_and_exits(small_server):
+    """Last in this module: the server exits."""
+    async with aiohttp.ClientSession() as http:
+        stream = await open_stream(http, small_server, "a")
+        received = 0
+        small_server.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        while True:  # not ready within a second
+            async with http.get(small_server.url + "/readyz") as response:
+                if response.status == 503:
+                    assert response.headers["Retry-After"] == "1"
+                    break
+            assert time.monotonic() - signalled < 1, "still ready after SIGTERM"
+            await asyncio.sleep(0.05)
+        status, code, _ = await refused(http, small_server, "b")
+        assert (status, code) == (503, "not_ready")
+        assert small_server.process.poll() is None  # still serving the stream in flight
+        async for chunk in stream.content.iter_any():
+            received += len(chunk)
+        assert received > 0 and stream.content.at_eof()
+    # the whole stream came (whole samples) and then the process exited by itself
+    assert received % 2 == 0
+    assert small_server.process.wait(timeout=60) == 0
+    assert "drained: shutting down" in small_server.log_text()

@@ -1,0 +1,544 @@
+"""API keys, scopes and tenants: the key rules on their own, a real app with the middleware for
+the gateway's word, and a real ``voicehost serve --dev`` with keys of two tenants."""
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import dev_env, dev_server, free_port, launch, stop, wait_ready
+from test_cloning import adapter_form
+from test_cluster import RedisServer, eventually
+
+from lora_training.recipe import VoiceJob
+from voicehost.auth import (
+    AUTH,
+    INTERNAL_TOKEN_HEADER,
+    KEY_ID_HEADER,
+    SCOPES_HEADER,
+    TENANT_HEADER,
+    ApiKey,
+    AuthConfigError,
+    Authenticator,
+    Principal,
+    RedactKeys,
+    auth_middleware,
+    bind_host,
+    can_manage,
+    can_see,
+    hash_key,
+    read_keys,
+    request_principal,
+)
+from voicehost.cloning import CloneJobs
+from voicehost.cluster.state import WorkerLoad, WorkerPresence, connect
+from voicehost.config import Settings
+from voicehost.voices import AdapterRules, VoiceRegistry, assign_tenant
+
+TOKEN = "internal-token-for-tests-0123456789"
+KEYS = {  # key -> (id, tenant, scopes)
+    "key-a": ("a", "A", ["synthesize", "voices"]),
+    "key-a-speak": ("a-speak", "A", ["synthesize"]),
+    "key-a-manage": ("a-manage", "A", ["voices"]),
+    "key-b": ("b", "B", ["synthesize", "voices"]),
+    "key-admin": ("ops", "ops", ["admin"]),
+}
+FILE_KEYS = {"key-b-file": ("b-file", "B", ["synthesize", "voices"])}  # from the keys file
+
+
+def entries(keys):
+    return [
+        {"id": i, "tenant": t, "scopes": s, "sha256": hash_key(k)} for k, (i, t, s) in keys.items()
+    ]
+
+
+def bearer(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def test_a_key_is_known_by_its_hash_only_and_maps_to_its_tenant_and_scopes():
+    auth = Authenticator([ApiKey.model_validate(e) for e in entries(KEYS)], None)
+    assert auth.authenticate("key-b") == Principal("b", "B", frozenset({"synthesize", "voices"}))
+    assert auth.authenticate("key-admin").admin
+    assert auth.authenticate("key-c") is None and auth.authenticate("") is None
+    assert "key-b" not in json.dumps(entries(KEYS))
+    assert auth.enabled and not Authenticator([], None).enabled
+    assert Authenticator([], TOKEN).enabled  # a worker that only trusts its gateway
+
+
+def test_keys_come_from_the_env_list_and_the_file(tmp_path, monkeypatch):
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps(entries(FILE_KEYS)))
+    monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps(entries(KEYS)))
+    monkeypatch.setenv("VOICEHOST_API_KEYS_FILE", str(keys_file))
+    auth = Authenticator.from_settings(Settings())
+    assert {k.id for k in auth.keys} == {"a", "a-speak", "a-manage", "b", "ops", "b-file"}
+    assert auth.authenticate("key-b-file").tenant == "B"
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "No such file"),
+        ("{not json", "Expecting property name"),
+        ('{"keys": []}', "JSON list"),
+        (json.dumps([{**entries(FILE_KEYS)[0], "scopes": ["everything"]}]), "scopes"),
+        (json.dumps([{**entries(FILE_KEYS)[0], "sha256": "key-b-file"}]), "sha256"),
+        (json.dumps([{**entries(FILE_KEYS)[0], "key": "plain"}]), "Extra inputs"),
+        (json.dumps(entries(FILE_KEYS) * 2), "duplicate id b-file"),
+    ],
+)
+def test_a_keys_file_that_cannot_be_used_stops_the_start_up(tmp_path, content, problem):
+    keys_file = tmp_path / "keys.json"
+    if content is not None:
+        keys_file.write_text(content)
+    with pytest.raises(AuthConfigError, match=problem):
+        read_keys([], keys_file)
+
+
+def test_a_keys_file_that_cannot_be_used_stops_serve_with_a_clear_message(tmp_path):
+    env = dev_env(VOICEHOST_API_KEYS_FILE=str(tmp_path / "missing.json"))
+    result = subprocess.run(
+        [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "voicehost serve: API keys file" in result.stderr and "missing.json" in result.stderr
+
+
+def test_cluster_processes_with_keys_need_the_internal_token(monkeypatch):
+    monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps(entries(KEYS)))
+    for role in ("worker", "gateway"):
+        with pytest.raises(AuthConfigError, match="VOICEHOST_INTERNAL_TOKEN"):
+            Authenticator.from_settings(Settings(), role)
+    assert Authenticator.from_settings(Settings(), "serve").enabled
+    monkeypatch.setenv("VOICEHOST_INTERNAL_TOKEN", "short")
+    with pytest.raises(AuthConfigError, match="at least 16"):
+        Authenticator.from_settings(Settings(), "gateway")
+
+
+def test_admin_holds_every_scope_and_sees_every_tenant():
+    a = Principal("a", "A", frozenset({"synthesize"}))
+    admin = Principal("ops", "ops", frozenset({"admin"}))
+    assert a.allows(frozenset({"synthesize", "voices"})) and not a.allows(frozenset({"voices"}))
+    assert admin.allows(frozenset({"voices"})) and admin.allows(frozenset({"admin"}))
+    assert can_see(a, "A") and can_see(a, None) and not can_see(a, "B")
+    assert can_see(admin, "B") and can_see(None, "B")  # None: no keys configured
+    assert can_manage(a, "A") and not can_manage(a, None) and not can_manage(a, "B")
+    assert can_manage(admin, None) and can_manage(admin, "B")
+
+
+def test_without_keys_a_public_address_binds_localhost_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+        assert bind_host("0.0.0.0", auth_enabled=False) == "127.0.0.1"
+    assert "authentication is OFF" in caplog.text and "instead of 0.0.0.0" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+        assert bind_host("::1", auth_enabled=False) == "::1"
+        assert bind_host("localhost", auth_enabled=False) == "localhost"
+        assert bind_host("127.0.0.2", auth_enabled=False) == "127.0.0.2"
+    assert caplog.text.count("authentication is OFF") == 3
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+        assert bind_host("0.0.0.0", auth_enabled=True) == "0.0.0.0"
+        assert bind_host("10.1.2.3", auth_enabled=True) == "10.1.2.3"
+    assert caplog.text == ""
+
+
+def test_a_voice_folder_records_its_tenant(dev_model, tmp_path):
+    import shutil
+
+    rules = AdapterRules("voicehost-dev", 16)
+    shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "mine")
+    assign_tenant(tmp_path / "mine", "A")
+    shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "shared")
+    registry = VoiceRegistry([tmp_path], [], rules)
+    registry.scan()
+    assert registry.get("mine").tenant == "A" and registry.get("shared").tenant is None
+    assign_tenant(tmp_path / "mine", None)
+    registry.scan()
+    assert registry.get("mine").tenant is None
+
+
+async def no_registry(voice_id, folder):
+    return None
+
+
+async def test_a_job_keeps_its_tenant(tmp_path, dev_model):
+    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
+    job_id, _ = jobs.new_job_dir()
+    await jobs.submit(job_id, job_spec(tmp_path / "jobs", job_id, dev_model), tenant="A")
+    assert CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry).get(job_id).tenant == "A"
+
+
+def job_spec(jobs_dir, job_id, dev_model):
+    return VoiceJob(
+        audio=[jobs_dir / job_id / "inputs"],
+        voice_id=f"v-{job_id[-6:]}",
+        base_model=str(dev_model.model),
+        base_model_name="voicehost-dev",
+        codec=str(dev_model.codec),
+        adapters_dir=jobs_dir / job_id / "out",
+        work_dir=jobs_dir / job_id / "work",
+    )
+
+
+def test_keys_new_prints_the_key_once_and_an_entry_with_its_hash():
+    result = subprocess.run(
+        [sys.executable, "-m", "voicehost", "keys", "new", "--id", "k1", "--tenant", "A"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    key = result.stderr.strip().rsplit(" ", 1)[-1]
+    entry = ApiKey.model_validate_json(result.stdout)
+    assert entry.sha256 == hash_key(key) and key not in result.stdout
+    assert (entry.id, entry.tenant, entry.scopes) == ("k1", "A", ["synthesize", "voices"])
+
+
+def test_keys_in_urls_are_redacted_from_access_log_lines():
+    record = logging.LogRecord(
+        "aiohttp.access",
+        logging.INFO,
+        "",
+        0,
+        '"%s" %d',
+        ("GET /ws?x=1&api_key=vh_s3cret HTTP/1.1", 101),
+        None,
+    )
+    assert RedactKeys().filter(record)
+    assert record.getMessage() == '"GET /ws?x=1&api_key=<redacted> HTTP/1.1" 101'
+
+
+# --- the middleware: the gateway's word --------------------------------------------------------
+
+
+@pytest.fixture
+async def echo_app():
+    """A real app with the real middleware: a route that answers the request's principal."""
+
+    async def whoami(request):
+        principal = request_principal(request)
+        return web.json_response(principal and {"tenant": principal.tenant, "id": principal.key_id})
+
+    app = web.Application(middlewares=[auth_middleware])
+    app[AUTH] = Authenticator([ApiKey.model_validate(e) for e in entries(KEYS)], TOKEN)
+    app.router.add_post("/v1/audio/speech", whoami)
+    app.router.add_get("/internal/load", whoami)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_forwarded_principal_is_trusted_only_with_the_internal_token(echo_app):
+    auth = Authenticator([], TOKEN)
+    forwarded = auth.forward_headers(Principal("b", "B", frozenset({"synthesize"})))
+    assert forwarded[INTERNAL_TOKEN_HEADER] == TOKEN
+    forged = {k: v for k, v in forwarded.items() if k != INTERNAL_TOKEN_HEADER}
+    async with aiohttp.ClientSession() as http:
+        speech = echo_app + "/v1/audio/speech"
+        async with http.post(speech, headers=forwarded) as response:
+            assert response.status == 200 and await response.json() == {"tenant": "B", "id": "b"}
+        async with http.post(speech, headers=forged) as response:
+            assert response.status == 401
+        async with http.post(speech, headers={**forged, **bearer("key-a")}) as response:
+            assert await response.json() == {"tenant": "A", "id": "a"}  # the key, not the forgery
+        wrong = {**forwarded, INTERNAL_TOKEN_HEADER: TOKEN + "x"}
+        async with http.post(speech, headers=wrong) as response:
+            assert response.status == 401
+        no_scope = {**forwarded, SCOPES_HEADER: "voices"}
+        async with http.post(speech, headers=no_scope) as response:
+            assert response.status == 403
+        bad = {INTERNAL_TOKEN_HEADER: TOKEN, KEY_ID_HEADER: "b", TENANT_HEADER: "B/C"}
+        async with http.post(speech, headers=bad) as response:
+            assert response.status == 401
+        async with http.post(speech, headers={INTERNAL_TOKEN_HEADER: TOKEN}) as response:
+            assert await response.json() is None  # an open gateway forwards no principal
+        async with http.get(echo_app + "/internal/load", headers=bearer("key-admin")) as response:
+            assert response.status == 403
+        headers = {INTERNAL_TOKEN_HEADER: TOKEN}
+        async with http.get(echo_app + "/internal/load", headers=headers) as response:
+            assert response.status == 200
+
+
+# --- a real server with keys of two tenants ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(dev_model, tmp_path_factory):
+    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics."""
+    root = tmp_path_factory.mktemp("auth-server")
+    keys_file = root / "keys.json"
+    keys_file.write_text(json.dumps(entries(FILE_KEYS)))
+    with dev_server(
+        root,
+        VOICEHOST_API_KEYS=json.dumps(entries(KEYS)),
+        VOICEHOST_API_KEYS_FILE=str(keys_file),
+        VOICEHOST_INTERNAL_TOKEN=TOKEN,
+        VOICEHOST_METRICS_PUBLIC="false",
+        VOICEHOST_SEGMENT_MAX_CHARS="900",
+    ) as server:  # /readyz answers without a key
+        yield server.url, root
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+async def a_voice(keyed, dev_model):
+    """A voice of tenant A, uploaded with a manifest that claims tenant B (ignored)."""
+    url, _ = keyed
+    form = adapter_form(dev_model, "a-voice")
+    form.add_field("voice", json.dumps({"tenant": "B"}).encode(), filename="voice.json")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/voices", data=form, headers=bearer("key-a")) as r:
+            assert r.status == 201, await r.text()
+            assert (await r.json())["voice"]["manifest"]["tenant"] == "A"
+    return "a-voice"
+
+
+async def error_of(response):
+    body = await response.json()
+    return response.status, body["error"]["code"], body["error"]["message"]
+
+
+async def test_health_and_readiness_are_open_and_the_rest_needs_a_key(keyed, http):
+    url, _ = keyed
+    for path in ("/healthz", "/readyz"):
+        async with http.get(url + path) as response:
+            assert response.status == 200
+    for method, path in [("GET", "/v1/voices"), ("GET", "/v1/audio/voices"), ("GET", "/metrics")]:
+        async with http.request(method, url + path) as response:
+            assert (await error_of(response))[:2] == (401, "missing_api_key")
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    body = {"input": "Hi.", "voice": "tara"}
+    async with http.post(url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 401
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer("nope")) as response:
+        assert (await error_of(response))[:2] == (401, "invalid_api_key")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(url + "/v1/audio/speech/ws")
+    assert refused.value.status == 401
+    async with http.get(url + "/v1/voices", headers={"X-API-Key": "key-b-file"}) as response:
+        assert response.status == 200  # a key from the file, in the other header
+
+
+async def test_a_key_without_the_routes_scope_is_403(keyed, http):
+    url, _ = keyed
+    checks = [
+        ("POST", "/v1/voices", "key-a-speak"),
+        ("GET", "/v1/voices/dev-a", "key-a-speak"),
+        ("DELETE", "/v1/voices/dev-a", "key-a-speak"),
+        ("GET", "/v1/jobs/job-0000000000000000", "key-a-speak"),
+        ("POST", "/v1/audio/speech", "key-a-manage"),
+        ("GET", "/metrics", "key-a"),  # VOICEHOST_METRICS_PUBLIC=false: admins only
+    ]
+    for method, path, key in checks:
+        async with http.request(method, url + path, headers=bearer(key)) as response:
+            assert (await error_of(response))[:2] == (403, "insufficient_scope"), (path, key)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(url + "/v1/audio/speech/ws?api_key=key-a-manage")
+    assert refused.value.status == 403
+    async with http.get(url + "/metrics", headers=bearer("key-admin")) as response:
+        assert response.status == 200
+    for key in ("key-a-speak", "key-a-manage"):  # either scope lists voices
+        async with http.get(url + "/v1/audio/voices", headers=bearer(key)) as response:
+            assert response.status == 200
+
+
+async def test_internal_routes_accept_only_the_internal_token(keyed, http):
+    url, _ = keyed
+    for headers in ({}, bearer("key-admin"), {INTERNAL_TOKEN_HEADER: "internal-token-wrong-0123"}):
+        async with http.get(url + "/internal/load", headers=headers) as response:
+            assert (await error_of(response))[:2] == (403, "forbidden")
+        async with http.post(url + "/internal/drain", headers=headers) as response:
+            assert response.status == 403
+    async with http.get(url + "/internal/load", headers={INTERNAL_TOKEN_HEADER: TOKEN}) as response:
+        assert response.status == 200 and (await response.json())["draining"] is False
+
+
+async def voice_ids(http, url, key, path="/v1/voices"):
+    async with http.get(url + path, headers=bearer(key)) as response:
+        assert response.status == 200
+        return {v["id"] for v in (await response.json())["voices"]}
+
+
+async def test_another_tenants_voice_is_404_on_every_route_and_missing_from_lists(
+    keyed, http, a_voice
+):
+    url, _ = keyed
+    missing = "no-such-voice"
+
+    async def answers(key, method, path, **kwargs):
+        async with http.request(method, url + path, headers=bearer(key), **kwargs) as response:
+            status, code, message = await error_of(response)
+            return status, code, message.replace(a_voice, "ID").replace(missing, "ID")
+
+    for key in ("key-b", "key-b-file"):
+        for method in ("GET", "DELETE"):
+            theirs = await answers(key, method, f"/v1/voices/{a_voice}")
+            assert theirs == await answers(key, method, f"/v1/voices/{missing}")
+            assert theirs[:2] == (404, "voice_not_found")
+        for voice in (a_voice, missing):
+            body = {"input": "Hi.", "voice": voice, "response_format": "pcm"}
+            status, code, _ = await answers(key, "POST", "/v1/audio/speech", json=body)
+            assert (status, code) == (404, "voice_not_found")
+        for path in ("/v1/voices", "/v1/audio/voices"):
+            listed = await voice_ids(http, url, key, path)
+            assert a_voice not in listed and {"tara", "dev-a"} <= listed
+    async with http.ws_connect(url + "/v1/audio/speech/ws", headers=bearer("key-b")) as ws:
+        await ws.send_json({"type": "config", "voice": a_voice, "response_format": "pcm"})
+        refusal = await ws.receive(timeout=30)
+        assert json.loads(refusal.data)["error"]["code"] == "voice_not_found"
+    assert a_voice in await voice_ids(http, url, "key-a")
+    assert a_voice in await voice_ids(http, url, "key-admin")  # an admin sees every tenant
+    async with http.get(f"{url}/v1/voices/{a_voice}", headers=bearer("key-admin")) as response:
+        assert response.status == 200  # and B's DELETE above left it in place
+
+
+async def test_the_owner_speaks_with_its_voice_over_http_and_websocket(keyed, http, a_voice):
+    url, root = keyed
+    body = {"input": "Hi.", "voice": a_voice, "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer("key-a")) as r:
+        assert r.status == 200 and len(await r.read()) > 0
+    ws_url = f"{url}/v1/audio/speech/ws?api_key=key-a-speak"  # browsers cannot set headers
+    async with http.ws_connect(ws_url) as ws:
+        await ws.send_json({"type": "config", "voice": a_voice, "response_format": "pcm"})
+        await ws.send_json({"type": "text", "text": "Hi."})
+        await ws.send_json({"type": "end"})
+        events, audio = [], 0
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                audio += len(message.data)
+            else:
+                events.append(json.loads(message.data)["type"])
+    assert events[0] == "ready" and events[-1] == "done" and audio > 0
+    log = root / "server.log"
+    await eventually(lambda: "api_key=<redacted>" in log.read_text(), 10)
+    assert "key-a-speak" not in log.read_text()  # the access log hides keys sent in the URL
+
+
+async def test_another_tenants_job_is_404(keyed, http, dev_model):
+    url, root = keyed
+    jobs = CloneJobs(root / "jobs", on_voice_ready=no_registry)  # the server's jobs folder
+    job_id, _ = jobs.new_job_dir()
+    await jobs.submit(job_id, job_spec(root / "jobs", job_id, dev_model), tenant="A")
+    missing = "job-0000000000000000"
+    for method, suffix in [("GET", ""), ("DELETE", ""), ("POST", "/retry")]:
+        for job in (job_id, missing):
+            async with http.request(
+                method, f"{url}/v1/jobs/{job}{suffix}", headers=bearer("key-b")
+            ) as response:
+                assert (await error_of(response))[:2] == (404, "job_not_found"), (method, job)
+    async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a-manage")) as response:
+        assert response.status == 200 and (await response.json())["job"]["status"] == "queued"
+    async with http.delete(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
+        assert (await response.json())["job"]["status"] == "cancelled"
+    async with http.delete(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
+        assert response.status == 204
+
+
+async def test_only_the_owner_or_an_admin_deletes_a_voice(keyed, http, a_voice):
+    url, _ = keyed
+    async with http.delete(url + "/v1/voices/dev-a", headers=bearer("key-a")) as response:
+        assert response.status == 403  # a shared voice
+    async with http.delete(f"{url}/v1/voices/{a_voice}", headers=bearer("key-a")) as response:
+        assert response.status == 204
+    assert a_voice not in await voice_ids(http, url, "key-admin")
+
+
+# --- a gateway with keys, in front of the keyed server -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def gateway(keyed, tmp_path_factory):
+    """``voicehost gateway`` with keys and the token, its own Redis, and the keyed server joined
+    as its worker (one real heartbeat, long-lived: the server itself is no cluster worker)."""
+    url, _ = keyed
+    root = tmp_path_factory.mktemp("auth-gateway")
+    redis_server = RedisServer(free_port(), root)
+    redis_server.start()
+    port = free_port()
+    env = dev_env(
+        VOICEHOST_REDIS_URL=redis_server.url,
+        VOICEHOST_SHARED_DIR=str(root / "shared"),
+        VOICEHOST_API_KEYS=json.dumps(entries(KEYS)),
+        VOICEHOST_INTERNAL_TOKEN=TOKEN,
+        VOICEHOST_MEMBERSHIP_POLL_SECONDS="0.5",
+    )
+    command = [sys.executable, "-m", "voicehost", "gateway", "--dev", "--port", str(port)]
+    log = root / "gateway.log"
+    process = launch(command, env, log)
+    settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=3600)
+    redis = connect(settings)
+    presence = WorkerPresence(redis, settings, "keyed", url, lambda: WorkerLoad(0, 0, 64))
+    try:
+        await presence.heartbeat()
+        await asyncio.to_thread(wait_ready, process, f"http://127.0.0.1:{port}", log)
+        yield f"http://127.0.0.1:{port}", root
+    finally:
+        await redis.aclose()
+        stop(process)
+        redis_server.stop()
+
+
+async def test_the_gateway_forwards_its_callers_with_the_internal_token(gateway, http):
+    url, _ = gateway
+    body = {"input": "Hi.", "voice": "tara", "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body) as response:
+        assert (await error_of(response))[:2] == (401, "missing_api_key")
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer("key-b")) as r:
+        assert r.status == 200, await r.text()  # the worker took the gateway's word for B
+        assert len(await r.read()) > 0
+    async with http.get(url + "/v1/cluster", headers=bearer("key-b")) as response:
+        assert response.status == 403  # admins only
+    async with http.get(url + "/v1/cluster", headers=bearer("key-admin")) as response:
+        assert [w["id"] for w in (await response.json())["workers"]] == ["keyed"]
+
+
+async def test_at_the_gateway_another_tenants_voice_and_job_are_404(gateway, http, dev_model):
+    url, root = gateway
+    form = adapter_form(dev_model, "ga-voice")
+    async with http.post(url + "/v1/voices", data=form, headers=bearer("key-a")) as response:
+        assert response.status == 201, await response.text()
+    for method in ("GET", "DELETE"):
+        async with http.request(method, f"{url}/v1/voices/ga-voice", headers=bearer("key-b")) as r:
+            assert (await error_of(r))[:2] == (404, "voice_not_found")
+    body = {"input": "Hi.", "voice": "ga-voice", "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer("key-b")) as r:
+        assert (await error_of(r))[:2] == (404, "voice_not_found")
+    async with http.ws_connect(url + "/v1/audio/speech/ws?api_key=key-b") as ws:
+        await ws.send_json({"type": "config", "voice": "ga-voice", "response_format": "pcm"})
+        assert json.loads((await ws.receive(timeout=30)).data)["error"]["code"] == (
+            "voice_not_found"
+        )
+    assert "ga-voice" not in await voice_ids(http, url, "key-b")
+    assert "ga-voice" in await voice_ids(http, url, "key-a")
+    jobs = CloneJobs(root / "shared" / "jobs", on_voice_ready=no_registry)
+    job_id, _ = jobs.new_job_dir()
+    await jobs.submit(job_id, job_spec(root / "shared" / "jobs", job_id, dev_model), tenant="A")
+    async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-b")) as response:
+        assert (await error_of(response))[:2] == (404, "job_not_found")
+    async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
+        assert response.status == 200
+    async with http.delete(f"{url}/v1/voices/ga-voice", headers=bearer("key-a")) as response:
+        assert response.status == 204

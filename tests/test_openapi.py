@@ -1,0 +1,187 @@
+"""``GET /openapi.json`` is true to the app: the same routes, valid OpenAPI 3.1, schemas from the
+wire models, served as built; and schemathesis, fuzzing the real dev server from it, finds no
+server error and no answer the document does not describe."""
+
+import aiohttp
+import pytest
+import schemathesis
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from openapi_spec_validator import OpenAPIV31SpecValidator
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+
+from voicehost.api.openapi import REF_TEMPLATE, document
+from voicehost.api.schemas import ErrorResponse, SpeechRequest
+from voicehost.api.server import create_app
+from voicehost.cluster.gateway import create_gateway_app
+from voicehost.config import Settings
+from voicehost.devmodel import DEV_VOICES
+
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+GATEWAY_ONLY = {("GET", "/v1/cluster"), ("POST", "/v1/cluster/route")}  # the cluster's own view
+SPEECH = "/v1/audio/speech"
+
+
+def app_routes(app: web.Application) -> set[tuple[str, str]]:
+    """(method, path) of every route but aiohttp's automatic HEADs and ``/internal/*``."""
+    found = set()
+    for route in app.router.routes():
+        info = route.resource.get_info()
+        path = info.get("path") or info["formatter"]
+        if route.method != "HEAD" and not path.startswith("/internal/"):
+            found.add((route.method, path))
+    return found
+
+
+def documented(doc: dict) -> set[tuple[str, str]]:
+    return {
+        (method.upper(), path)
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in HTTP_METHODS
+    }
+
+
+@pytest.fixture
+def local_settings(tmp_path) -> Settings:
+    return Settings(dev=True, adapters_dir=tmp_path / "adapters", jobs_dir=tmp_path / "jobs")
+
+
+def test_every_served_route_is_documented_and_nothing_else(local_settings):
+    assert app_routes(create_app(local_settings)) == documented(document())
+
+
+def test_the_gateway_documents_its_public_routes(tmp_path):
+    settings = Settings(dev=True, redis_url="redis://127.0.0.1:6379/0", shared_dir=tmp_path)
+    assert app_routes(create_gateway_app(settings)) - GATEWAY_ONLY == documented(document())
+
+
+def test_document_is_valid_openapi_3_1():
+    doc = document()
+    assert doc["openapi"].startswith("3.1")
+    OpenAPIV31SpecValidator(doc).validate()
+
+
+def test_schemas_are_the_wire_models():
+    schemas = document()["components"]["schemas"]
+    speech = SpeechRequest.model_json_schema(ref_template=REF_TEMPLATE)
+    assert schemas["SpeechRequest"] == speech
+    error = ErrorResponse.model_json_schema(ref_template=REF_TEMPLATE, mode="serialization")
+    assert schemas["ErrorResponse"] == {k: v for k, v in error.items() if k != "$defs"}
+    assert schemas["ErrorDetail"] == error["$defs"]["ErrorDetail"]
+
+
+def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry_after():
+    error_ref = {"$ref": REF_TEMPLATE.format(model="ErrorResponse")}
+    streams = {("post", SPEECH), ("get", SPEECH + "/ws")}
+    for path, item in document()["paths"].items():
+        for method, op in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            responses = op["responses"]
+            for status, response in responses.items():
+                if int(status) >= 400:
+                    assert response["content"]["application/json"]["schema"] == error_ref
+            keyed = path not in ("/healthz", "/readyz", "/openapi.json")
+            assert ({"bearerAuth": []} in op["security"]) == keyed, path
+            assert ({"401", "403"} <= set(responses)) == keyed, path
+            if (method, path) in streams:
+                for status in ("429", "503"):
+                    assert "Retry-After" in responses[status]["headers"]
+            else:
+                assert "429" not in responses, path
+
+
+def test_the_realtime_route_describes_every_message_type():
+    from voicehost.api.realtime import MESSAGES
+
+    description = document()["paths"]["/v1/audio/speech/ws"]["get"]["description"]
+    for kind in MESSAGES:
+        assert f"`{kind}`" in description
+
+
+async def test_server_serves_the_document(server):
+    async with aiohttp.ClientSession() as http, http.get(server.url + "/openapi.json") as r:
+        assert r.status == 200
+        assert await r.json() == document()
+
+
+async def test_gateway_serves_the_same_document(tmp_path):
+    settings = Settings(dev=True, redis_url="redis://127.0.0.1:6379/0", shared_dir=tmp_path)
+    gateway = TestServer(create_gateway_app(settings), host="127.0.0.1")
+    await gateway.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(gateway.make_url("/openapi.json")) as r:
+                assert r.status == 200
+                assert await r.json() == document()
+    finally:
+        await gateway.close()
+
+
+async def test_metrics_count_open_asyncio_tasks(server):
+    async with aiohttp.ClientSession() as http, http.get(server.url + "/metrics") as r:
+        text = await r.text()
+    values = [
+        line.split()[-1] for line in text.splitlines() if line.startswith("voicehost_asyncio_")
+    ]
+    assert len(values) == 1 and float(values[0]) >= 1  # at least the task serving this request
+
+
+# --- schemathesis against the running dev server ----------------------------------------------
+
+EXAMPLES = 12  # per operation and generation mode: cheap answers (errors, lists, probes)
+SPEECH_EXAMPLES = 3  # with a real voice, a valid case synthesizes on the CPU engine (seconds)
+CHECKS = [
+    not_a_server_error,
+    schemathesis.checks.status_code_conformance,
+    schemathesis.checks.content_type_conformance,
+    schemathesis.checks.response_schema_conformance,
+]
+
+
+def with_real_voice(case: schemathesis.Case) -> schemathesis.Case:
+    """Speak with a voice that exists, so that valid cases reach the engine (random ids: 404)."""
+    if isinstance(case.body, dict):
+        case.body["voice"] = DEV_VOICES[0]
+    return case
+
+
+def fuzz(strategy, examples: int, base_url: str) -> None:
+    @given(case=strategy)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: the first failure is reported
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(case: schemathesis.Case) -> None:
+        case.call_and_validate(base_url=base_url, checks=CHECKS, timeout=120)
+
+    run()
+
+
+def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(server):
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    failures = []
+    operations = [result.ok() for result in schema.get_all_operations()]
+    fuzzed = {(op.method.upper(), op.path) for op in operations}
+    assert documented(document()) - fuzzed <= {("GET", "/openapi.json")}  # all but the schema
+    for op in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            strategy = op.as_strategy(generation_mode=mode)
+            runs = [(strategy, EXAMPLES)]
+            if op.path == SPEECH:  # random voices are answered before the engine; then real ones
+                runs.append((strategy.map(with_real_voice), SPEECH_EXAMPLES))
+            for cases, examples in runs:
+                try:
+                    fuzz(cases, examples, server.url)
+                except Unsatisfiable:
+                    pass  # nothing to make invalid (no parameters, no body)
+                except (Exception, BaseExceptionGroup) as exc:  # schemathesis: a group
+                    failures.append(f"{op.label} ({mode.value}): {exc}")
+    assert not failures, "\n\n".join(failures)

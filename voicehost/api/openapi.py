@@ -1,0 +1,451 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the public API.
+
+Request and response bodies are the pydantic models of ``voicehost.api.schemas``, turned into
+JSON Schema here; this module only says which route takes and answers what. ``tests/test_openapi``
+keeps it true: every public route of the app is in it and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from voicehost import __version__
+from voicehost.api.realtime import MESSAGES
+from voicehost.api.schemas import (
+    CloneJobInfo,
+    ErrorResponse,
+    RealtimeConfig,
+    RealtimeControl,
+    RealtimeText,
+    SpeechRequest,
+    VoiceDetail,
+    VoiceList,
+)
+from voicehost.audio import CONTENT_TYPES
+from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN
+
+OPENAPI_VERSION = "3.1.0"
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+Json = dict[str, Any]
+
+MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
+    (SpeechRequest, "validation"),
+    (RealtimeConfig, "validation"),
+    (RealtimeText, "validation"),
+    (RealtimeControl, "validation"),
+    (VoiceList, "serialization"),
+    (VoiceDetail, "serialization"),
+    (CloneJobInfo, "serialization"),
+    (ErrorResponse, "serialization"),
+)
+
+# Answered by the API-key layer (voicehost.auth) when keys are configured, on every route but
+# the probes and this document; the other codes of a route come from its handler.
+AUTH_ERRORS: dict[int, str] = {
+    401: "`missing_api_key` / `invalid_api_key` (auth, when API keys are configured): send "
+    "`Authorization: Bearer <key>` (or `X-API-Key`).",
+    403: "`insufficient_scope` (auth): the key lacks the route's scope.",
+}
+# Answered by admission control (voicehost.admission) to a stream: a speech request or a socket.
+ADMISSION_ERRORS: dict[int, str] = {
+    429: "`quota_exceeded` (admission): the key already holds its most streams; retry after "
+    "`Retry-After` seconds.",
+    503: "`at_capacity` (admission): the server holds all the real-time streams it can; retry "
+    "after `Retry-After` seconds.",
+}
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+WWW_AUTHENTICATE = {
+    "WWW-Authenticate": {"description": "`Bearer realm=...`", "schema": {"type": "string"}}
+}
+UNAVAILABLE = "`not_ready`: the engine is warming up, failed or died."
+REDIS_DOWN = "`redis_unavailable`: the cluster's Redis is unreachable (cluster mode)."
+SECURITY_SCHEMES: Json = {
+    "bearerAuth": {"type": "http", "scheme": "bearer"},
+    "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    "apiKeyQuery": {
+        "type": "apiKey",
+        "in": "query",
+        "name": "api_key",
+        "description": "On the WebSocket route only (browsers cannot set its headers).",
+    },
+}
+# No entry: open (a server without keys); any one of the others when keys are configured.
+KEYED: list[Json] = [{}, {"bearerAuth": []}, {"apiKeyHeader": []}]
+
+
+def ref(model: type[BaseModel]) -> Json:
+    return {"$ref": REF_TEMPLATE.format(model=model.__name__)}
+
+
+def json_body(schema: Json, description: str, headers: Json | None = None) -> Json:
+    response: Json = {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def wrapped(key: str, model: type[BaseModel]) -> Json:
+    """``{key: model}``, the envelope the voice and job routes answer in."""
+    return {"type": "object", "properties": {key: ref(model)}, "required": [key]}
+
+
+def status_body(value: str) -> Json:
+    return {"type": "object", "properties": {"status": {"const": value}}, "required": ["status"]}
+
+
+def errors(codes: dict[int, str], *, keyed: bool = True, stream: bool = False) -> dict[str, Json]:
+    """Error responses (``{"error": {"code", "message"}}``) by status: the handler's ``codes``,
+    plus the API-key errors on a ``keyed`` route and admission's on a ``stream``."""
+    merged = dict(codes)
+    for status, text in (
+        (AUTH_ERRORS if keyed else {}) | (ADMISSION_ERRORS if stream else {})
+    ).items():
+        merged[status] = f"{merged[status]} {text}" if status in merged else text
+    answers: dict[str, Json] = {}
+    for status in sorted(merged):
+        headers = RETRY_AFTER if status == 429 or (status == 503 and stream) else None
+        headers = WWW_AUTHENTICATE if status == 401 else headers
+        answers[str(status)] = json_body(ref(ErrorResponse), merged[status], headers)
+    return answers
+
+
+def operation(
+    summary: str,
+    responses: dict[str, Json],
+    *,
+    tag: str,
+    security: list[Json] | None = None,
+    description: str | None = None,
+    parameters: list[Json] | None = None,
+    body: Json | None = None,
+) -> Json:
+    op: Json = {"summary": summary, "tags": [tag], "responses": responses}
+    if description:
+        op["description"] = description
+    if parameters:
+        op["parameters"] = parameters
+    if body:
+        op["requestBody"] = body
+    op["security"] = security if security is not None else []
+    return op
+
+
+def path_param(name: str, description: str, pattern: str | None = None) -> Json:
+    schema: Json = {"type": "string"}
+    if pattern:
+        schema["pattern"] = pattern
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": schema,
+    }
+
+
+def speech_paths() -> Json:
+    audio = {
+        content: {"schema": {"type": "string", "format": "binary"}}
+        for content in CONTENT_TYPES.values()
+    }
+    audio["text/event-stream"] = {
+        "schema": {
+            "type": "string",
+            "description": 'With `stream_format: "sse"`: `data: {"type": "speech.audio.delta", '
+            '"audio": "<base64>"}` events, then '
+            '`data: {"type": "speech.audio.done", "samples": N}`.',
+        }
+    }
+    speak = operation(
+        "Speak text (OpenAI-compatible); the audio streams as it is made",
+        {
+            "200": {
+                "description": "The audio, chunked, in `response_format`; or SSE events.",
+                "content": audio,
+            },
+            **errors(
+                {
+                    400: "`invalid_json` / `invalid_request` / `empty_input` / "
+                    "`unsupported_format` / `unsupported_speed`.",
+                    404: "`voice_not_found`.",
+                    413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS`, or over the "
+                    "model's context.",
+                    422: "`voice_unusable`: the voice's adapter failed validation.",
+                    500: "`synthesis_failed` / `no_audio`: the engine failed before the first "
+                    "audio.",
+                    502: "`upstream_failed`: a gateway's workers failed (cluster mode).",
+                    503: f"{UNAVAILABLE} {REDIS_DOWN} `no_workers` (gateway).",
+                },
+                stream=True,
+            ),
+        },
+        tag="speech",
+        security=KEYED,
+        body={
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": ref(SpeechRequest),
+                    "example": {"input": "Hello there.", "voice": "tara"},
+                }
+            },
+        },
+    )
+    return {
+        "/v1/audio/speech": {"post": speak},
+        "/v1/audio/speech/ws": {"get": realtime_operation()},
+    }
+
+
+def realtime_operation() -> Json:
+    kinds = ", ".join(
+        f"`{kind}` ([{model.__name__}]({REF_TEMPLATE.format(model=model.__name__)}))"
+        for kind, model in MESSAGES.items()
+    )
+    description = (
+        "A WebSocket (OpenAPI cannot describe one; this is its upgrade request). The client "
+        f"sends JSON text messages, by `type`: {kinds}. `config` comes first and once; then "
+        "`text` pieces as they come, `flush` (speak what is buffered), `cancel` (barge-in: stop "
+        "at once, drop what is queued) and finally `end`. The server answers `ready`, then per "
+        "segment `segment.started` (its span in the text sent), the audio as binary messages and "
+        "`segment.done`; `cancelled` after `cancel`; `done` and a normal close after `end`; "
+        '`{"type": "error", "error": {"code", "message"}}` for a bad message, a bad config '
+        "(closed with 1008) or `idle_timeout`."
+    )
+    return operation(
+        "Realtime speech: text in as it comes, audio out (WebSocket)",
+        {
+            "101": {"description": "Switched to the WebSocket protocol."},
+            **errors(
+                {400: "`bad_request`: not a WebSocket upgrade request.", 503: UNAVAILABLE},
+                stream=True,
+            ),
+        },
+        tag="speech",
+        security=[*KEYED, {"apiKeyQuery": []}],
+        description=description,
+    )
+
+
+def voice_paths() -> Json:
+    voice_id = path_param("voice_id", "A voice id.", VOICE_ID_PATTERN.pattern)
+    job_id = path_param("job_id", "A clone job id.", JOB_ID_PATTERN.pattern)
+    redis = {503: REDIS_DOWN}
+    listing = operation(
+        "The voices that can be spoken, and adapters that failed validation",
+        {"200": json_body(ref(VoiceList), "Every voice the caller may use."), **errors(redis)},
+        tag="voices",
+        security=KEYED,
+    )
+    file = {"type": "string", "format": "binary"}
+    upload = {
+        "type": "object",
+        "properties": {
+            "audio": {"type": "array", "items": file, "description": "Recordings to clone."},
+            "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
+            "name": {"type": "string"},
+            "voice_id": {"type": "string", "description": "Default: the name, slugged."},
+            "adapter_config": {**file, "description": "A PEFT adapter_config.json."},
+            "adapter_model": {**file, "description": "Its adapter_model.safetensors."},
+            "voice": {**file, "description": "An optional voice.json."},
+        },
+    }
+    job = wrapped("job", CloneJobInfo)
+    create = operation(
+        "Clone a voice from audio (a job) or register a ready-made adapter",
+        {
+            "201": json_body(wrapped("voice", VoiceDetail), "The adapter is registered."),
+            "202": json_body(
+                job,
+                "A clone job is queued.",
+                {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}},
+            ),
+            **errors(
+                {
+                    400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
+                    "`invalid_transcripts` / `missing_transcripts` / `not_enough_speech` / "
+                    "`invalid_adapter`.",
+                    409: "`voice_exists`.",
+                    413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
+                    415: "`unsupported_media_type`: not multipart; `not_audio`: a file that is "
+                    "not audio; `unsupported_audio`: audio of a rate, channel count or codec "
+                    "outside the allowlists.",
+                    **redis,
+                }
+            ),
+        },
+        tag="voices",
+        security=KEYED,
+        body={"required": True, "content": {"multipart/form-data": {"schema": upload}}},
+    )
+    not_found = {400: "`invalid_voice_id`: not a voice id.", 404: "`voice_not_found`.", **redis}
+    no_job = {400: "`invalid_job_id`: not a job id.", 404: "`job_not_found`.", **redis}
+    return {
+        "/v1/audio/voices": {"get": listing},
+        "/v1/voices": {
+            "get": {**listing, "summary": "The voices (same as GET /v1/audio/voices)"},
+            "post": create,
+        },
+        "/v1/voices/{voice_id}": {
+            "parameters": [voice_id],
+            "get": operation(
+                "A voice and its manifest",
+                {
+                    "200": json_body(wrapped("voice", VoiceDetail), "The voice."),
+                    **errors(not_found),
+                },
+                tag="voices",
+                security=KEYED,
+            ),
+            "delete": operation(
+                "Remove an adapter voice",
+                {
+                    "204": {"description": "Removed."},
+                    **errors(
+                        {
+                            403: "`voice_read_only`: a built-in or dev voice, or a shared one "
+                            "(admins only).",
+                            **not_found,
+                        }
+                    ),
+                },
+                tag="voices",
+                security=KEYED,
+            ),
+        },
+        "/v1/jobs/{job_id}": {
+            "parameters": [job_id],
+            "get": operation(
+                "A clone job's state and progress",
+                {"200": json_body(job, "The job."), **errors(no_job)},
+                tag="jobs",
+                security=KEYED,
+            ),
+            "delete": operation(
+                "Cancel a queued or running job; delete a finished one and its inputs",
+                {
+                    "200": json_body(job, "The job, cancelled."),
+                    "204": {"description": "The finished job is deleted."},
+                    **errors({409: "`job_busy`: its worker is still stopping.", **no_job}),
+                },
+                tag="jobs",
+                security=KEYED,
+            ),
+        },
+        "/v1/jobs/{job_id}/retry": {
+            "parameters": [job_id],
+            "post": operation(
+                "Queue a failed or cancelled job again",
+                {
+                    "202": json_body(job, "The job, queued."),
+                    **errors(
+                        {
+                            409: "`job_not_retryable` / `voice_exists`: the job is not failed "
+                            "or cancelled, its worker is stopping, or the voice id is taken.",
+                            **no_job,
+                        }
+                    ),
+                },
+                tag="jobs",
+                security=KEYED,
+            ),
+        },
+    }
+
+
+def service_paths() -> Json:
+    def probe(summary: str, value: str, unavailable: str) -> Json:
+        return operation(
+            summary,
+            {
+                "200": json_body(status_body(value), "Yes."),
+                **errors({503: unavailable}, keyed=False),
+            },
+            tag="service",
+        )
+
+    return {
+        "/healthz": {
+            "get": probe(
+                "Liveness: can this process serve?",
+                "ok",
+                "`failed`: start-up failed or the engine died.",
+            )
+        },
+        "/readyz": {
+            "get": probe(
+                "Readiness: is the engine warm (and not draining)?",
+                "ready",
+                "`not_ready` / `no_workers`: not yet, or draining.",
+            )
+        },
+        "/metrics": {
+            "get": operation(
+                "Prometheus metrics (needs an admin key when `VOICEHOST_METRICS_PUBLIC` is off)",
+                {
+                    "200": {
+                        "description": "Prometheus text format 0.0.4.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **errors({}),
+                },
+                tag="service",
+                security=KEYED,
+            )
+        },
+        "/openapi.json": {
+            "get": operation(
+                "This document",
+                {"200": json_body({"type": "object"}, "The OpenAPI 3.1 document.")},
+                tag="service",
+            )
+        },
+    }
+
+
+def component_schemas() -> dict[str, Json]:
+    _, top = models_json_schema(list(MODELS), ref_template=REF_TEMPLATE)
+    return top["$defs"]
+
+
+@functools.cache
+def _document() -> Json:
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "voicehost",
+            "version": __version__,
+            "description": "Self-hosted voice-cloning TTS. Errors are always "
+            '`{"error": {"code", "message"}}`. When the server is configured with API keys, '
+            "every route but `/healthz`, `/readyz` and this document needs one "
+            "(`Authorization: Bearer <key>`; 401/403 otherwise); a stream over its key's quota "
+            "or the server's capacity is refused with 429/503 and `Retry-After`.",
+        },
+        "paths": {**speech_paths(), **voice_paths(), **service_paths()},
+        "components": {"schemas": component_schemas(), "securitySchemes": SECURITY_SCHEMES},
+    }
+
+
+def document() -> Json:
+    """The OpenAPI document (a fresh copy: callers may change it)."""
+    return copy.deepcopy(_document())
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``."""
+    return web.json_response(_document())
