@@ -613,10 +613,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``voicehost serve --dev`` on a free port in its own process group."""
+def start_server(log: Path, **settings: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``voicehost serve --dev`` on a free port in its own process group, with
+    ``settings`` (``VOICEHOST_*`` variables) added to its environment."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **settings,
+    }
     command = [sys.executable, "-m", "voicehost", "serve", "--dev", "--port", str(port)]
     with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
