@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from voicehost.config import Settings
@@ -142,3 +144,20 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
         VOICEHOST_MAX_UPLOAD_MB="20",
     ) as server:
         yield server
+
+
+async def say_over_socket(
+    ws: aiohttp.ClientWebSocketResponse, voice: str, text: str
+) -> tuple[list[str], int]:
+    """Speak ``text`` on an open realtime socket (config, text, end) and read it to its close:
+    the types of the events received, in order, and the bytes of audio."""
+    await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+    await ws.send_json({"type": "text", "text": text})
+    await ws.send_json({"type": "end"})
+    events, audio = [], 0
+    async for message in ws:
+        if message.type == aiohttp.WSMsgType.BINARY:
+            audio += len(message.data)
+        else:
+            events.append(json.loads(message.data)["type"])
+    return events, audio

@@ -10,7 +10,7 @@ import sys
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import dev_env, dev_server, free_port, launch, stop, wait_ready
+from conftest import dev_env, dev_server, free_port, launch, say_over_socket, stop, wait_ready
 from test_cloning import adapter_form
 from test_cluster import RedisServer, eventually
 
@@ -422,15 +422,7 @@ async def test_the_owner_speaks_with_its_voice_over_http_and_websocket(keyed, ht
         assert r.status == 200 and len(await r.read()) > 0
     ws_url = f"{url}/v1/audio/speech/ws?api_key=key-a-speak"  # browsers cannot set headers
     async with http.ws_connect(ws_url) as ws:
-        await ws.send_json({"type": "config", "voice": a_voice, "response_format": "pcm"})
-        await ws.send_json({"type": "text", "text": "Hi."})
-        await ws.send_json({"type": "end"})
-        events, audio = [], 0
-        async for message in ws:
-            if message.type == aiohttp.WSMsgType.BINARY:
-                audio += len(message.data)
-            else:
-                events.append(json.loads(message.data)["type"])
+        events, audio = await say_over_socket(ws, a_voice, "Hi.")
     assert events[0] == "ready" and events[-1] == "done" and audio > 0
     log = root / "server.log"
     await eventually(lambda: "api_key=<redacted>" in log.read_text(), 10)

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import redis
-from conftest import dev_env, free_port, http_status, launch, stop, wait_ready
+from conftest import dev_env, free_port, http_status, launch, say_over_socket, stop, wait_ready
 from speech import build_corpus
 from test_cloning import adapter_form, audio_form
 
@@ -210,15 +210,7 @@ async def test_a_realtime_socket_is_relayed_to_the_voices_owner(cluster, http):
     voice = two_per_worker(owner)[0]
     url = cluster.gateway.url + "/v1/audio/speech/ws"
     async with http.ws_connect(url) as ws:
-        await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
-        await ws.send_json({"type": "text", "text": "Through the gateway."})
-        await ws.send_json({"type": "end"})
-        events, audio = [], 0
-        async for message in ws:
-            if message.type == aiohttp.WSMsgType.BINARY:
-                audio += len(message.data)
-            else:
-                events.append(json.loads(message.data)["type"])
+        events, audio = await say_over_socket(ws, voice, "Through the gateway.")
     assert events == ["ready", "segment.started", "segment.done", "done"]
     assert audio > 0 and audio % 4096 == 0
     async with http.ws_connect(url) as ws:  # a voice that does not exist: refused at the gateway

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from voicehost.voices import (
 )
 
 if TYPE_CHECKING:
+    from voicehost.auth import Principal
     from voicehost.cluster.worker import WorkerCluster
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,11 @@ class Runtime:
         self.draining = True
         if self.cluster is not None and self.cluster.presence is not None:
             await self.cluster.presence.leave()
+
+    def admit(self, principal: Principal | None) -> AbstractContextManager[None]:
+        """A stream slot for ``principal``'s request (its key's quota too), held for the
+        ``with`` block; ``Refused`` (503 or 429) when there is none."""
+        return self.admission.admit(principal.key_id if principal else None)
 
     async def drain_and_wait(self) -> None:
         """``drain``, then return once the last admitted stream has ended (SIGTERM)."""

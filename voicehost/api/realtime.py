@@ -312,7 +312,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
     principal = request_principal(request)
     # a session holds one stream slot while it is open; refused before the upgrade (503/429)
-    with runtime.admission.admit(principal.key_id if principal else None):
+    with runtime.admit(principal):
         ws, config = await open_socket(request, runtime.settings.ws_idle_timeout_seconds)
         if config is None:
             return ws

@@ -135,7 +135,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     voice = await find_voice(runtime, body.voice, principal)
     segments = split_text(body.input, runtime.settings.segment_max_chars)
     options = speak_options(body, runtime.settings)
-    with runtime.admission.admit(principal.key_id if principal else None):
+    with runtime.admit(principal):
         events = synthesizer.speak(each(segments), voice, options)
         return await speak(request, runtime, body, events)
 
