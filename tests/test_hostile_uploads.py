@@ -34,7 +34,7 @@ from lora_training.ingest import (
 from voicehost.ids import child, is_job_id, is_voice_id
 from voicehost.voices import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 
-ANSWER_SECONDS = 2.0
+ANSWER_SECONDS = 30.0  # a hang guard, not a speed target: a refusal never waits on work
 MAX_GROWTH = 300 * 2**20
 
 
@@ -176,11 +176,9 @@ def test_absurd_wav_headers_are_refused_before_decoding(tmp_path, header, error,
 
 def test_a_header_claiming_too_much_is_refused_before_decoding(tmp_path, long_flac):
     path = tmp_path / "hours.flac"
-    path.write_bytes(long_flac)
-    started = time.monotonic()
+    path.write_bytes(long_flac[:8192])  # the header and a few frames: 7200 s only if read there
     with pytest.raises(AudioTooLong, match="header claims 7200 s"):
         measure(path, 600)
-    assert time.monotonic() - started < 0.5  # nothing was decoded
 
 
 def test_decoding_stops_at_the_cap_when_the_header_does_not_say(tmp_path, long_flac):
