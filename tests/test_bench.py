@@ -104,13 +104,14 @@ def test_analyse_times_first_byte_first_speech_underruns_and_rtf():
     body = silent + loud + silent
     # Four chunks; the second ends on an odd byte: the speech starts in the third chunk.
     cuts = [0, 4800, 4801, 9600, 14400]
-    trace = Trace(sent_at=10.0, status=200)
+    trace = Trace(sent_at=10.0, on_wire_at=10.05, status=200)
     trace.arrivals = [10.2, 10.25, 10.28, 10.9]
     trace.sizes = [b - a for a, b in itertools.pairwise(cuts)]
     trace.pcm = bytearray(body)
     result = analyse(trace, Analysis(), 1, 0, "dev-a", 0)
     assert result.error is None
     assert result.ttfb_ms == pytest.approx(200)
+    assert result.wire_ttfb_ms == pytest.approx(150)  # from the request's last byte sent
     assert result.first_speech_ms == pytest.approx(280)
     assert result.audio_s == pytest.approx(0.3)
     assert result.underruns == 1  # the player ran dry at 10.4 (10.2 + 2 x 0.1 s)
@@ -192,9 +193,11 @@ def test_bench_drives_the_dev_server(server, tmp_path, capsys):
         assert level["stream_count"] == len(level["streams"]) == level["concurrency"]
         # the server's own first-audio time from its metrics, below what the client waited
         assert 0 < level["server_first_audio_ms_mean"] <= level["ttfb_ms"]["p99"]
-        assert level["http_overhead_ms_mean"] is not None
+        assert level["http_overhead_ms_mean"] >= level["http_overhead_on_wire_ms_mean"]
         for stream in level["streams"]:
             assert stream["status"] == 200 and stream["audio_s"] > 0
+            # the request was on the wire after it was made and before its answer came
+            assert 0 < stream["wire_ttfb_ms"] <= stream["ttfb_ms"]
             assert isinstance(stream["underruns"], int) and stream["underruns"] >= 0
             assert stream["ttfb_ms"] > 0 and stream["rtf"] is not None
             if stream["first_speech_ms"] is not None:

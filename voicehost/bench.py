@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # imported where used, so that `voicehost --help` stays quick
 
 SPEECH_PATH = "/v1/audio/speech"
 VOICES_PATH = "/v1/audio/voices"
+HEALTH_PATH = "/healthz"
 BYTES_PER_SAMPLE = 2  # mono s16le
 FULL_SCALE = 32768.0
 SPEECH_WINDOW_S = 0.020
@@ -165,6 +166,7 @@ class Trace:
     """What one stream's client saw; times are ``time.perf_counter()`` readings."""
 
     sent_at: float
+    on_wire_at: float | None = None  # the request's last byte was written to the socket
     arrivals: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     pcm: bytearray = field(default_factory=bytearray)
@@ -185,6 +187,7 @@ class StreamResult:
     error: str | None
     refused_ms: float | None = None  # admission refused it (503/429 + Retry-After) this soon
     ttfb_ms: float | None = None
+    wire_ttfb_ms: float | None = None  # from the request's last byte sent, not from the call
     first_speech_ms: float | None = None  # None: no 20 ms window above the threshold
     last_byte_ms: float | None = None
     audio_s: float = 0.0
@@ -241,6 +244,8 @@ def analyse(
         return result
     first, last = trace.arrivals[0], trace.arrivals[-1]
     result.ttfb_ms, result.last_byte_ms = _ms(first - trace.sent_at), _ms(last - trace.sent_at)
+    if trace.on_wire_at is not None:
+        result.wire_ttfb_ms = _ms(first - trace.on_wire_at)
     audio = np.frombuffer(bytes(trace.pcm[: total * BYTES_PER_SAMPLE]), dtype="<i2")
     speech = first_speech_sample(audio, analysis.sample_rate, analysis.speech_threshold_dbfs)
     if speech is not None:
@@ -259,13 +264,29 @@ def analyse(
     return result
 
 
+def wire_tracing() -> aiohttp.TraceConfig:
+    """Marks each request's ``Trace`` when its last byte has been written: a burst of requests
+    leaves this one client process one at a time, and the time a request waits for its turn
+    there is the client's, not the server's."""
+    import aiohttp
+
+    async def sent(_: object, context: Any, __: object) -> None:
+        if isinstance(trace := context.trace_request_ctx, Trace):
+            trace.on_wire_at = time.perf_counter()
+
+    config = aiohttp.TraceConfig()
+    config.on_request_headers_sent.append(sent)
+    config.on_request_chunk_sent.append(sent)
+    return config
+
+
 async def run_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Trace:
     """POST one speech request and timestamp every body chunk as it arrives."""
     import aiohttp
 
     trace = Trace(sent_at=time.perf_counter())
     try:
-        async with session.post(url + SPEECH_PATH, json=body) as response:
+        async with session.post(url + SPEECH_PATH, json=body, trace_request_ctx=trace) as response:
             trace.status = response.status
             if response.status != 200:
                 if response.status in (429, 503) and "Retry-After" in response.headers:
@@ -308,9 +329,12 @@ class LevelSummary:
     error_messages: list[str] = field(default_factory=list)
     # The server's own time from starting a stream to its first decoded PCM (its
     # voicehost_time_to_first_audio_seconds histogram over this level), and how much longer
-    # the client waited for its first byte on average: parsing, routing, HTTP and the network.
+    # the client waited for its first byte on average: parsing, routing, HTTP and the network;
+    # "on the wire" counts from each request's last byte sent, leaving out the client's own
+    # queue (a burst of requests leaves one client process one at a time).
     server_first_audio_ms_mean: float | None = None
     http_overhead_ms_mean: float | None = None
+    http_overhead_on_wire_ms_mean: float | None = None
 
 
 def summarize(concurrency: int, streams: Sequence[StreamResult], wall_s: float) -> LevelSummary:
@@ -412,9 +436,12 @@ async def run_streams(
 async def run_level(
     session: aiohttp.ClientSession, plan: Plan, voices: list[str], concurrency: int
 ) -> tuple[LevelSummary, list[StreamResult]]:
-    """``plan.rounds`` rounds of ``concurrency`` streams started at once."""
+    """``plan.rounds`` rounds of ``concurrency`` streams started at once, over connections
+    opened before the level (a client keeps its pool warm: a TCP handshake per stream is no
+    part of the server's time to first byte)."""
     streams: list[StreamResult] = []
     wall = 0.0
+    await open_connections(session, plan.url, concurrency)
     before = await first_audio_histogram(session, plan.url)
     for round_ in range(plan.rounds):
         started = time.perf_counter()
@@ -423,11 +450,24 @@ async def run_level(
     after = await first_audio_histogram(session, plan.url)
     summary = summarize(concurrency, streams, wall)
     ttfbs = [s.ttfb_ms for s in streams if s.ok and s.ttfb_ms is not None]
+    wired = [s.wire_ttfb_ms for s in streams if s.ok and s.wire_ttfb_ms is not None]
     if before and after and after[1] > before[1] and ttfbs:
         server_ms = 1000 * (after[0] - before[0]) / (after[1] - before[1])
         summary.server_first_audio_ms_mean = round(server_ms, 2)
         summary.http_overhead_ms_mean = round(statistics.fmean(ttfbs) - server_ms, 2)
+        if wired:
+            summary.http_overhead_on_wire_ms_mean = round(statistics.fmean(wired) - server_ms, 2)
     return summary, streams
+
+
+async def open_connections(session: aiohttp.ClientSession, url: str, count: int) -> None:
+    """Leave ``count`` kept-alive connections in ``session``'s pool (concurrent health checks)."""
+
+    async def check() -> None:
+        async with session.get(url + HEALTH_PATH) as response:
+            await response.read()
+
+    await asyncio.gather(*(check() for _ in range(count)))
 
 
 FIRST_AUDIO_METRIC = "voicehost_time_to_first_audio_seconds"
@@ -474,7 +514,9 @@ async def bench(plan: Plan) -> BenchResult:
 
     connector = aiohttp.TCPConnector(limit=max(plan.levels), limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=plan.read_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, trace_configs=[wire_tracing()]
+    ) as session:
         listed = await served_voices(session, plan.url)
         voices = plan.voices or listed
         if not voices:
@@ -513,7 +555,8 @@ def format_table(levels: Sequence[LevelSummary]) -> str:
     head = (
         f"{'conc':>5} {'n':>4} {'ttfb p50':>9} {'p95':>7} {'p99':>7} {'speech p50':>11} "
         f"{'p95':>7} {'p99':>7} {'rtf p50':>8} {'rtf max':>8} {'no underrun':>12} "
-        f"{'stall s':>8} {'tok/s':>8} {'server ms':>9} {'http ms':>8} {'errors':>6} {'refused':>7}"
+        f"{'stall s':>8} {'tok/s':>8} {'server ms':>9} {'http ms':>8} {'wire ms':>8} "
+        f"{'errors':>6} {'refused':>7}"
     )
     lines = [head]
     for lv in levels:
@@ -525,7 +568,8 @@ def format_table(levels: Sequence[LevelSummary]) -> str:
             f"{_fmt(lv.rtf['p50'], '.2f'):>8} {_fmt(lv.rtf['max'], '.2f'):>8} "
             f"{f'{lv.underrun_free_streams}/{lv.stream_count}':>12} {lv.stall_s:>8.2f} "
             f"{lv.audio_tokens_per_s:>8.1f} {_fmt(lv.server_first_audio_ms_mean, '.1f'):>9} "
-            f"{_fmt(lv.http_overhead_ms_mean, '.1f'):>8} {lv.errors:>6} {lv.refused:>7}"
+            f"{_fmt(lv.http_overhead_ms_mean, '.1f'):>8} "
+            f"{_fmt(lv.http_overhead_on_wire_ms_mean, '.1f'):>8} {lv.errors:>6} {lv.refused:>7}"
         )
         lines += [f"      error: {message}" for message in lv.error_messages[:5]]
     return "\n".join(lines)
@@ -649,7 +693,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: floa
             raise RuntimeError(f"server exited with {proc.returncode}; log in {log}")
         if http_status(f"{url}/readyz") == 200:
             return
-        if http_status(f"{url}/healthz") == 503:
+        if http_status(url + HEALTH_PATH) == 503:
             raise RuntimeError(f"server start-up failed; log in {log}")
         time.sleep(1)
     raise RuntimeError(f"server not ready after {timeout:.0f} s; log in {log}")

@@ -223,21 +223,25 @@ class Synthesizer:
             except Exception as exc:
                 out.put_nowait(exc)
 
-        async def feed() -> None:
+        async def sources() -> AsyncIterator[tuple[int, Segment, Source]]:
+            index = 0
+            async for segment in segments:
+                text = normalize(segment.text) if options.normalize else segment.text
+                if not any(ch.isalnum() for ch in text):
+                    continue
+                await slots.acquire()  # released once the segment has been played
+                seed = None if options.seed is None else options.seed + index
+                source: Source = (text, seed)
+                if index and at_once > 1:  # generated ahead, while the one before plays
+                    source = asyncio.Queue()
+                    producers.append(asyncio.create_task(produce(text, seed, source)))
+                yield index, segment, source
+                index += 1
+
+        async def feed(rest: AsyncIterator[tuple[int, Segment, Source]]) -> None:
             try:
-                index = 0
-                async for segment in segments:
-                    text = normalize(segment.text) if options.normalize else segment.text
-                    if not any(ch.isalnum() for ch in text):
-                        continue
-                    await slots.acquire()  # released once the segment has been played
-                    seed = None if options.seed is None else options.seed + index
-                    source: Source = (text, seed)
-                    if index and at_once > 1:  # generated ahead, while the one before plays
-                        source = asyncio.Queue()
-                        producers.append(asyncio.create_task(produce(text, seed, source)))
-                    order.put_nowait((index, segment, source))
-                    index += 1
+                async for item in rest:
+                    order.put_nowait(item)
                 order.put_nowait(None)
             except Exception as exc:
                 order.put_nowait(exc)
@@ -248,8 +252,18 @@ class Synthesizer:
                     raise item
                 yield item
 
-        feeder = asyncio.create_task(feed(), name="segment-feeder")
+        # The first segment is read in this task, not the feeder's: a request reaches the
+        # engine without waiting its turn behind every other request's work on the loop.
+        pending = sources()
+        feeder: asyncio.Task[None] | None = None
         try:
+            item: tuple[int, Segment, Source] | BaseException | None
+            item = await anext(pending, None)
+            if item is not None:
+                order.put_nowait(item)
+                feeder = asyncio.create_task(feed(pending), name="segment-feeder")
+            else:
+                order.put_nowait(None)
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
@@ -262,9 +276,11 @@ class Synthesizer:
                         yield index, segment, chunks
                 slots.release()
         finally:
-            for task in (feeder, *producers):
+            tasks = [t for t in (feeder, *producers) if t is not None]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(feeder, *producers, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await pending.aclose()
 
     async def stream(
         self,
