@@ -373,3 +373,25 @@ async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
     assert http_status(cluster.gateway.url + "/readyz") == 503
     status, _, _ = await speak(http, cluster.gateway.url, "tara")
     assert status == 503
+
+
+async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command():
+    """redis-py can swallow a cancellation that lands inside a command; the poll loop went on
+    and a gateway's shutdown, which waits for it, hung for good (9 of these 20 cancellations
+    did before the fix)."""
+    import random
+
+    from voicehost.cluster.state import Membership, connect
+    from voicehost.config import Settings
+
+    redis_client = connect(Settings(dev=True, redis_url="redis://127.0.0.1:6379/0"))
+    rng = random.Random(1)
+    try:
+        for _ in range(20):
+            poll = asyncio.create_task(Membership(redis_client, 0.0).run())  # always in Redis
+            await asyncio.sleep(rng.uniform(0.0, 0.02))
+            poll.cancel()
+            done, _ = await asyncio.wait({poll}, timeout=5)  # a hang guard
+            assert done and poll.cancelled()
+    finally:
+        await redis_client.aclose()

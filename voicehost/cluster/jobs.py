@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from voicehost.cloning import CloneJobs
-from voicehost.cluster.state import JOBS_STREAM
+from voicehost.cluster.state import JOBS_STREAM, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class StreamQueue:
             except Exception:  # whatever is in the stream, the queue keeps running
                 log.exception("reading the clone-job queue failed; retrying")
                 found = None
+            raise_if_cancelled()
             if found is not None:
                 return found
             await asyncio.sleep(self.poll_seconds)

@@ -88,14 +88,28 @@ class WorkerInfo:
     load: WorkerLoad
 
 
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` if this task has been asked to stop.
+
+    redis-py can swallow a cancellation that arrives in the middle of a command (the command
+    then returns, or fails as a ``RedisError``), and a polling loop would go on forever while
+    whoever cancelled it waits: seen as a gateway whose shutdown hung. The task still counts the
+    request, so loops around Redis calls check it after each one."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def _attempt(step: Callable[[], Awaitable[None]], was_ok: bool, up: str, down: str) -> bool:
     """Run one Redis step; log only when Redis comes or goes. Returns whether it worked."""
     try:
         await step()
     except RedisError as exc:
+        raise_if_cancelled()
         if was_ok:
             log.warning(down, exc)
         return False
+    raise_if_cancelled()
     if not was_ok:
         log.info("%s", up)
     return True
