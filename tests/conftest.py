@@ -165,3 +165,17 @@ async def say_over_socket(
         else:
             events.append(json.loads(message.data)["type"])
     return events, audio
+
+
+async def metric(http: aiohttp.ClientSession, server: Server, name: str) -> float:
+    """A server metric from ``/metrics``: ``name`` alone sums its labelled series, ``name{...}``
+    reads one series."""
+    async with http.get(server.url + "/metrics") as response:
+        text = await response.text()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
+    assert values, f"{name} not in /metrics"
+    return sum(values)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from conftest import Server, dev_server
+from conftest import Server, dev_server, metric
 
 from voicehost.admission import Admission, Refused
 
@@ -131,14 +131,6 @@ async def refused(http: aiohttp.ClientSession, server: Server, key: str) -> tupl
         return response.status, body["error"]["code"]
 
 
-async def streams_in_flight(http: aiohttp.ClientSession, server: Server) -> int:
-    """The server's own count of streams in progress (``voicehost_active_streams``)."""
-    async with http.get(server.url + "/metrics") as response:
-        text = await response.text()
-    (line,) = [x for x in text.splitlines() if x.startswith("voicehost_active_streams ")]
-    return int(float(line.split()[1]))
-
-
 async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(
     small_server,
 ):
@@ -151,7 +143,7 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
         assert await refused(http, small_server, "c") == (503, "at_capacity")
         # "at once": both refusals were answered while the admitted streams still played,
         # so neither waited in a queue for a slot to free (how fast is bench_admission's job)
-        assert await streams_in_flight(http, small_server) == 2
+        assert await metric(http, small_server, "voicehost_active_streams") == 2
         with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
             await http.ws_connect(small_server.url + "/v1/audio/speech/ws", headers=auth("c"))
         assert handshake.value.status == 503

@@ -14,6 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
+from conftest import metric
 from safetensors.torch import load_file, save_file
 
 SPEECH = "/v1/audio/speech"
@@ -48,15 +49,6 @@ def assert_valid_audio(samples: np.ndarray) -> None:
     assert samples.size > 0
     assert samples.size % 2048 == 0  # whole frames, first and last included
     assert np.abs(samples.astype(np.int32)).max() > 100  # not silence
-
-
-async def metric(http, server, name):
-    async with http.get(server.url + "/metrics") as response:
-        text = await response.text()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def error_of(response):

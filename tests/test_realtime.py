@@ -8,6 +8,7 @@ import time
 import aiohttp
 import numpy as np
 import pytest
+from conftest import metric
 
 WS = "/v1/audio/speech/ws"
 WORDS = (
@@ -65,13 +66,6 @@ async def receive_all(ws, until: str | None = None, wait_s: float = 300):
             return received
 
 
-async def unfinished_requests(http, server) -> float:
-    async with http.get(server.url + "/metrics") as response:
-        text = await response.text()
-    line = next(x for x in text.splitlines() if x.startswith("voicehost_engine_unfinished"))
-    return float(line.rsplit(" ", 1)[1])
-
-
 async def test_text_in_random_pieces_comes_back_as_audio_in_order_covering_the_input_once(
     http, server
 ):
@@ -127,12 +121,12 @@ async def test_cancel_stops_the_audio_and_frees_the_engine_within_a_second(http,
         await ws.send_json({"type": "flush"})
         while (await ws.receive(timeout=120)).type != aiohttp.WSMsgType.BINARY:
             pass  # until audio is playing
-        assert await unfinished_requests(http, server) >= 1
+        assert await metric(http, server, "voicehost_engine_unfinished_requests") >= 1
         cancelled_at = time.monotonic()
         await ws.send_json({"type": "cancel"})
         await receive_all(ws, until="cancelled", wait_s=5)
         assert time.monotonic() - cancelled_at < 1.0
-        while await unfinished_requests(http, server):
+        while await metric(http, server, "voicehost_engine_unfinished_requests"):
             assert time.monotonic() - cancelled_at < 1.0
             await asyncio.sleep(0.05)
         with pytest.raises(asyncio.TimeoutError):  # nothing more: no audio, no events

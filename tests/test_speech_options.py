@@ -9,6 +9,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
+from conftest import metric
 
 from voicehost.synthesis import LeadingSilenceTrim
 
@@ -91,7 +92,7 @@ async def test_a_ten_thousand_character_input_streams_to_completion(http, server
         sentences.append(" ".join(words).capitalize() + ".")
     text = " ".join(sentences)[:10_000]
     assert len(text) == 10_000
-    segments_before = await counter(http, server, "voicehost_segments_total")
+    segments_before = await metric(http, server, "voicehost_segments_total")
     body = {"voice": "dev-b", "input": text, "response_format": "pcm", "continuity": False}
     in_flight = []
     async with http.post(server.url + SPEECH, json=body) as response:
@@ -99,22 +100,12 @@ async def test_a_ten_thousand_character_input_streams_to_completion(http, server
         audio = 0
         async for chunk in response.content.iter_any():
             audio += len(chunk)
-            in_flight.append(await counter(http, server, "voicehost_engine_unfinished_requests"))
-    spoken = await counter(http, server, "voicehost_segments_total") - segments_before
+            in_flight.append(await metric(http, server, "voicehost_engine_unfinished_requests"))
+    spoken = await metric(http, server, "voicehost_segments_total") - segments_before
     assert spoken >= 10_000 / 900  # every segment of at most 900 characters was spoken
     assert audio % 4096 == 0 and audio >= spoken * 4096  # whole frames, some from each
     assert 2 <= max(in_flight) <= 8
-    assert await counter(http, server, "voicehost_engine_unfinished_requests") == 0
-
-
-async def counter(http, server, name: str) -> float:
-    async with http.get(server.url + "/metrics") as response:
-        text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + " ") or line.startswith(name + "{")
-    )
+    assert await metric(http, server, "voicehost_engine_unfinished_requests") == 0
 
 
 async def test_numbers_are_spoken_as_words_unless_normalisation_is_off(http, server):
@@ -147,11 +138,11 @@ def test_the_leading_silence_trim_drops_quiet_audio_up_to_the_first_sound_and_no
 
 async def test_trimming_drops_only_the_start_and_is_counted(http, server):
     body = {"input": "Quiet.", "seed": 31, "response_format": "pcm"}
-    before = await counter(http, server, "voicehost_trimmed_leading_seconds_total")
+    before = await metric(http, server, "voicehost_trimmed_leading_seconds_total")
     (_, whole), (_, trimmed) = await asyncio.gather(
         post(http, server, **body), post(http, server, **body, trim_silence=True)
     )
-    dropped = await counter(http, server, "voicehost_trimmed_leading_seconds_total") - before
+    dropped = await metric(http, server, "voicehost_trimmed_leading_seconds_total") - before
     w, t = pcm(whole), pcm(trimmed)
     assert t.size and same_audio(w[w.size - t.size :], t)
     assert dropped == pytest.approx((len(whole) - len(trimmed)) / 2 / 24000, abs=1e-6)

@@ -257,13 +257,10 @@ class Synthesizer:
         pending = sources()
         feeder: asyncio.Task[None] | None = None
         try:
-            item: tuple[int, Segment, Source] | BaseException | None
-            item = await anext(pending, None)
-            if item is not None:
-                order.put_nowait(item)
-                feeder = asyncio.create_task(feed(pending), name="segment-feeder")
-            else:
-                order.put_nowait(None)
+            if (first := await anext(pending, None)) is None:
+                return
+            order.put_nowait(first)
+            feeder = asyncio.create_task(feed(pending), name="segment-feeder")
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
