@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from voicehost.voices import servable_lora_config
+from voicehost.adapter_validation import servable_lora_config
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,13 @@ import shutil
 import time
 
 import pytest
-
+from voicehost.adapter_validation import ADAPTER_WEIGHTS
 from voicehost.cluster.adapters import (
     AdapterCache,
     AdapterFetchError,
     SharedDirStore,
     weights_checksum,
 )
-from voicehost.voices import ADAPTER_WEIGHTS
 
 
 @pytest.fixture

@@ -11,33 +11,36 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import dev_env, dev_server, free_port, launch, say_over_socket, stop, wait_ready
+from lora_training.recipe import VoiceJob
 from test_cloning import adapter_form
 from test_cluster import RedisServer, eventually
-
-from lora_training.recipe import VoiceJob
-from voicehost.auth import (
+from voicehost.adapter_validation import AdapterRules, assign_tenant
+from voicehost.admission import WorkerLoad
+from voicehost.api.auth import (
     AUTH,
     INTERNAL_TOKEN_HEADER,
     KEY_ID_HEADER,
     SCOPES_HEADER,
     TENANT_HEADER,
+    Authenticator,
+    RedactKeys,
+    bind_host,
+    request_principal,
+)
+from voicehost.api.edge import auth_middleware
+from voicehost.cloning import CloneJobs
+from voicehost.cluster.state import WorkerPresence, connect
+from voicehost.config import Settings
+from voicehost.keys import (
     ApiKey,
     AuthConfigError,
-    Authenticator,
     Principal,
-    RedactKeys,
-    auth_middleware,
-    bind_host,
     can_manage,
     can_see,
     hash_key,
     read_keys,
-    request_principal,
 )
-from voicehost.cloning import CloneJobs
-from voicehost.cluster.state import WorkerLoad, WorkerPresence, connect
-from voicehost.config import Settings
-from voicehost.voices import AdapterRules, VoiceRegistry, assign_tenant
+from voicehost.voice_folders import FolderVoiceDirectory
 
 TOKEN = "internal-token-for-tests-0123456789"
 KEYS = {  # key -> (id, tenant, scopes)
@@ -139,17 +142,17 @@ def test_admin_holds_every_scope_and_sees_every_tenant():
 
 
 def test_without_keys_a_public_address_binds_localhost_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+    with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
         assert bind_host("0.0.0.0", auth_enabled=False) == "127.0.0.1"
     assert "authentication is OFF" in caplog.text and "instead of 0.0.0.0" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+    with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
         assert bind_host("::1", auth_enabled=False) == "::1"
         assert bind_host("localhost", auth_enabled=False) == "localhost"
         assert bind_host("127.0.0.2", auth_enabled=False) == "127.0.0.2"
     assert caplog.text.count("authentication is OFF") == 3
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="voicehost.auth"):
+    with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
         assert bind_host("0.0.0.0", auth_enabled=True) == "0.0.0.0"
         assert bind_host("10.1.2.3", auth_enabled=True) == "10.1.2.3"
     assert caplog.text == ""
@@ -162,7 +165,7 @@ def test_a_voice_folder_records_its_tenant(dev_model, tmp_path):
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "mine")
     assign_tenant(tmp_path / "mine", "A")
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "shared")
-    registry = VoiceRegistry([tmp_path], [], rules)
+    registry = FolderVoiceDirectory([tmp_path], [], rules)
     registry.scan()
     assert registry.get("mine").tenant == "A" and registry.get("shared").tenant is None
     assign_tenant(tmp_path / "mine", None)

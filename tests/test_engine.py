@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from voicehost import orpheus
+from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
 from voicehost.engine import (
     InputTooLong,
@@ -14,7 +14,7 @@ from voicehost.engine import (
     resolve_dtype,
     resolve_quantization,
 )
-from voicehost.voices import LORA_TARGET_MODULES, Voice
+from voicehost.voices import Voice
 
 
 @pytest.mark.parametrize(

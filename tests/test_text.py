@@ -6,8 +6,8 @@ import random
 import time
 
 import pytest
-
-from voicehost.text import Segment, TextSegmenter, normalize, split_text
+from voicehost.text.normalize import normalize
+from voicehost.text.segment import Segment, TextSegmenter, split_text
 
 EMOTIVE_TAGS = ["<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>"]
 EMOTIVE_TAGS += ["<gasp>"]

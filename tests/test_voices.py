@@ -6,14 +6,8 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-from voicehost.voices import (
-    AdapterRules,
-    InvalidAdapter,
-    ModelShape,
-    VoiceRegistry,
-    validate_adapter,
-)
+from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
+from voicehost.voice_folders import FolderVoiceDirectory
 
 
 @pytest.fixture
@@ -157,7 +151,7 @@ def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
     shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "good")
     shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "broken")
     break_rank(tmp_path / "broken")
-    registry = VoiceRegistry([tmp_path], ["tara"], rules)
+    registry = FolderVoiceDirectory([tmp_path], ["tara"], rules)
     registry.scan()
     assert [v.voice_id for v in registry.voices()] == ["good", "tara"]
     assert [b.voice_id for b in registry.broken_adapters()] == ["broken"]
@@ -166,7 +160,7 @@ def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
 
 
 def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model, tmp_path, rules):
-    registry = VoiceRegistry([tmp_path], [], rules)
+    registry = FolderVoiceDirectory([tmp_path], [], rules)
     registry.scan()
     assert registry.discover("late") is None
     shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "late")
@@ -179,7 +173,7 @@ def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model
 
 def test_registry_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "v")
-    registry = VoiceRegistry([tmp_path], [], rules)
+    registry = FolderVoiceDirectory([tmp_path], [], rules)
     registry.scan()
     before = registry.get("v").checksum
     path = tmp_path / "v" / "adapter_model.safetensors"

@@ -10,6 +10,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """What a process reports of its load (a cluster worker, with each heartbeat)."""
+
+    active_streams: int
+    loaded_adapters: int
+    capacity: int
+
+
 class Refused(Exception):
     """A stream that cannot be admitted now: answered ``status`` with ``Retry-After``."""
 

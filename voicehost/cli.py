@@ -36,7 +36,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _run_server(command: str, start: Callable[[], None]) -> int:
     """Run a server; a key configuration it cannot use stops it with a clear message."""
-    from voicehost.auth import AuthConfigError
+    from voicehost.keys import AuthConfigError
 
     try:
         start()
@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from voicehost.api.server import serve
+    from voicehost.cluster.worker import serve_worker
 
     settings = _settings(args)
     if not settings.dev and not settings.model:
@@ -66,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
         return 2
-    return _run_server("worker", lambda: serve(settings, worker=True))
+    return _run_server("worker", lambda: serve_worker(settings))
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     import time
     import urllib.request
 
-    from voicehost.auth import INTERNAL_TOKEN_HEADER
+    from voicehost.api.auth import INTERNAL_TOKEN_HEADER
 
     token = Settings().internal_token  # the worker's internal routes accept only it
     headers = {INTERNAL_TOKEN_HEADER: token.get_secret_value()} if token else {}
@@ -119,7 +119,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     """Make a key: the key itself (shown once) and the entry to configure (its hash only)."""
     import json
 
-    from voicehost.auth import ApiKey, hash_key, new_key
+    from voicehost.keys import ApiKey, hash_key, new_key
 
     key = new_key()
     try:
@@ -136,7 +136,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def cmd_keys_hash(args: argparse.Namespace) -> int:
     """The SHA-256 of a key read from stdin (not from the command line: shell history)."""
-    from voicehost.auth import hash_key
+    from voicehost.keys import hash_key
 
     key = sys.stdin.readline().strip()
     if not key:

@@ -27,8 +27,8 @@ from typing import Literal, Protocol
 
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
+from voicehost.adapter_validation import assign_tenant
 from voicehost.ids import child, is_job_id
-from voicehost.voices import assign_tenant
 
 log = logging.getLogger(__name__)
 

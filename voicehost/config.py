@@ -9,8 +9,8 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost import orpheus
-from voicehost.auth import ApiKey
 from voicehost.devmodel import DevModelPaths
+from voicehost.keys import ApiKey
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voicehost import orpheus
-from voicehost.voices import servable_lora_config
+from voicehost.adapter_validation import servable_lora_config
 
 log = logging.getLogger(__name__)
 

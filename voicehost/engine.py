@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from voicehost import orpheus
+from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
-from voicehost.voices import LORA_TARGET_MODULES, Voice
+from voicehost.voices import Voice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

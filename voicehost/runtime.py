@@ -8,34 +8,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
-from voicehost.admission import Admission
+from voicehost.adapter_validation import AdapterRules, ModelShape
+from voicehost.admission import Admission, WorkerLoad
 from voicehost.cloning import CloneJobs, JobQueue
-from voicehost.cluster.state import WorkerLoad
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
 from voicehost.synthesis import Synthesizer
-from voicehost.voices import (
-    AdapterRules,
-    ModelShape,
-    VoiceDirectory,
-    VoiceExists,
-    VoiceRegistry,
-)
+from voicehost.voice_folders import FolderVoiceDirectory
+from voicehost.voices import VoiceDirectory, VoiceExists
 
 if TYPE_CHECKING:
-    from voicehost.auth import Principal
-    from voicehost.cluster.worker import WorkerCluster
+    from voicehost.keys import Principal
 
 log = logging.getLogger(__name__)
+
+
+class ClusterLink(Protocol):
+    """What a cluster worker adds to a runtime (``voicehost.cluster.worker.WorkerCluster``):
+    voices and jobs shared through the cluster, and a place on its ring."""
+
+    worker_id: str
+
+    def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> VoiceDirectory: ...
+
+    def job_queue(self) -> JobQueue: ...
+
+    def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
+        """Keep this process on the ring, reporting ``load``, until cancelled."""
+        ...
+
+    async def leave(self) -> None:
+        """Leave the ring (drain): gateways send nothing new."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class NotReady(RuntimeError):
@@ -43,34 +59,34 @@ class NotReady(RuntimeError):
 
 
 class Runtime:
-    """Engine, codec, voice registry, clone jobs and metrics of one process.
+    """Engine, codec, voice directory, clone jobs and metrics of one process.
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
     folder; as a cluster worker they come from Redis and the shared store.
     """
 
-    def __init__(self, settings: Settings, cluster: WorkerCluster | None = None) -> None:
+    def __init__(self, settings: Settings, cluster: ClusterLink | None = None) -> None:
         self.settings = settings
         self.cluster = cluster
         self.metrics = SpeechMetrics()
-        self.registry: VoiceDirectory
+        self.voices: VoiceDirectory
         queue: JobQueue | None = None
         if cluster is None:
-            self.local_voices: VoiceRegistry | None = VoiceRegistry(
+            self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
                 settings.adapter_roots(), settings.builtin_voices, self._rules()
             )
-            self.registry = self.local_voices
+            self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
         else:
-            self.local_voices = None
-            self.registry = cluster.voice_registry(settings.builtin_voices, self._rules())
+            self.folder_voices = None
+            self.voices = cluster.voice_directory(settings.builtin_voices, self._rules())
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
-        self.jobs = CloneJobs(jobs_dir, self.registry.add, queue, runner)
+        self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner)
         self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
         self.draining = False
         self.startup_error: str | None = None
@@ -104,14 +120,14 @@ class Runtime:
 
     def load(self) -> WorkerLoad:
         """What a cluster worker reports with each heartbeat."""
-        loaded = self.registry.loaded()
+        loaded = self.voices.loaded()
         return WorkerLoad(self.active_streams, loaded, self.settings.stream_capacity())
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish."""
         self.draining = True
-        if self.cluster is not None and self.cluster.presence is not None:
-            await self.cluster.presence.leave()
+        if self.cluster is not None:
+            await self.cluster.leave()
 
     def admit(self, principal: Principal | None) -> AbstractContextManager[None]:
         """A stream slot for ``principal``'s request (its key's quota too), held for the
@@ -137,22 +153,22 @@ class Runtime:
             self.startup_error = f"start-up failed: {type(exc).__name__}: {exc}"
             log.exception("start-up failed")
             return
-        if self.local_voices is not None:
+        if self.folder_voices is not None:
             interval = self.settings.adapter_scan_seconds
-            self._tasks.append(asyncio.create_task(self.local_voices.watch(interval)))
+            self._tasks.append(asyncio.create_task(self.folder_voices.watch(interval)))
         if self.cluster is not None:  # join the ring once the engine is warm
             if self.settings.dev:
                 await self._publish_dev_voices()
             if self.draining:  # drained while warming up: never join
                 return
-            self._tasks.append(asyncio.create_task(self.cluster.join(self.load).run()))
+            self._tasks.append(asyncio.create_task(self.cluster.join(self.load)))
 
     async def _publish_dev_voices(self) -> None:
         """A dev worker registers the dev voices in the cluster, once."""
         for folder in sorted(DevModelPaths(self.settings.dev_dir).adapters.iterdir()):
             try:
-                if not await self.registry.exists(folder.name):
-                    await self.registry.add(folder.name, folder)
+                if not await self.voices.exists(folder.name):
+                    await self.voices.add(folder.name, folder)
             except (VoiceExists, RedisError) as exc:
                 log.info("dev voice %s not published: %s", folder.name, exc)
             except Exception:  # the worker serves on without it
@@ -164,9 +180,9 @@ class Runtime:
             await asyncio.to_thread(ensure_dev_model, s.dev_dir)
         config = Path(s.served_model()) / "config.json"
         if config.is_file():
-            self.registry.rules = self._rules(ModelShape.from_config(config))
-        if self.local_voices is not None:
-            await asyncio.to_thread(self.local_voices.scan)
+            self.voices.rules = self._rules(ModelShape.from_config(config))
+        if self.folder_voices is not None:
+            await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
         self._engine_start = asyncio.get_running_loop().run_in_executor(None, SpeechEngine.start, s)
         self.engine = await asyncio.shield(self._engine_start)
@@ -185,9 +201,9 @@ class Runtime:
         synthesizer = Synthesizer(
             self.engine, self.scheduler, self.metrics, s.lookahead_frames, s.codec_max_chunk_frames
         )
-        warm_voice = next(iter(self.registry.builtin.values()), None)
+        warm_voice = next(iter(self.voices.builtin.values()), None)
         if warm_voice is None:
-            warm_voice = (await self.registry.list_voices())[0][0]
+            warm_voice = (await self.voices.list_voices())[0][0]
         await synthesizer.warm_up(warm_voice)
         self.synthesizer = synthesizer
         log.info("ready")

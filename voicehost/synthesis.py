@@ -16,7 +16,8 @@ from voicehost import orpheus
 from voicehost.codec import DecodeScheduler, FrameDecoder
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
-from voicehost.text import Segment, normalize
+from voicehost.text.normalize import normalize
+from voicehost.text.segment import Segment
 from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class Synthesizer:
         self.max_chunk = max_chunk
         self.active = 0  # streams in progress, reported to the cluster as this worker's load
 
-    async def speak(
+    async def speak_segments(
         self, segments: AsyncIterator[Segment], voice: Voice, options: SpeakOptions
     ) -> AsyncIterator[SpeechEvent]:
         """Speak segments in order as one stream: for each, ``SegmentStarted``, its PCM chunks,

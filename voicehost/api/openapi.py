@@ -46,7 +46,7 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (ErrorResponse, "serialization"),
 )
 
-# Answered by the API-key layer (voicehost.auth) when keys are configured, on every route but
+# Answered by the API-key layer (voicehost.api.auth) when keys are configured, on every route but
 # the probes and this document; the other codes of a route come from its handler.
 AUTH_ERRORS: dict[int, str] = {
     401: "`missing_api_key` / `invalid_api_key` (auth, when API keys are configured): send "

@@ -22,14 +22,22 @@ import numpy as np
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from voicehost.api.common import RUNTIME, ApiError, check_audio_options, find_voice, speak_options
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import (
+    RUNTIME,
+    ApiError,
+    check_audio_options,
+    error_event,
+    find_voice,
+    speak_options,
+    validation_message,
+)
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio import AudioEncoder, content_type
-from voicehost.auth import request_principal
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
-from voicehost.text import Segment, TextSegmenter
+from voicehost.text.segment import Segment, TextSegmenter
 from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -69,10 +77,7 @@ def parse(message: str) -> RealtimeConfig | RealtimeText | RealtimeControl:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ProtocolError("invalid_message", problems) from exc
+        raise ProtocolError("invalid_message", validation_message(exc, "message")) from exc
 
 
 def parse_client_message(message: str) -> RealtimeText | RealtimeControl:
@@ -211,7 +216,7 @@ class RealtimeSession:
 
     async def _speak(self, queue: asyncio.Queue[Segment | None]) -> None:
         """Speak queued segments until ``END``; then ``done`` and close."""
-        events = self.synthesizer.speak(self._segments(queue), self.voice, self.options)
+        events = self.synthesizer.speak_segments(self._segments(queue), self.voice, self.options)
         try:
             async with aclosing(events):
                 async for event in events:
@@ -264,10 +269,6 @@ class RealtimeSession:
             self.last_output = time.monotonic()
 
 
-def error_event(code: str, message: str) -> dict[str, object]:
-    return {"type": "error", "error": {"code": code, "message": message}}
-
-
 async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
     try:
         message = await ws.receive(timeout=idle)
@@ -317,7 +318,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         if config is None:
             return ws
         try:
-            voice = await find_voice(runtime, config.voice, principal)
+            voice = await find_voice(runtime.voices, config.voice, principal)
         except ApiError as exc:
             await refuse(ws, exc.code, exc.message)
             return ws

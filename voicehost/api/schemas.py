@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 FORMATS_HELP = (
     "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
@@ -114,3 +114,11 @@ class CloneJobInfo(BaseModel):
     eval_loss: list[float] = Field(default_factory=list)
     created: float
     updated: float
+
+
+class RouteRequest(BaseModel):
+    """``POST /v1/cluster/route`` (a gateway): the voices whose owners on the ring to name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voices: list[StrictStr]

@@ -17,22 +17,21 @@ from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
-from voicehost.api.common import SERVICE, ApiError, VoiceService, voice_not_found
-from voicehost.api.schemas import CloneJobInfo, VoiceDetail
-from voicehost.auth import Principal, can_manage, can_see, owner_tenant, request_principal
-from voicehost.cloning import FINISHED, CloneJob
-from voicehost.ids import JOB_ID_PATTERN, is_job_id, is_voice_id
-from voicehost.voices import (
+from voicehost.adapter_validation import (
     MANIFEST,
     PICKLE_SUFFIXES,
-    VOICE_ID_PATTERN,
     InvalidAdapter,
-    ReadOnlyVoice,
-    VoiceExists,
     assign_tenant,
     read_json_object,
     voice_tenant,
 )
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import SERVICE, ApiError, VoiceService, voice_not_found
+from voicehost.api.schemas import CloneJobInfo, VoiceDetail, VoiceInfo, VoiceList
+from voicehost.cloning import FINISHED, CloneJob
+from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN, is_job_id, is_voice_id
+from voicehost.keys import Principal, can_manage, can_see, owner_tenant
+from voicehost.voices import ReadOnlyVoice, VoiceExists
 
 CHUNK = 1 << 16
 MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
@@ -137,7 +136,7 @@ async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
 
 
 async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
-    if await runtime.registry.exists(voice_id):
+    if await runtime.voices.exists(voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
     if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
@@ -253,7 +252,7 @@ async def _register_adapter(
             raise ApiError(413, "adapter_too_large", f"adapters are limited to {max_bytes} bytes")
         files[part][0].replace(staging / name)
     manifest_part = files.get("voice", [])
-    try:  # the weights are first read by the registry's validation, after the config
+    try:  # the weights are first read by the directory's validation, after the config
         manifest = read_json_object(manifest_part[0]) if manifest_part else {}
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
@@ -268,7 +267,7 @@ async def _register_adapter(
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
     try:
-        await runtime.registry.add(voice_id, staging)
+        await runtime.voices.add(voice_id, staging)
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", str(exc)) from exc
     except VoiceExists as exc:
@@ -279,14 +278,38 @@ async def _register_adapter(
 async def _voice_detail(
     runtime: VoiceService, voice_id: str, principal: Principal | None
 ) -> VoiceDetail:
-    manifest = await runtime.registry.manifest(voice_id)
+    manifest = await runtime.voices.manifest(voice_id)
     if manifest is None or not can_see(principal, voice_tenant(manifest)):
         raise voice_not_found(voice_id)
-    builtin = runtime.registry.builtin.get(voice_id)
+    builtin = runtime.voices.builtin.get(voice_id)
     if builtin is not None:
         return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
     name = str(manifest.get("name") or voice_id)
     return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=manifest)
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    """Voices the caller can use: shared ones and its tenant's (all for an admin); unusable
+    adapters only to an admin or in open mode (their tenant is unknown)."""
+    directory = request.app[SERVICE].voices
+    principal = request_principal(request)
+    usable, broken = await directory.list_voices()
+    usable = [v for v in usable if can_see(principal, v.tenant)]
+    if principal is not None and not principal.admin:
+        broken = []
+    voices = [
+        VoiceInfo(
+            id=v.voice_id,
+            name=v.name,
+            kind="builtin" if v.voice_id in directory.builtin else "adapter",
+        )
+        for v in usable
+    ]
+    voices += [
+        VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
+        for b in broken
+    ]
+    return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
 
 
 async def get_voice(request: web.Request) -> web.Response:
@@ -301,10 +324,10 @@ async def delete_voice(request: web.Request) -> web.Response:
     principal = request_principal(request)
     if principal is not None and not principal.admin:  # 404 for another tenant's
         tenant = voice_tenant((await _voice_detail(runtime, voice_id, principal)).manifest)
-        if not can_manage(principal, tenant) and voice_id not in runtime.registry.builtin:
+        if not can_manage(principal, tenant) and voice_id not in runtime.voices.builtin:
             raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
     try:
-        removed = await runtime.registry.remove(voice_id)
+        removed = await runtime.voices.remove(voice_id)
     except ReadOnlyVoice as exc:
         raise ApiError(403, "voice_read_only", str(exc)) from exc
     if not removed:
@@ -349,7 +372,7 @@ async def retry_job(request: web.Request) -> web.Response:
     job = _job(request)
     if runtime.jobs.is_running(job.id):
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
-    if await runtime.registry.exists(job.voice_id):
+    if await runtime.voices.exists(job.voice_id):
         raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in ("failed", "cancelled"):
         raise ApiError(

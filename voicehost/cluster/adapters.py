@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+from voicehost.adapter_validation import weights_checksum
 from voicehost.ids import child, is_voice_id
-from voicehost.voices import weights_checksum
 
 log = logging.getLogger(__name__)
 

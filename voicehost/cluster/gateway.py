@@ -4,14 +4,16 @@ Speech requests are proxied to a worker chosen by the voice's place on the ring 
 hot voices replicated, sessions pinned), over one keep-alive client session. A request that fails
 before its first byte is retried once on the next worker; a stream cut mid-way ends with a
 terminal error (an SSE error event, or a response cut short without its last chunk), never a
-hang. Voice and job routes are the same handlers as ``voicehost serve``, over the Redis registry
-and the shared store. Clients are authenticated here (``voicehost.auth``); a worker gets each
-request with the internal token and the caller, and checks the voice's tenant again.
+hang. Requests are checked, and voices looked up, by the same edge as ``voicehost serve``
+(``voicehost.api.edge``); voice and job routes are the same handlers, over the Redis voice
+directory and the shared store. Clients are authenticated here (``voicehost.api.auth``); a worker
+gets each request with the internal token and the caller, and checks the voice's tenant again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -21,34 +23,29 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from voicehost.adapter_validation import AdapterRules, ModelShape
 from voicehost.admission import Refused
-from voicehost.api.common import SERVICE, ApiError, error_response, voice_not_found
-from voicehost.api.realtime import MAX_MESSAGE_BYTES, open_socket, refuse
-from voicehost.api.schemas import SpeechRequest
-from voicehost.api.server import (
+from voicehost.api.auth import AUTH, bind_host, request_principal
+from voicehost.api.edge import (
     WORKER_HEADER,
-    add_public_routes,
+    ApiError,
     check_speech_request,
-    error_middleware,
+    error_event,
+    error_response,
+    find_voice,
     read_body,
 )
-from voicehost.auth import (
-    AUTH,
-    Authenticator,
-    auth_middleware,
-    bind_host,
-    can_see,
-    request_principal,
-)
+from voicehost.api.realtime import MAX_MESSAGE_BYTES, open_socket, refuse
+from voicehost.api.routes import public_app
+from voicehost.api.schemas import RouteRequest, SpeechRequest
 from voicehost.cloning import CloneJobs
 from voicehost.cluster.adapters import SharedDirStore
-from voicehost.cluster.jobs import StreamQueue
+from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
-from voicehost.cluster.voices import RedisVoiceRegistry
+from voicehost.cluster.voices import RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
-from voicehost.voices import AdapterRules, ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +77,11 @@ class Gateway:
         shape = ModelShape.from_config(config) if config.is_file() else None
         rules = AdapterRules(settings.served_base_name(), settings.max_lora_rank, shape)
         store = SharedDirStore(settings.shared_dir)
-        self.registry = RedisVoiceRegistry(
+        self.voices = RedisVoiceDirectory(
             self.redis, store, settings.builtin_voices, rules, owner="gateway"
         )
-        queue = StreamQueue(self.redis, "gateway")
-        self.jobs = CloneJobs(settings.shared_dir / "jobs", self.registry.add, queue, "gateway")
+        queue = RedisJobQueue(self.redis, "gateway")
+        self.jobs = CloneJobs(settings.shared_dir / "jobs", self.voices.add, queue, "gateway")
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
         self.voice_streams: Counter[str] = Counter()
         self.client: aiohttp.ClientSession | None = None
@@ -179,14 +176,13 @@ async def _open_upstream(
     return upstream, first
 
 
-async def speech(request: web.Request) -> web.StreamResponse:
+async def proxy_speech(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech``, checked here as a worker would, then relayed to one."""
     gateway = request.app[GATEWAY]
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, gateway.settings.max_input_chars)
     principal = request_principal(request)
-    voice = await gateway.registry.find(body.voice)
-    if voice is None or not can_see(principal, voice.tenant):
-        raise voice_not_found(body.voice)
+    await find_voice(gateway.voices, body.voice, principal)
     forwarded = request.app[AUTH].forward_headers(principal)  # the worker checks again
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
@@ -263,8 +259,8 @@ async def _end_cut_stream(
     request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
     log.warning("stream from %s cut mid-way: %s", worker, exc)
     if sse:
-        error = b'data: {"type": "error", "error": {"code": "upstream_cut", '
-        error += b'"message": "the worker serving this stream failed"}}\n\n'
+        event = error_event("upstream_cut", "the worker serving this stream failed")
+        error = f"data: {json.dumps(event)}\n\n".encode()
         with suppress(ConnectionError, aiohttp.ClientError):
             await response.write(error)
             await response.write_eof()
@@ -273,7 +269,7 @@ async def _end_cut_stream(
         request.transport.close()
 
 
-async def speech_ws(request: web.Request) -> web.StreamResponse:
+async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
     """Relay a realtime socket to the worker its voice routes to (read from the config)."""
     gateway = request.app[GATEWAY]
     assert gateway.client is not None
@@ -281,9 +277,10 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     if config is None:
         return ws
     principal = request_principal(request)
-    voice = await gateway.registry.find(config.voice)
-    if voice is None or not can_see(principal, voice.tenant):
-        await refuse(ws, "voice_not_found", voice_not_found(config.voice).message)
+    try:
+        await find_voice(gateway.voices, config.voice, principal)
+    except ApiError as exc:
+        await refuse(ws, exc.code, exc.message)
         return ws
     worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
     if worker is None:
@@ -359,14 +356,8 @@ async def cluster_view(request: web.Request) -> web.Response:
 async def route(request: web.Request) -> web.Response:
     """``POST /v1/cluster/route`` ``{"voices": [...]}``: each voice's owner on the ring."""
     ring = request.app[GATEWAY].membership.ring
-    try:
-        payload = await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
-    voices = payload.get("voices") if isinstance(payload, dict) else None
-    if not isinstance(voices, list) or not all(isinstance(v, str) for v in voices):
-        raise ApiError(400, "invalid_request", 'send {"voices": [voice ids]}')
-    return web.json_response({"owners": {v: ring.owner(v) for v in voices}})
+    body = await read_body(request, RouteRequest)
+    return web.json_response({"owners": {v: ring.owner(v) for v in body.voices}})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -380,11 +371,17 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def create_gateway_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth_middleware])
-    app[AUTH] = Authenticator.from_settings(settings, "gateway")
     gateway = Gateway(settings)
+    app = public_app(
+        settings,
+        "gateway",
+        gateway,
+        speech=proxy_speech,
+        speech_ws=proxy_speech_ws,
+        healthz=healthz,
+        readyz=readyz,
+    )
     app[GATEWAY] = gateway
-    app[SERVICE] = gateway
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await gateway.start()
@@ -393,7 +390,6 @@ def create_gateway_app(settings: Settings) -> web.Application:
             await gateway.close()
 
     app.cleanup_ctx.append(lifecycle)
-    add_public_routes(app, speech, speech_ws, healthz, readyz)
     app.router.add_get("/v1/cluster", cluster_view)
     app.router.add_post("/v1/cluster/route", route)
     return app

@@ -26,7 +26,7 @@ STREAM_TTL_SECONDS = 30 * 24 * 3600
 STREAM_MAX_ENTRIES = 10_000
 
 
-class StreamQueue:
+class RedisJobQueue:
     """``JobQueue`` over ``vh:jobs``; ``consumer`` is the worker's id."""
 
     def __init__(self, redis: Redis, consumer: str, poll_seconds: float = 1.0) -> None:

@@ -4,7 +4,7 @@
   heartbeat; ``vh:members`` indexes them (a sorted set by heartbeat time, itself expiring).
 - ``vh:session:<id>``: the worker a session is pinned to, expiring ``session_ttl_seconds`` after
   its last use.
-- ``vh:voice:<id>`` and the ``vh:voices`` index: the voice registry's records, the only keys
+- ``vh:voice:<id>`` and the ``vh:voices`` index: the voice directory's records, the only keys
   without a TTL.
 - ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
 
@@ -27,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from voicehost.admission import WorkerLoad
 from voicehost.cluster.ring import WorkerRing
 from voicehost.config import Settings
 
@@ -68,15 +69,6 @@ def connect(settings: Settings) -> Redis:
         protocol=2,
     )
     return Redis(connection_pool=pool)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """What a worker reports with each heartbeat."""
-
-    active_streams: int
-    loaded_adapters: int
-    capacity: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The voice registry of a cluster: records in Redis, adapter files in the shared store.
+"""The voice directory of a cluster: records in Redis, adapter files in the shared store.
 
 A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, tenant, version and
 status.
@@ -19,25 +19,17 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from voicehost.adapter_validation import MANIFEST, AdapterRules, InvalidAdapter, validate_adapter
 from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore
 from voicehost.cluster.state import VOICES, voice_key
-from voicehost.voices import (
-    MANIFEST,
-    AdapterRules,
-    BrokenAdapter,
-    InvalidAdapter,
-    ReadOnlyVoice,
-    Voice,
-    VoiceExists,
-    validate_adapter,
-)
+from voicehost.voices import BrokenAdapter, ReadOnlyVoice, Voice, VoiceExists
 
 log = logging.getLogger(__name__)
 
 PUBLISH_CLAIM_SECONDS = 300
 
 
-class RedisVoiceRegistry:
+class RedisVoiceDirectory:
     """``VoiceDirectory`` over Redis records and an ``AdapterStore`` (with a cache on workers)."""
 
     def __init__(

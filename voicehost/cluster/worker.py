@@ -1,17 +1,24 @@
-"""A worker's links to the cluster: its identity, Redis, the shared voice registry with a local
-adapter cache, the clone-job stream, and its presence in the ring."""
+"""A cluster worker: a serving process (``voicehost.api.server``) with its links to the cluster:
+its identity, Redis, the shared voice directory with a local adapter cache, the clone-job queue,
+and its presence in the ring."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
+from aiohttp import web
+
+from voicehost.adapter_validation import AdapterRules
+from voicehost.admission import WorkerLoad
+from voicehost.api.edge import WORKER_HEADER
+from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
-from voicehost.cluster.jobs import StreamQueue
-from voicehost.cluster.state import WorkerLoad, WorkerPresence, connect
-from voicehost.cluster.voices import RedisVoiceRegistry
+from voicehost.cluster.jobs import RedisJobQueue
+from voicehost.cluster.state import WorkerPresence, connect
+from voicehost.cluster.voices import RedisVoiceDirectory
 from voicehost.config import Settings
-from voicehost.voices import AdapterRules
 
 
 def worker_identity(settings: Settings) -> tuple[str, str]:
@@ -23,7 +30,7 @@ def worker_identity(settings: Settings) -> tuple[str, str]:
 
 
 class WorkerCluster:
-    """What ``voicehost worker`` adds to a serving runtime."""
+    """What ``voicehost worker`` adds to a serving runtime (a ``runtime.ClusterLink``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -37,19 +44,39 @@ class WorkerCluster:
         )
         self.presence: WorkerPresence | None = None
 
-    def voice_registry(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceRegistry:
-        return RedisVoiceRegistry(
+    def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceDirectory:
+        return RedisVoiceDirectory(
             self.redis, self.store, builtin, rules, cache=self.cache, owner=self.worker_id
         )
 
-    def job_queue(self) -> StreamQueue:
-        return StreamQueue(self.redis, self.worker_id)
+    def job_queue(self) -> RedisJobQueue:
+        return RedisJobQueue(self.redis, self.worker_id)
 
-    def join(self, load: Callable[[], WorkerLoad]) -> WorkerPresence:
+    def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
         self.presence = WorkerPresence(self.redis, self.settings, self.worker_id, self.url, load)
-        return self.presence
+        return self.presence.run()
 
-    async def close(self) -> None:
+    async def leave(self) -> None:
         if self.presence is not None:
             await self.presence.leave()
+
+    async def close(self) -> None:
+        await self.leave()
         await self.redis.aclose()
+
+
+def create_worker_app(settings: Settings) -> web.Application:
+    """A serving app whose voices and jobs live in Redis and the shared store, naming itself in
+    every response (``X-Voicehost-Worker``)."""
+    cluster = WorkerCluster(settings)
+    app = create_app(settings, cluster)
+
+    async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[WORKER_HEADER] = cluster.worker_id
+
+    app.on_response_prepare.append(name_worker)
+    return app
+
+
+def serve_worker(settings: Settings) -> None:
+    serve(settings, create_worker_app(settings))

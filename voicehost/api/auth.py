@@ -1,44 +1,31 @@
-"""Who a request is and what it may do: API keys, tenants, scopes, and the gateway's word.
+"""Who a request is and what it may do, at the HTTP edge: the API key a request presents, the
+gateway's word for its caller, and the scope each route needs (keys themselves: ``voicehost.keys``).
 
-A key is configured as an entry ``{"id", "tenant", "scopes", "sha256"}`` (``VOICEHOST_API_KEYS``
-and/or the JSON list in ``VOICEHOST_API_KEYS_FILE``); only the SHA-256 of the key is stored, and a
-presented key is hashed and compared with every entry in constant time. A key maps to a
-``Principal``: its id, its tenant and its scopes (``synthesize``, ``voices``, ``admin``; ``admin``
-implies the others and sees every tenant). With no key configured the service runs open (no
-principal) and binds to localhost only.
-
-Workers trust a request's forwarded principal only with the cluster's internal token
+With no key configured the service runs open (no principal) and binds to localhost only. Workers
+trust a request's forwarded principal only with the cluster's internal token
 (``VOICEHOST_INTERNAL_TOKEN``), which the gateway sends after authenticating the client; the
 worker-internal routes (``/internal/...``) accept nothing else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 import re
-import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from voicehost.api.schemas import ErrorDetail, ErrorResponse
+from voicehost.keys import ApiKey, AuthConfigError, Principal, hash_key, read_keys
 
 if TYPE_CHECKING:
     from voicehost.config import Settings
 
 log = logging.getLogger(__name__)
 
-Scope = Literal["synthesize", "voices", "admin"]
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # key ids and tenants travel in headers
-KEY_PREFIX = "vh_"
 MIN_TOKEN_CHARS = 16
 
 INTERNAL_TOKEN_HEADER = "X-Voicehost-Internal-Token"
@@ -64,87 +51,6 @@ ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/jobs/{job_id}/retry"): frozenset({"voices"}),
 }
 ADMIN_ONLY = frozenset({"admin"})
-
-
-class AuthConfigError(ValueError):
-    """The key configuration cannot be used; the service must not start with it."""
-
-
-class ApiKey(BaseModel):
-    """One configured key: never the key itself, only its SHA-256 (see ``hash_key``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=NAME_PATTERN, description="Names the key (logs, quotas).")
-    tenant: str = Field(pattern=NAME_PATTERN, description="Whose voices and jobs it reaches.")
-    scopes: list[Scope] = Field(min_length=1)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the key.")
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller of a request."""
-
-    key_id: str
-    tenant: str
-    scopes: frozenset[str]
-
-    @property
-    def admin(self) -> bool:
-        return "admin" in self.scopes
-
-    def allows(self, scopes: frozenset[str]) -> bool:
-        """Whether the key holds one of ``scopes`` (admin holds them all)."""
-        return self.admin or bool(self.scopes & scopes)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def new_key() -> str:
-    """A fresh random API key (256 bits)."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def can_see(principal: Principal | None, tenant: str | None) -> bool:
-    """Whether a voice or job of ``tenant`` exists for ``principal`` (``None`` tenant: shared;
-    ``None`` principal: the service runs open, or the gateway spoke for an open gateway)."""
-    return principal is None or tenant is None or principal.admin or principal.tenant == tenant
-
-
-def can_manage(principal: Principal | None, tenant: str | None) -> bool:
-    """Whether ``principal`` may delete it: its own, or anything for an admin (or open mode)."""
-    return (
-        principal is None or principal.admin or (tenant is not None and principal.tenant == tenant)
-    )
-
-
-def owner_tenant(principal: Principal | None) -> str | None:
-    """The tenant recorded on what ``principal`` creates (``None``: shared)."""
-    return principal.tenant if principal is not None else None
-
-
-def read_keys(keys: Iterable[ApiKey], keys_file: Path | None) -> list[ApiKey]:
-    """The configured keys: ``keys`` plus the JSON list in ``keys_file``."""
-    found = list(keys)
-    if keys_file is not None:
-        try:
-            data = json.loads(keys_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise AuthConfigError(f"API keys file {keys_file}: {exc}") from exc
-        if not isinstance(data, list):
-            raise AuthConfigError(f"API keys file {keys_file}: must hold a JSON list of keys")
-        try:
-            found += [ApiKey.model_validate(entry) for entry in data]
-        except ValidationError as exc:
-            raise AuthConfigError(f"API keys file {keys_file}: {exc}") from exc
-    for field in ("id", "sha256"):
-        values = [getattr(k, field) for k in found]
-        duplicates = sorted({v for v in values if values.count(v) > 1})
-        if duplicates:
-            raise AuthConfigError(f"API keys: duplicate {field} {', '.join(duplicates)}")
-    return found
 
 
 class Authenticator:
@@ -268,7 +174,12 @@ class RedactKeys(logging.Filter):
         return True
 
 
-logging.getLogger("aiohttp.access").addFilter(RedactKeys())  # every server of this process
+_REDACT_KEYS = RedactKeys()
+
+
+def redact_access_log() -> None:
+    """Install ``RedactKeys`` on aiohttp's access log (once per process; a server calls it)."""
+    logging.getLogger("aiohttp.access").addFilter(_REDACT_KEYS)
 
 
 def _is_loopback(host: str) -> bool:
@@ -280,17 +191,24 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-# --- aiohttp -----------------------------------------------------------------------------------
-
 AUTH = web.AppKey("auth", Authenticator)
-PRINCIPAL = web.RequestKey("principal", object)  # Principal | None, set by ``auth_middleware``
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PRINCIPAL = web.RequestKey("principal", object)  # Principal | None, set by the edge's middleware
+
+
+class AccessDenied(Exception):
+    """A caller the route does not admit: 401 (no key, a wrong one) or 403 (scope, internal)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
 
 
 def request_principal(request: web.Request) -> Principal | None:
     """The caller of a request; ``None`` when nothing restricts it (no keys configured)."""
     if PRINCIPAL not in request:
-        raise RuntimeError("auth_middleware did not run for this request")
+        raise RuntimeError("the auth middleware did not run for this request")
     principal = request[PRINCIPAL]
     assert principal is None or isinstance(principal, Principal)
     return principal
@@ -301,46 +219,38 @@ def _route(request: web.Request) -> str | None:
     return resource.canonical if resource is not None else None
 
 
-def _deny(status: int, code: str, message: str) -> web.Response:
-    body = ErrorResponse(error=ErrorDetail(code=code, message=message))
-    response = web.json_response(body.model_dump(), status=status)
-    if status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
-    return response
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """401 without a valid key, 403 for a key without the route's scope or an internal route
-    called by anyone but the gateway; sets the request's principal."""
-    auth = request.app[AUTH]
+def identify(auth: Authenticator, request: web.Request) -> Principal | None:
+    """The caller of ``request`` (``None``: unrestricted); ``AccessDenied`` without a valid key,
+    for a key without the route's scope, or for an internal route called by anyone but the
+    gateway."""
     route = _route(request)
     if not auth.enabled or route in PUBLIC_ROUTES or (route == "/metrics" and auth.metrics_public):
-        request[PRINCIPAL] = None
-        return await handler(request)
+        return None
     gateway = auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))
     if route is not None and route.startswith(INTERNAL_PREFIX):
         if not gateway:
-            return _deny(403, "forbidden", "internal routes accept only the cluster's gateway")
-        request[PRINCIPAL] = None
-        return await handler(request)
+            raise AccessDenied(
+                403, "forbidden", "internal routes accept only the cluster's gateway"
+            )
+        return None
     if gateway:
         try:
             principal = forwarded_principal(request.headers)
         except ValueError as exc:
-            return _deny(401, "invalid_principal", str(exc))
+            raise AccessDenied(401, "invalid_principal", str(exc)) from exc
     else:
         key = presented_key(request)
         if key is None:
-            return _deny(401, "missing_api_key", "send an API key: Authorization: Bearer <key>")
+            raise AccessDenied(
+                401, "missing_api_key", "send an API key: Authorization: Bearer <key>"
+            )
         principal = auth.authenticate(key)
         if principal is None:
-            return _deny(401, "invalid_api_key", "the API key is not valid")
+            raise AccessDenied(401, "invalid_api_key", "the API key is not valid")
     if principal is not None and request.match_info.http_exception is None:
         method = "GET" if request.method == "HEAD" else request.method
         needed = ROUTE_SCOPES.get((method, route or ""), ADMIN_ONLY)
         if not principal.allows(needed):
             wanted = " or ".join(f"'{s}'" for s in sorted(needed))
-            return _deny(403, "insufficient_scope", f"this API key needs the {wanted} scope")
-    request[PRINCIPAL] = principal
-    return await handler(request)
+            raise AccessDenied(403, "insufficient_scope", f"this API key needs the {wanted} scope")
+    return principal

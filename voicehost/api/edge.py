@@ -1,0 +1,207 @@
+"""The HTTP edge every front end shares (``voicehost serve``, a cluster worker, a gateway).
+
+The one error shape (``{"error": {"code", "message"}}``, built here for responses, denials,
+realtime ``error`` events and a gateway's cut stream), the middleware that turns exceptions and
+denied callers into it, request bodies parsed into the wire schemas with one validation message,
+the speech request's checks, and voice lookup over any ``VoiceDirectory``. The route table that
+uses these is ``voicehost.api.routes``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from redis.exceptions import RedisError
+
+from voicehost.admission import Refused
+from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify
+from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
+from voicehost.audio import UnsupportedAudio, output_rate
+from voicehost.cloning import CloneJobs
+from voicehost.config import Settings
+from voicehost.keys import Principal, can_see
+from voicehost.metrics import SpeechMetrics
+from voicehost.runtime import NotReady, Runtime
+from voicehost.synthesis import SpeakOptions
+from voicehost.voices import Voice, VoiceDirectory
+
+log = logging.getLogger(__name__)
+
+Body = TypeVar("Body", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
+
+
+class VoiceService(Protocol):
+    """What the shared routes need: a serving runtime and a gateway both provide it."""
+
+    settings: Settings
+    metrics: SpeechMetrics
+    voices: VoiceDirectory
+    jobs: CloneJobs
+
+
+SERVICE = web.AppKey("service", VoiceService)
+RUNTIME = web.AppKey("runtime", Runtime)  # the engine's process (serve, worker): not a gateway
+
+
+# --- the one error shape ---------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_body(code: str, message: str) -> dict[str, object]:
+    return ErrorResponse(error=ErrorDetail(code=code, message=message)).model_dump()
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    return web.json_response(error_body(code, message), status=status)
+
+
+def error_event(code: str, message: str) -> dict[str, object]:
+    """The error as a realtime or SSE event: ``{"type": "error", "error": {...}}``."""
+    return {"type": "error", **error_body(code, message)}
+
+
+def validation_message(exc: ValidationError, whole: str = "body") -> str:
+    """Every problem pydantic found, ``field.path: message`` joined by ``; ``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in exc.errors()
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure of a handler as the one error shape, with its status (and Retry-After
+    where waiting helps)."""
+    errors = request.app[SERVICE].metrics.errors
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        errors.labels(exc.code).inc()
+        return error_response(exc.status, exc.code, exc.message)
+    except NotReady as exc:  # warming up, draining or failed: another process may answer
+        response = error_response(503, "not_ready", str(exc))
+        response.headers["Retry-After"] = "1"
+        return response
+    except Refused as exc:
+        errors.labels(exc.code).inc()
+        response = error_response(exc.status, exc.code, exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+    except RedisError as exc:
+        errors.labels("redis_unavailable").inc()
+        log.warning("redis unavailable on %s %s: %s", request.method, request.path, exc)
+        return error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except ConnectionResetError:
+        raise  # the client went away; nothing to answer
+    except Exception as exc:
+        errors.labels("internal").inc()
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Sets the request's principal (``voicehost.api.auth.identify``); a denied caller gets 401
+    (with ``WWW-Authenticate``) or 403 before any handler runs."""
+    try:
+        request[PRINCIPAL] = identify(request.app[AUTH], request)
+    except AccessDenied as exc:
+        response = error_response(exc.status, exc.code, exc.message)
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
+        return response
+    return await handler(request)
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
+    try:
+        payload = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_request", validation_message(exc)) from exc
+
+
+def check_audio_options(body: SpeechOptions) -> int:
+    """The output sample rate of ``body``'s format and rate; 400 if they cannot be served."""
+    try:
+        return output_rate(body.response_format, body.sample_rate)
+    except UnsupportedAudio as exc:
+        raise ApiError(400, "unsupported_format", str(exc)) from exc
+
+
+def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
+    """400 for input with nothing to say, an unservable format or speed; 413 past ``max_chars``."""
+    if not any(ch.isalnum() for ch in body.input):
+        raise ApiError(400, "empty_input", "input is empty or has nothing to say")
+    if len(body.input) > max_chars:
+        raise ApiError(
+            413,
+            "input_too_long",
+            f"input has {len(body.input)} characters; the limit is {max_chars}",
+        )
+    check_audio_options(body)
+    if body.speed != 1.0:
+        raise ApiError(400, "unsupported_speed", "only speed 1.0 is supported for now")
+
+
+def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
+    """How the synthesizer speaks a request's segments, from its options and the settings."""
+    return SpeakOptions(
+        seed=body.seed,
+        normalize=body.normalize,
+        continuity_frames=settings.continuity_frames if body.continuity else 0,
+        prefetch=settings.segment_prefetch,
+        trim_db=settings.trim_threshold_db if body.trim_silence else None,
+    )
+
+
+# --- voices ----------------------------------------------------------------------------------
+
+
+def voice_not_found(voice_id: str) -> ApiError:
+    """The one answer for a voice that does not exist, or is another tenant's."""
+    return ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+
+
+async def find_voice(
+    directory: VoiceDirectory, voice_id: str, principal: Principal | None
+) -> Voice:
+    """The voice ``principal`` speaks with: 404 if there is none (or it is another tenant's), 422
+    if its adapter is unusable (told only to an admin or in open mode: its tenant is unknown)."""
+    voice = await directory.find(voice_id)
+    if voice is None:
+        broken = directory.broken(voice_id)
+        if broken is not None and (principal is None or principal.admin):
+            raise ApiError(422, "voice_unusable", f"voice {voice_id!r} is unusable: {broken}")
+        raise voice_not_found(voice_id)
+    if not can_see(principal, voice.tenant):
+        raise voice_not_found(voice_id)
+    return voice

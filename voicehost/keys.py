@@ -1,0 +1,105 @@
+"""API keys, the callers they name, and which tenant's voices and jobs a caller reaches.
+
+A key is configured as an entry ``{"id", "tenant", "scopes", "sha256"}`` (``VOICEHOST_API_KEYS``
+and/or the JSON list in ``VOICEHOST_API_KEYS_FILE``); only the SHA-256 of the key is stored. A key
+maps to a ``Principal``: its id, its tenant and its scopes (``synthesize``, ``voices``, ``admin``;
+``admin`` implies the others and sees every tenant). No HTTP here: ``voicehost.api.auth`` reads a
+request's caller; the settings and the CLI use these types without loading a web framework.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Scope = Literal["synthesize", "voices", "admin"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # key ids and tenants travel in headers
+KEY_PREFIX = "vh_"
+
+
+class AuthConfigError(ValueError):
+    """The key configuration cannot be used; the service must not start with it."""
+
+
+class ApiKey(BaseModel):
+    """One configured key: never the key itself, only its SHA-256 (see ``hash_key``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=NAME_PATTERN, description="Names the key (logs, quotas).")
+    tenant: str = Field(pattern=NAME_PATTERN, description="Whose voices and jobs it reaches.")
+    scopes: list[Scope] = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the key.")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of a request."""
+
+    key_id: str
+    tenant: str
+    scopes: frozenset[str]
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def allows(self, scopes: frozenset[str]) -> bool:
+        """Whether the key holds one of ``scopes`` (admin holds them all)."""
+        return self.admin or bool(self.scopes & scopes)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    """A fresh random API key (256 bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def can_see(principal: Principal | None, tenant: str | None) -> bool:
+    """Whether a voice or job of ``tenant`` exists for ``principal`` (``None`` tenant: shared;
+    ``None`` principal: the service runs open, or the gateway spoke for an open gateway)."""
+    return principal is None or tenant is None or principal.admin or principal.tenant == tenant
+
+
+def can_manage(principal: Principal | None, tenant: str | None) -> bool:
+    """Whether ``principal`` may delete it: its own, or anything for an admin (or open mode)."""
+    return (
+        principal is None or principal.admin or (tenant is not None and principal.tenant == tenant)
+    )
+
+
+def owner_tenant(principal: Principal | None) -> str | None:
+    """The tenant recorded on what ``principal`` creates (``None``: shared)."""
+    return principal.tenant if principal is not None else None
+
+
+def read_keys(keys: Iterable[ApiKey], keys_file: Path | None) -> list[ApiKey]:
+    """The configured keys: ``keys`` plus the JSON list in ``keys_file``."""
+    found = list(keys)
+    if keys_file is not None:
+        try:
+            data = json.loads(keys_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise AuthConfigError(f"API keys file {keys_file}: {exc}") from exc
+        if not isinstance(data, list):
+            raise AuthConfigError(f"API keys file {keys_file}: must hold a JSON list of keys")
+        try:
+            found += [ApiKey.model_validate(entry) for entry in data]
+        except ValidationError as exc:
+            raise AuthConfigError(f"API keys file {keys_file}: {exc}") from exc
+    for field in ("id", "sha256"):
+        values = [getattr(k, field) for k in found]
+        duplicates = sorted({v for v in values if values.count(v) > 1})
+        if duplicates:
+            raise AuthConfigError(f"API keys: duplicate {field} {', '.join(duplicates)}")
+    return found
