@@ -20,8 +20,8 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from voicehost.bench import percentile, start_server, stop_server, wait_ready
+from voicehost.bench.levels import percentile
+from voicehost.devserver import dev_server
 
 KEYS = {name: f"vh_bench_admission_{name}_0123456789" for name in ("a", "b", "c")}
 SPEECH = "/v1/audio/speech"
@@ -71,7 +71,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=50)
     args = parser.parse_args()
-    log = Path(tempfile.mkdtemp(prefix="voicehost-admission-")) / "server.log"
+    root = Path(tempfile.mkdtemp(prefix="voicehost-admission-"))
     keys = [
         {
             "id": name,
@@ -81,17 +81,14 @@ def main() -> int:
         }
         for name, key in KEYS.items()
     ]
-    proc, url = start_server(
-        log,
+    with dev_server(
+        root,
+        ready_timeout=600,
         VOICEHOST_API_KEYS=json.dumps(keys),
         VOICEHOST_WORKER_CAPACITY="2",
         VOICEHOST_KEY_MAX_STREAMS="1",
-    )
-    try:
-        wait_ready(proc, url, log, 600)
-        result = asyncio.run(bench(url, args.requests))
-    finally:
-        stop_server(proc)
+    ) as server:
+        result = asyncio.run(bench(server.url, args.requests))
     print(json.dumps(result))
     return 0
 

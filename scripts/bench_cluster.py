@@ -18,20 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 
-from voicehost.bench import free_port, percentile
+from voicehost.bench.levels import percentile
 from voicehost.cluster.ring import WorkerRing, choose_worker
+from voicehost.devserver import dev_env, free_port, launch, stop, voicehost_command, wait_ready
 
 TEXT = "Hello there, how are you today?"
 
@@ -56,52 +55,40 @@ def routing_cost(workers: int = 64, voices: int = 10_000) -> dict[str, float]:
     }
 
 
-def wait_ready(url: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready in {timeout} s")
-
-
 def start_cluster(folder: Path) -> tuple[str, str, list[subprocess.Popen]]:
+    """A Redis of its own, one dev worker and one gateway, each logging under ``folder``;
+    the processes are returned gateway first, so that stopping them in order drains cleanly."""
     redis_port, worker_port, gateway_port = free_port(), free_port(), free_port()
-    redis = subprocess.Popen(
+    redis = launch(
         ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
+        dev_env(),
+        folder / "redis.log",
     )
-    env = {
-        **os.environ,
-        "VOICEHOST_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "VOICEHOST_SHARED_DIR": str(folder / "shared"),
-        "VOICEHOST_ADAPTER_CACHE_DIR": str(folder / "cache"),
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    }
-    base = [sys.executable, "-m", "voicehost"]
-    log = (folder / "cluster.log").open("wb")
-    worker = subprocess.Popen(
-        [*base, "worker", "--dev", "--port", str(worker_port), "--worker-id", "bench"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    env = dev_env(
+        VOICEHOST_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        VOICEHOST_SHARED_DIR=str(folder / "shared"),
+        VOICEHOST_ADAPTER_CACHE_DIR=str(folder / "cache"),
     )
-    gateway = subprocess.Popen(
-        [*base, "gateway", "--dev", "--port", str(gateway_port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    worker = launch(
+        voicehost_command("worker", "--dev", "--port", str(worker_port), "--worker-id", "bench"),
+        env,
+        folder / "worker.log",
     )
+    gateway = launch(
+        voicehost_command("gateway", "--dev", "--port", str(gateway_port)),
+        env,
+        folder / "gateway.log",
+    )
+    processes = [gateway, worker, redis]
     worker_url, gateway_url = f"http://127.0.0.1:{worker_port}", f"http://127.0.0.1:{gateway_port}"
-    wait_ready(worker_url)
-    wait_ready(gateway_url, 30)
-    return worker_url, gateway_url, [gateway, worker, redis]
+    try:
+        wait_ready(worker, worker_url, folder / "worker.log", 600)
+        wait_ready(gateway, gateway_url, folder / "gateway.log", 30)
+    except BaseException:
+        for process in processes:
+            stop(process)
+        raise
+    return worker_url, gateway_url, processes
 
 
 async def first_byte_ms(session: aiohttp.ClientSession, url: str, voice: str, seed: int) -> float:
@@ -176,8 +163,7 @@ def main() -> int:
             )
         finally:
             for process in processes:
-                process.terminate()
-                process.wait(timeout=60)
+                stop(process, grace=60)
     summary = {"routing": routing, "gateway_first_byte": rows}
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

@@ -46,14 +46,12 @@ import numpy as np
 import torch
 
 # The tests' corpus: espeak-ng sentences, each with 0.3-1 s of leading silence.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from speech import SENTENCES, build_corpus
-
 from lora_training.recipe import VoiceJob, train_voice
 from lora_training.train import TrainSettings
 from voicehost import orpheus
 from voicehost.codec import SnacCodec
 from voicehost.config import Settings
+from voicehost.devcorpus import SENTENCES, build_corpus
 from voicehost.devmodel import ensure_dev_model
 
 TEXTS = ["Hello there, how are you today?", "Please call me back this afternoon."]

@@ -32,7 +32,8 @@ from typing import Any
 import aiohttp
 
 from voicehost import orpheus
-from voicehost.bench import percentile, served
+from voicehost.bench.levels import percentile
+from voicehost.devserver import served
 
 WORDS = (
     "we walked along the river and talked about the weather while the evening light "

@@ -49,7 +49,6 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from voicehost import orpheus
 from voicehost.codec import (
     DEFAULT_LOOKAHEAD_FRAMES,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from conftest import Server, dev_server, metric
+from helpers import Server, dev_server, metric
 
 from voicehost.admission import Admission, Refused
 

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
-from conftest import metric
+from helpers import metric
 from safetensors.torch import load_file, save_file
 
 SPEECH = "/v1/audio/speech"

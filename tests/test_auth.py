@@ -10,10 +10,20 @@ import sys
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import dev_env, dev_server, free_port, launch, say_over_socket, stop, wait_ready
+from helpers import (
+    RedisServer,
+    adapter_form,
+    dev_env,
+    dev_server,
+    eventually,
+    free_port,
+    launch,
+    say_over_socket,
+    stop,
+    wait_ready,
+)
+
 from lora_training.recipe import VoiceJob
-from test_cloning import adapter_form
-from test_cluster import RedisServer, eventually
 from voicehost.adapter_validation import AdapterRules, assign_tenant
 from voicehost.admission import WorkerLoad
 from voicehost.api.auth import (

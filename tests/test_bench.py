@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 
 from voicehost import bench
-from voicehost.bench import (
+from voicehost.bench.levels import max_concurrency_without_underrun, summarize
+from voicehost.bench.playback import (
     Analysis,
+    Playback,
     StreamResult,
     Trace,
     analyse,
     chunk_holding,
     first_speech_sample,
-    max_concurrency_without_underrun,
     samples_per_chunk,
     simulate_playback,
-    summarize,
 )
 from voicehost.cli import build_parser, cmd_bench
 
@@ -30,7 +30,7 @@ RATE = 1000  # 1 sample = 1 ms: exact arithmetic in the playback tests
 
 def test_chunks_arriving_ahead_of_the_player_never_underrun():
     chunks = [(0.0, 100), (0.05, 100), (0.15, 100), (0.3, 100)]  # each plays 0.1 s
-    assert simulate_playback(chunks, RATE) == bench.Playback(0, 0.0)
+    assert simulate_playback(chunks, RATE) == Playback(0, 0.0)
 
 
 def test_a_chunk_arriving_exactly_when_the_audio_runs_out_is_not_an_underrun():
@@ -84,7 +84,7 @@ def tone(seconds: float, amplitude: float, rate: int = 24000) -> np.ndarray:
     return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
 
 
-def test_first_speech_is_where_a_20ms_window_gets_loud():
+def test_first_speech_is_where_a_10ms_window_gets_loud():
     audio = np.concatenate([np.zeros(12000, np.int16), tone(0.5, 1000)])  # -33 dBFS after 0.5 s
     index = first_speech_sample(audio, 24000, -50.0)
     assert index is not None and 12000 <= index < 12000 + 480

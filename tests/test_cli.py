@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import free_port, http_status
+from helpers import free_port, http_status
 
 
 def voicehost(*args, **kwargs):

@@ -7,10 +7,11 @@ import time
 
 import aiohttp
 import pytest
-from speech import build_corpus
+from helpers import adapter_form, audio_form
 
 from lora_training.recipe import VoiceJob
 from voicehost.cloning import CloneJobs
+from voicehost.devcorpus import build_corpus
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +23,6 @@ def corpus(tmp_path_factory):
 async def http():
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         yield session
-
-
-def audio_form(paths, metadata=None, **fields):
-    form = aiohttp.FormData()
-    for key, value in fields.items():
-        form.add_field(key, value)
-    for path in paths:
-        form.add_field("audio", path.read_bytes(), filename=path.name)
-    if metadata is not None:
-        form.add_field("transcripts", metadata.read_bytes(), filename="metadata.csv")
-    return form
 
 
 async def error_code(response):
@@ -167,18 +157,6 @@ async def test_deleting_a_finished_job_removes_it_and_its_inputs(http, server, c
     assert not folder.exists()
     async with http.get(f"{server.url}/v1/jobs/{job['id']}") as response:
         assert response.status == 404
-
-
-def adapter_form(dev_model, voice_id, config=None):
-    folder = dev_model.adapters / "dev-b"
-    form = aiohttp.FormData()
-    form.add_field("voice_id", voice_id)
-    form.add_field("name", "Uploaded")
-    cfg = config or json.loads((folder / "adapter_config.json").read_text())
-    form.add_field("adapter_config", json.dumps(cfg).encode(), filename="adapter_config.json")
-    weights = (folder / "adapter_model.safetensors").read_bytes()
-    form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
-    return form
 
 
 async def test_an_uploaded_adapter_is_validated_served_and_deletable(http, server, dev_model):

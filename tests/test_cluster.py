@@ -13,10 +13,22 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import redis
-from conftest import dev_env, free_port, http_status, launch, say_over_socket, stop, wait_ready
-from speech import build_corpus
-from test_cloning import adapter_form, audio_form
+from helpers import (
+    RedisServer,
+    adapter_form,
+    audio_form,
+    dev_env,
+    eventually,
+    free_port,
+    http_status,
+    launch,
+    say_over_socket,
+    stop,
+    wait_ready,
+    wait_until,
+)
+
+from voicehost.devcorpus import build_corpus
 
 HEARTBEAT = 1.0  # the defaults: two engines on 2 busy cores can starve a worker for 2 s
 TTL = 5.0
@@ -26,39 +38,6 @@ LONG_TEXT = (
     "This is a long sentence that keeps the worker busy for a while, so that the stream is "
     "still running when something happens to the cluster around it. " * 3
 )  # two segments: a stream long enough to be cut
-
-
-@dataclass
-class RedisServer:
-    port: int
-    folder: Path
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=2)
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--dir", str(self.folder), "--appendonly", "yes", "--save", ""]
-        command += ["--appendfsync", "everysec"]  # "always" stalls every write on a busy disk
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if self.client().ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
-
-    def stop(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)  # redis flushes the AOF and exits
-        self.process.wait(timeout=10)
 
 
 @dataclass
@@ -106,26 +85,6 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
     url = (gateway or cluster.gateway).url + "/v1/cluster"
     with urllib.request.urlopen(url, timeout=2) as response:
         return {w["id"] for w in json.loads(response.read())["workers"]}
-
-
-def wait_until(condition, timeout: float, step: float = 0.05) -> float:
-    """Seconds until ``condition()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout} s")
-
-
-async def eventually(condition, within: float, step: float = 0.05) -> float:
-    """``wait_until`` without blocking the event loop (streams keep running meanwhile)."""
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        if await asyncio.to_thread(condition):
-            return time.monotonic() - started
-        await asyncio.sleep(step)
-    raise AssertionError(f"not within {within} s")
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +222,35 @@ async def test_an_adapter_registered_at_the_gateway_is_fetched_and_served(cluste
     assert not (cluster.root / "shared" / "adapters" / "shared-voice").exists()
 
 
+async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server(
+    cluster, http, dev_model
+):
+    """The gateway looks voices up with the server's own code: an adapter whose files in the
+    shared store fail validation is 422 ``voice_unusable`` there (not forwarded), listed as an
+    error, and refused on the realtime socket the same way."""
+    form = adapter_form(dev_model, "broken-shared")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+        assert response.status == 201, await response.text()
+    (published,) = (cluster.root / "shared" / "adapters" / "broken-shared").iterdir()
+    config = json.loads((published / "adapter_config.json").read_text())
+    (published / "adapter_config.json").write_text(json.dumps({**config, "r": 999}))
+    body = {"input": "Hello there.", "voice": "broken-shared", "response_format": "pcm"}
+    async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 422
+        assert (await response.json())["error"]["code"] == "voice_unusable"
+        assert "X-Voicehost-Worker" not in response.headers  # answered by the gateway itself
+    async with http.get(cluster.gateway.url + "/v1/audio/voices") as response:
+        listed = {v["id"]: v for v in (await response.json())["voices"]}
+    assert listed["broken-shared"]["status"] == "error"
+    assert "max_lora_rank" in listed["broken-shared"]["error"]
+    async with http.ws_connect(cluster.gateway.url + "/v1/audio/speech/ws") as ws:
+        await ws.send_json({"type": "config", "voice": "broken-shared"})
+        event = json.loads((await ws.receive()).data)
+        assert event["type"] == "error" and event["error"]["code"] == "voice_unusable"
+    async with http.delete(cluster.gateway.url + "/v1/voices/broken-shared") as response:
+        assert response.status == 204
+
+
 async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, http):
     corpus = build_corpus(cluster.root / "corpus", count=12)
     form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
@@ -375,7 +363,7 @@ async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
     assert status == 503
 
 
-async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command():
+async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command(redis_server):
     """redis-py can swallow a cancellation that lands inside a command; the poll loop went on
     and a gateway's shutdown, which waits for it, hung for good (9 of these 20 cancellations
     did before the fix)."""
@@ -384,7 +372,7 @@ async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_comman
     from voicehost.cluster.state import Membership, connect
     from voicehost.config import Settings
 
-    redis_client = connect(Settings(dev=True, redis_url="redis://127.0.0.1:6379/0"))
+    redis_client = connect(Settings(dev=True, redis_url=redis_server.url))
     rng = random.Random(1)
     try:
         for _ in range(20):

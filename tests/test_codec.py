@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import random_frames
 
 from voicehost import orpheus
 from voicehost.codec import (
@@ -24,21 +25,6 @@ from voicehost.codec import (
 @pytest.fixture(scope="module")
 def codec(dev_model):
     return SnacCodec.load(dev_model.codec, device="cpu", noise=False)
-
-
-def random_frames(count: int, seed: int) -> list[orpheus.Frame]:
-    rng = random.Random(seed)
-    frames = [
-        orpheus.Frame.from_codes(
-            [rng.randrange(4096)],
-            [rng.randrange(4096) for _ in range(2)],
-            [rng.randrange(4096) for _ in range(4)],
-        )
-        for _ in range(count)
-    ]
-    frames[0] = orpheus.Frame((0,), (0, 0), (0, 0, 0, 0))  # code 0 is a real code
-    frames[-1] = orpheus.Frame((4095,), (4095, 4095), (4095, 4095, 4095, 4095))
-    return frames
 
 
 def stream(codec, frames, lookahead, chunk_sizes, max_chunk=1):

@@ -6,12 +6,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from lora_training.ingest import decode, normalise_loudness
 from safetensors.torch import load_file
-from speech import speak
+
+from lora_training.ingest import decode, normalise_loudness
 from voicehost import orpheus
 from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.codec import SnacCodec
+from voicehost.devcorpus import speak
 from voicehost.devmodel import DEV_VOICES, ensure_dev_model, fingerprint
 
 

@@ -54,8 +54,8 @@ def test_every_served_route_is_documented_and_nothing_else(local_settings):
     assert app_routes(create_app(local_settings)) == documented(document())
 
 
-def test_the_gateway_documents_its_public_routes(tmp_path):
-    settings = Settings(dev=True, redis_url="redis://127.0.0.1:6379/0", shared_dir=tmp_path)
+def test_the_gateway_documents_its_public_routes(tmp_path, redis_server):
+    settings = Settings(dev=True, redis_url=redis_server.url, shared_dir=tmp_path)
     assert app_routes(create_gateway_app(settings)) - GATEWAY_ONLY == documented(document())
 
 
@@ -109,8 +109,8 @@ async def test_server_serves_the_document(server):
         assert await r.json() == document()
 
 
-async def test_gateway_serves_the_same_document(tmp_path):
-    settings = Settings(dev=True, redis_url="redis://127.0.0.1:6379/0", shared_dir=tmp_path)
+async def test_gateway_serves_the_same_document(tmp_path, redis_server):
+    settings = Settings(dev=True, redis_url=redis_server.url, shared_dir=tmp_path)
     gateway = TestServer(create_gateway_app(settings), host="127.0.0.1")
     await gateway.start_server()
     try:

@@ -8,7 +8,7 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-from conftest import metric
+from helpers import metric
 
 WS = "/v1/audio/speech/ws"
 WORDS = (

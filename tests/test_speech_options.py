@@ -9,7 +9,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from conftest import metric
+from helpers import metric
 
 from voicehost.synthesis import LeadingSilenceTrim
 

@@ -4,7 +4,7 @@ import asyncio
 import time
 
 import pytest
-from test_codec import random_frames
+from helpers import random_frames
 
 from voicehost import orpheus
 from voicehost.codec import DecodeScheduler, SnacCodec

@@ -9,6 +9,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+
 from lora_training import segment
 from lora_training.ingest import decode, ingest
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare, train_voice
@@ -16,10 +17,10 @@ from lora_training.tokenise import build_dataset, drop_repeated_frames
 from lora_training.train import TrainSettings
 from lora_training.transcripts import MissingTranscripts, find_transcripts
 from lora_training.trim import TrimSettings, leading_silence_ms, trim
-from speech import build_corpus, speak
 from voicehost import orpheus
 from voicehost.adapter_validation import AdapterRules, ModelShape, validate_adapter
 from voicehost.codec import SnacCodec
+from voicehost.devcorpus import build_corpus, speak
 
 
 @pytest.fixture(scope="module")

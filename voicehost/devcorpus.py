@@ -1,4 +1,6 @@
-"""A small real-speech corpus for the training tests: espeak-ng sentences with known text."""
+"""A small real-speech corpus with known text, spoken by espeak-ng: the audio input of the
+training tests and benchmarks (the dev model's counterpart: built on the spot, no download).
+Needs the ``espeak-ng`` and ``sox`` commands."""
 
 from __future__ import annotations
 

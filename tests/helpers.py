@@ -1,0 +1,226 @@
+"""What the tests share besides fixtures: dev processes started the tests' way, a Redis server
+of a test's own, the upload forms, waiting for a condition, and reading a server's answers.
+
+Fixtures live in ``conftest.py``; test modules import these from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis
+
+from voicehost import devserver, orpheus
+from voicehost.config import Settings
+from voicehost.devmodel import DevModelPaths
+from voicehost.devserver import DevServer, free_port, http_status, launch, stop, voicehost_command
+
+__all__ = [
+    "DEV_DIR",
+    "RedisServer",
+    "Server",
+    "adapter_form",
+    "audio_form",
+    "dev_env",
+    "dev_server",
+    "eventually",
+    "free_port",
+    "http_status",
+    "launch",
+    "metric",
+    "random_frames",
+    "say_over_socket",
+    "stop",
+    "voicehost_command",
+    "wait_ready",
+    "wait_until",
+]
+
+Server = DevServer
+DEV_DIR = Settings().dev_dir
+
+# Every dev process of the tests: the shared dev model; codec noise off, so audio depends only
+# on tokens; nucleus sampling off unless a test sets it (vLLM's CPU sampler sorts the 157k-token
+# vocabulary for top-p at every step of every request, which made the dev engine 2.4x slower;
+# serving's defaults are checked in test_engine and measured by the benchmarks).
+TEST_ENV = {
+    "VOICEHOST_DEV_DIR": str(DEV_DIR),
+    "VOICEHOST_CODEC_NOISE": "false",
+    "VOICEHOST_TOP_P": "1.0",
+}
+
+
+# --- dev processes ---------------------------------------------------------------------------
+
+
+def dev_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's dev-model process, with ``extra`` settings added."""
+    return devserver.dev_env(**{**TEST_ENV, **extra})
+
+
+def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 300) -> list[int]:
+    """``devserver.wait_ready``, failing the test with the process's log tail."""
+    try:
+        return devserver.wait_ready(process, url, log, timeout)
+    except devserver.NotReady as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+@contextlib.contextmanager
+def dev_server(root: Path, **env: str) -> Iterator[Server]:
+    """``devserver.dev_server`` with the tests' environment; a start that fails fails the test
+    with the server's log tail."""
+    try:
+        with devserver.dev_server(root, **{**TEST_ENV, **env}) as server:
+            yield server
+    except devserver.NotReady as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+# --- Redis -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RedisServer:
+    """A ``redis-server`` of a test's own on ``port``, its data (append-only file) in ``folder``."""
+
+    port: int
+    folder: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=2)
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--dir", str(self.folder), "--appendonly", "yes", "--save", ""]
+        command += ["--appendfsync", "everysec"]  # "always" stalls every write on a busy disk
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)  # redis flushes the AOF and exits
+        self.process.wait(timeout=10)
+
+
+# --- waiting ---------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], object], timeout: float, step: float = 0.05) -> float:
+    """Seconds until ``condition()`` held; fails after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout} s")
+
+
+async def eventually(condition: Callable[[], object], within: float, step: float = 0.05) -> float:
+    """``wait_until`` without blocking the event loop (streams keep running meanwhile)."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if await asyncio.to_thread(condition):
+            return time.monotonic() - started
+        await asyncio.sleep(step)
+    raise AssertionError(f"not within {within} s")
+
+
+# --- requests and answers --------------------------------------------------------------------
+
+
+def audio_form(paths: Sequence[Path], metadata: Path | None = None, **fields: str):
+    """A ``POST /v1/voices`` clone upload: the audio files, transcripts and other fields."""
+    form = aiohttp.FormData()
+    for key, value in fields.items():
+        form.add_field(key, value)
+    for path in paths:
+        form.add_field("audio", path.read_bytes(), filename=path.name)
+    if metadata is not None:
+        form.add_field("transcripts", metadata.read_bytes(), filename="metadata.csv")
+    return form
+
+
+def adapter_form(dev_model: DevModelPaths, voice_id: str, config: dict | None = None):
+    """A ``POST /v1/voices`` adapter upload of dev-b's weights as ``voice_id``, with its
+    adapter config or ``config``."""
+    folder = dev_model.adapters / "dev-b"
+    form = aiohttp.FormData()
+    form.add_field("voice_id", voice_id)
+    form.add_field("name", "Uploaded")
+    cfg = config or json.loads((folder / "adapter_config.json").read_text())
+    form.add_field("adapter_config", json.dumps(cfg).encode(), filename="adapter_config.json")
+    weights = (folder / "adapter_model.safetensors").read_bytes()
+    form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
+    return form
+
+
+async def say_over_socket(
+    ws: aiohttp.ClientWebSocketResponse, voice: str, text: str
+) -> tuple[list[str], int]:
+    """Speak ``text`` on an open realtime socket (config, text, end) and read it to its close:
+    the types of the events received, in order, and the bytes of audio."""
+    await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+    await ws.send_json({"type": "text", "text": text})
+    await ws.send_json({"type": "end"})
+    events, audio = [], 0
+    async for message in ws:
+        if message.type == aiohttp.WSMsgType.BINARY:
+            audio += len(message.data)
+        else:
+            events.append(json.loads(message.data)["type"])
+    return events, audio
+
+
+async def metric(http: aiohttp.ClientSession, server: Server, name: str) -> float:
+    """A server metric from ``/metrics``: ``name`` alone sums its labelled series, ``name{...}``
+    reads one series."""
+    async with http.get(server.url + "/metrics") as response:
+        text = await response.text()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+def random_frames(count: int, seed: int) -> list[orpheus.Frame]:
+    """``count`` frames of random codes, the first all 0 and the last all 4095 (both real
+    codes)."""
+    rng = random.Random(seed)
+    frames = [
+        orpheus.Frame.from_codes(
+            [rng.randrange(4096)],
+            [rng.randrange(4096) for _ in range(2)],
+            [rng.randrange(4096) for _ in range(4)],
+        )
+        for _ in range(count)
+    ]
+    frames[0] = orpheus.Frame((0,), (0, 0), (0, 0, 0, 0))  # code 0 is a real code
+    frames[-1] = orpheus.Frame((4095,), (4095, 4095), (4095, 4095, 4095, 4095))
+    return frames
