@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from voicehost.orpheus import SAMPLE_RATE
+from voicehost.speech_start import window_levels_db, window_samples
 
-WINDOW_MS = 10
 RELATIVE_THRESHOLD_DB = 35.0  # a window this far below the clip's loud windows is silence
 FLOOR_DB = -60.0  # and so is anything below this level, however quiet the clip
 
@@ -31,26 +31,18 @@ class TrimmedClip:
     leading_after_ms: float
 
 
-def _window_levels_db(samples: np.ndarray) -> np.ndarray:
-    size = SAMPLE_RATE * WINDOW_MS // 1000
-    count = samples.size // size
-    if count == 0:
-        return np.zeros(0)
-    windows = samples[: count * size].reshape(count, size).astype(np.float64)
-    rms = np.sqrt((windows**2).mean(axis=1))
-    return 20 * np.log10(np.maximum(rms, 1e-10))
-
-
 def speech_bounds(samples: np.ndarray) -> tuple[int, int] | None:
-    """Sample indices of the first and past the last non-silent window; ``None`` if all silent."""
-    levels = _window_levels_db(samples)
+    """Sample indices of the first and past the last non-silent window; ``None`` if all silent.
+    A window is silent ``RELATIVE_THRESHOLD_DB`` below the clip's loud windows (its 95th
+    percentile), or below ``FLOOR_DB`` (``voicehost.speech_start`` measures the windows)."""
+    levels = window_levels_db(samples)
     if levels.size == 0:
         return None
     threshold = max(np.percentile(levels, 95) - RELATIVE_THRESHOLD_DB, FLOOR_DB)
-    loud = np.nonzero(levels > threshold)[0]
+    loud = np.flatnonzero(levels > threshold)
     if loud.size == 0:
         return None
-    size = SAMPLE_RATE * WINDOW_MS // 1000
+    size = window_samples()
     return int(loud[0]) * size, min(int(loud[-1] + 1) * size, samples.size)
 
 

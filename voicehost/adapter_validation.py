@@ -95,12 +95,13 @@ def _same_base(declared: str, served: str) -> bool:
     return declared.rstrip("/").split("/")[-1].lower() == served.rstrip("/").split("/")[-1].lower()
 
 
-def validate_adapter(path: Path, rules: AdapterRules) -> Voice:
+def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = None) -> Voice:
     """Check an adapter folder without loading any weights; raises ``InvalidAdapter``.
+    ``voice_id``: the voice it is registered as (by default, the folder's name).
 
     The config (and manifest) are checked before the weights file is opened; the weights must
     then be a safetensors file by their first bytes, whatever their name."""
-    voice_id = path.name
+    voice_id = voice_id or path.name
     if not is_voice_id(voice_id):
         raise InvalidAdapter(f"voice id {voice_id!r} must match {VOICE_ID_PATTERN.pattern}")
     pickles = [p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]

@@ -16,6 +16,7 @@ from voicehost import orpheus
 from voicehost.codec import DecodeScheduler, FrameDecoder
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
+from voicehost.speech_start import speech_start, window_samples
 from voicehost.text.normalize import normalize
 from voicehost.text.segment import Segment
 from voicehost.voices import Voice
@@ -91,13 +92,13 @@ class Continuity:
 
 class LeadingSilenceTrim:
     """Drops the near-silent audio at the very start of a stream: everything before the 10 ms
-    block ahead of the first one louder than ``threshold_db`` (RMS, dBFS; blocks counted from
-    each chunk's start), and never more than ``max_seconds``."""
+    window ahead of the first one louder than ``threshold_db`` (``voicehost.speech_start``;
+    windows counted from each chunk's start), and never more than ``max_seconds``."""
 
-    BLOCK = orpheus.SAMPLE_RATE // 100
+    WINDOW = window_samples(orpheus.SAMPLE_RATE)
 
     def __init__(self, threshold_db: float, max_seconds: float = 1.0) -> None:
-        self.threshold = 10 ** (threshold_db / 20)
+        self.threshold_db = threshold_db
         self.budget = int(max_seconds * orpheus.SAMPLE_RATE)
         self.dropped = 0  # samples
         self.done = False
@@ -107,17 +108,9 @@ class LeadingSilenceTrim:
         if self.done or not pcm.size:
             return pcm
         room = self.budget - self.dropped
-        head = pcm[:room]
-        loud = next(
-            (
-                i
-                for i in range(0, head.size, self.BLOCK)
-                if np.sqrt(np.mean(np.square(head[i : i + self.BLOCK]))) > self.threshold
-            ),
-            None,
-        )
+        loud = speech_start(pcm[:room], self.threshold_db)
         if loud is not None:
-            cut = max(0, loud - self.BLOCK)
+            cut = max(0, loud - self.WINDOW)
         elif pcm.size >= room:
             cut = room  # a second of silence: trim no further
         else:

@@ -52,6 +52,10 @@ class AdapterStore(Protocol):
         """Copy the adapter at ``uri`` into the (new) folder ``target``."""
         ...
 
+    def folder(self, uri: str) -> Path:
+        """The adapter's files, read in place (a gateway validates them there)."""
+        ...
+
     def delete(self, uri: str) -> None: ...
 
 
@@ -83,11 +87,14 @@ class SharedDirStore:
                 shutil.rmtree(staging, ignore_errors=True)
         return SCHEME + relative.as_posix()
 
-    def download(self, uri: str, target: Path) -> None:
+    def folder(self, uri: str) -> Path:
         source = self._path(uri)
         if not source.is_dir():
             raise AdapterFetchError(f"adapter {uri!r} is not in the shared store")
-        shutil.copytree(source, target)
+        return source
+
+    def download(self, uri: str, target: Path) -> None:
+        shutil.copytree(self.folder(uri), target)
 
     def delete(self, uri: str) -> None:
         path = self._path(uri)

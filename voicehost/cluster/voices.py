@@ -2,8 +2,9 @@
 
 A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, tenant, version and
 status.
-Gateways read records; workers also fetch the adapter into their local cache, verify it and
-validate it before the engine loads it. While Redis is down, records seen before still resolve.
+Workers fetch the adapter into their local cache; gateways read it in the shared store. Both
+validate it (once per checksum) before they use it, so a broken adapter is refused alike (422).
+While Redis is down, records seen before still resolve.
 """
 
 from __future__ import annotations
@@ -72,19 +73,18 @@ class RedisVoiceDirectory:
         record = await self.record(voice_id)
         if record is None or record.get("status") != "ready":
             return None
-        if self.cache is None:  # a gateway: the record is enough
-            return _record_voice(record)
         key = (voice_id, record["checksum"])
         async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
             try:
-                # Every use goes through the cache: it marks the adapter used (LRU) and fetches
-                # it again if it was evicted.
-                folder = await asyncio.to_thread(
-                    self.cache.fetch, record["uri"], record["checksum"], voice_id
-                )
+                folder = await asyncio.to_thread(self._adapter_folder, voice_id, record)
                 voice = self._ready.get(key)
                 if voice is None or voice.adapter_path != folder:
-                    voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
+                    voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+                    if voice.checksum != record["checksum"]:
+                        raise AdapterFetchError(
+                            f"adapter {voice_id!r} has checksum {voice.checksum}, "
+                            f"the record says {record['checksum']}"
+                        )
             except (AdapterFetchError, InvalidAdapter) as exc:
                 self._broken[voice_id] = str(exc)
                 log.error("voice %s is unusable here: %s", voice_id, exc)
@@ -92,6 +92,14 @@ class RedisVoiceDirectory:
         self._broken.pop(voice_id, None)
         self._ready[key] = voice
         return voice
+
+    def _adapter_folder(self, voice_id: str, record: dict[str, str]) -> Path:
+        """Where this process reads the adapter: a worker's verified local copy (every use goes
+        through the cache: it marks the adapter used, and fetches it again if it was evicted),
+        or, on a gateway, the shared store's files in place."""
+        if self.cache is None:
+            return self.store.folder(record["uri"])
+        return self.cache.fetch(record["uri"], record["checksum"], voice_id)
 
     def broken(self, voice_id: str) -> str | None:
         return self._broken.get(voice_id)
@@ -106,8 +114,14 @@ class RedisVoiceDirectory:
             for voice_id in ids:
                 pipe.hgetall(voice_key(voice_id))
             records = await pipe.execute()
-        voices = [_record_voice(r) for r in records if r and r.get("status") == "ready"]
-        return sorted([*self.builtin.values(), *voices], key=lambda v: v.voice_id), []
+        ready = [r for r in records if r and r.get("status") == "ready"]
+        voices = [_record_voice(r) for r in ready if r["voice_id"] not in self._broken]
+        broken = [
+            BrokenAdapter(r["voice_id"], Path(r["uri"]), self._broken[r["voice_id"]])
+            for r in ready
+            if r["voice_id"] in self._broken
+        ]
+        return sorted([*self.builtin.values(), *voices], key=lambda v: v.voice_id), broken
 
     async def exists(self, voice_id: str) -> bool:
         return voice_id in self.builtin or bool(await self.redis.exists(voice_key(voice_id)))
