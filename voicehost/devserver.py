@@ -92,14 +92,15 @@ def wait_ready(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise NotReady(f"{process.args} exited with {process.returncode}:\n{log_tail(log)}")
-        status = http_status(f"{url}/readyz")
-        if status is None:  # not listening yet
+        status = http_status(f"{url}/readyz", timeout=5)
+        if status is None:  # not listening yet, or too busy to answer in time
             time.sleep(0.2)
             continue
         seen.append(status)
         if status == 200:
             return seen
-        if http_status(f"{url}/healthz") != 200:
+        health = http_status(f"{url}/healthz", timeout=5)
+        if health is not None and health != 200:  # it answered: its start-up failed
             raise NotReady(f"{process.args}: start-up failed:\n{log_tail(log)}")
         time.sleep(0.5)
     raise NotReady(f"{process.args}: not ready in {timeout:.0f} s:\n{log_tail(log)}")
