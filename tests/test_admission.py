@@ -61,6 +61,59 @@ def test_a_stream_that_fails_still_gives_back_its_slots():
         pass
 
 
+@pytest.mark.unit
+def test_a_refusal_says_the_limit_it_hit_and_when_to_retry():
+    admission = Admission(capacity=1, per_key=1, retry_after=7)
+    with admission.admit("a"):
+        with pytest.raises(Refused) as over, admission.admit("a"):
+            pass
+        with pytest.raises(Refused) as full, admission.admit("b"):
+            pass
+    assert over.value.message == "this API key already has 1 streams in progress (its limit)"
+    assert full.value.message == "this server is at its capacity of 1 real-time streams"
+    assert str(over.value) == over.value.message and str(full.value) == full.value.message
+    assert over.value.retry_after == full.value.retry_after == 7
+
+
+@pytest.mark.unit
+def test_a_key_holds_up_to_its_quota_and_each_end_gives_one_back():
+    admission = Admission(capacity=5, per_key=2)
+    with admission.admit("a"):
+        with admission.admit("a"):
+            assert admission.by_key == {"a": 2}
+            with pytest.raises(Refused, match="already has 2 streams"), admission.admit("a"):
+                pass
+        assert admission.by_key == {"a": 1} and admission.active == 1
+        with admission.admit("a"):  # the freed quota slot is usable again
+            assert admission.by_key == {"a": 2}
+    assert admission.by_key == {} and admission.active == 0
+
+
+@pytest.mark.unit
+def test_without_a_quota_one_key_may_use_the_whole_capacity():
+    admission = Admission(capacity=3)
+    with admission.admit("a"), admission.admit("a"), admission.admit("a"):
+        assert admission.by_key == {"a": 3}
+        with pytest.raises(Refused) as full, admission.admit("a"):
+            pass
+        assert full.value.status == 503
+    assert admission.by_key == {}
+
+
+@pytest.mark.unit
+async def test_idle_waits_until_every_stream_has_ended():
+    admission = Admission(capacity=2)
+    first, second = admission.admit(None), admission.admit("a")
+    first.__enter__()
+    second.__enter__()
+    waiter = asyncio.ensure_future(admission.idle())
+    first.__exit__(None, None, None)
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # one stream is still in progress
+    second.__exit__(None, None, None)
+    await asyncio.wait_for(waiter, 1)
+
+
 async def test_idle_waits_for_the_last_stream():
     admission = Admission(capacity=2)
     await asyncio.wait_for(admission.idle(), 1)  # nothing in flight: at once

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import struct
+import wave
 
 import av
 import numpy as np
@@ -20,6 +22,7 @@ from voicehost.audio import (
     encoding_rate,
     output_rate,
     to_pcm16,
+    wav_header,
 )
 from voicehost.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME
 
@@ -121,9 +124,101 @@ def test_lossless_formats_carry_the_resampled_samples_exactly(fmt: str, rate: in
     parts, tail = encode_all(encoder, random_chunks(signal, seed=rate))
     decoded, _ = decode(fmt, b"".join(parts) + tail, rate)
 
-    # Streamed in odd chunks, the samples equal a one-shot resampling: no clicks at chunk edges.
-    expected = np.frombuffer(to_pcm16(resampled(signal, rate)), "<i2")
-    np.testing.assert_array_equal(np.round(decoded * 32768).astype(np.int16), expected)
+    # Streamed in odd chunks, the samples are a one-shot resampling at full scale 32767, to the
+    # one step that float -> int16 truncates (no clicks at chunk edges, no wrong gain). The
+    # expected values are computed here, not by the conversion under test.
+    expected = resampled(signal, rate).astype(np.float64) * 32767
+    received = np.round(decoded.astype(np.float64) * 32768)
+    assert received.shape == expected.shape
+    np.testing.assert_allclose(received, expected, rtol=0, atol=1)
+
+
+def known_pcm_values() -> np.ndarray:
+    """Every 16-bit value but -32768, shuffled: what the model's floats k / 32767 must become."""
+    return np.random.default_rng(5).permutation(np.arange(-32767, 32768))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fmt", LOSSLESS)
+def test_lossless_formats_at_the_model_rate_carry_known_pcm_values_exactly(fmt: str) -> None:
+    values = known_pcm_values()
+    over = np.array([1.5, -1.5, 2.0, -2.0, 1.0, -1.0], np.float32)  # clipped to full scale
+    signal = np.concatenate([(values / 32767).astype(np.float32), over])
+    encoder = AudioEncoder(fmt)
+    parts, tail = encode_all(encoder, random_chunks(signal, seed=11))
+    decoded, _ = decode(fmt, b"".join(parts) + tail, SAMPLE_RATE)
+
+    received = np.round(decoded.astype(np.float64) * 32768).astype(np.int64)
+    expected = [*values, 32767, -32767, 32767, -32767, 32767, -32767]
+    np.testing.assert_array_equal(received, expected)
+
+
+@pytest.mark.unit
+def test_pcm16_is_full_scale_at_32767_and_clips_beyond():
+    samples = np.array([0, 0.5, -0.5, 1 / 32767, 1, -1, 1.5, -1.5, 2, -2, 1e9], np.float32)
+    pcm = np.frombuffer(to_pcm16(samples), "<i2")
+    expected = [0, 16383, -16383, 1, 32767, -32767, 32767, -32767, 32767, -32767, 32767]
+    assert pcm.tolist() == expected
+    assert to_pcm16(np.array([1.0], np.float32)) == b"\xff\x7f"  # little-endian 0x7fff
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fmt", LOSSY)
+def test_lossy_formats_clip_samples_beyond_full_scale(fmt: str) -> None:
+    t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
+    loud = (3.0 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
+    encoder = AudioEncoder(fmt)
+    parts, tail = encode_all(encoder, random_chunks(loud, seed=3))
+    decoded, _ = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
+
+    # A clipped tone comes back near full scale (AAC overshoots to 1.25), never near 3.
+    assert 0.9 < decoded.max() < 1.4
+    assert -1.4 < decoded.min() < -0.9
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("fmt", "rate"), [("pcm", 16000), ("wav", 44100), ("flac", None)])
+def test_samples_of_any_float_type_and_shape_encode_as_the_same_float32_samples(fmt, rate):
+    signal = tone_and_chirp(5000)
+    reference = AudioEncoder(fmt, rate)
+    expected = reference.encode(signal) + reference.finish()
+    for variant in (signal.astype(np.float64), signal.reshape(-1, 1), signal.reshape(1, -1)):
+        encoder = AudioEncoder(fmt, rate)
+        assert encoder.encode(variant) + encoder.finish() == expected
+    encoder = AudioEncoder(fmt, rate)
+    assert encoder.encode(signal.tolist()) + encoder.finish() == expected  # a plain list too
+
+
+@pytest.mark.unit
+def test_an_encoder_says_its_format_and_the_rate_it_sends():
+    opus = AudioEncoder("opus", 16000)
+    assert (opus.fmt, opus.sample_rate) == ("opus", 48000)
+    mulaw = AudioEncoder("mulaw")
+    assert (mulaw.fmt, mulaw.sample_rate) == ("mulaw", 8000)
+
+
+@pytest.mark.unit
+def test_the_streaming_wav_header_describes_mono_pcm16_of_unknown_length():
+    header = wav_header(16000)
+    assert header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt " and header[36:40] == b"data"
+    riff, fmt_size = struct.unpack("<I", header[4:8])[0], struct.unpack("<I", header[16:20])[0]
+    assert (riff, fmt_size, struct.unpack("<I", header[40:44])[0]) == (2**32 - 1, 16, 2**32 - 1)
+    # format 1 (PCM), 1 channel, 16000 Hz, 32000 bytes/s in blocks of 2 bytes, 16 bits
+    assert struct.unpack("<HHIIHH", header[20:36]) == (1, 1, 16000, 32000, 2, 16)
+    stereo = struct.unpack("<HHIIHH", wav_header(22050, channels=2)[20:36])
+    assert stereo == (1, 2, 22050, 88200, 4, 16)
+
+
+@pytest.mark.unit
+def test_a_wav_header_with_a_length_makes_a_file_the_wave_module_reads():
+    pcm = to_pcm16(tone_and_chirp(3001))
+    data = wav_header(24000, data_size=len(pcm)) + pcm
+    assert struct.unpack("<I", data[4:8])[0] == 36 + len(pcm) == len(data) - 8
+    with wave.open(io.BytesIO(data)) as reader:
+        shape = (reader.getnchannels(), reader.getsampwidth(), reader.getframerate())
+        assert shape == (1, 2, 24000)
+        assert reader.getnframes() == 3001
+        assert reader.readframes(3001) == pcm
 
 
 @pytest.mark.parametrize("fmt", TELEPHONE)
@@ -249,5 +344,21 @@ def test_content_types() -> None:
 def test_a_finished_encoder_takes_no_more_audio() -> None:
     encoder = AudioEncoder("mp3")
     encoder.finish()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="this AudioEncoder is finished"):
         encoder.encode(np.zeros(10, np.float32))
+    with pytest.raises(RuntimeError, match="this AudioEncoder is finished"):
+        encoder.finish()
+
+
+@pytest.mark.unit
+def test_refused_rates_say_which_rates_are_taken():
+    with pytest.raises(
+        UnsupportedAudio,
+        match=r"sample_rate 12345 is not supported; use one of 8000, 16000, 22050, 24000, 44100, "
+        r"48000$",
+    ):
+        AudioEncoder("wav", 12345)
+    with pytest.raises(
+        UnsupportedAudio, match=r"alaw is G\.711 telephone audio at 8000 Hz only, not 16000 Hz"
+    ):
+        AudioEncoder("alaw", 16000)

@@ -15,10 +15,10 @@ from voicehost.codec import DecodeScheduler, FrameDecoder, SnacCodec
 from voicehost.metrics import SpeechMetrics
 from voicehost.orpheus import (
     AUDIO_TOKEN_BASE,
+    BEGIN_OF_TEXT,
     CODEBOOK_SIZE,
     END_OF_SPEECH,
     SAMPLES_PER_FRAME,
-    TEXT_VOCAB_SIZE,
     TOKENS_PER_FRAME,
     VOCAB_SIZE,
     Frame,
@@ -111,26 +111,57 @@ def test_frames_round_trip_through_snac_code_layers(sequence):
     assert orpheus.codes_to_frames(l0, l1, l2) == sequence
 
 
-@given(st.lists(any_ids, max_size=9))
-def test_from_tokens_parses_a_frame_or_raises_malformed(tokens):
-    try:
-        frame = Frame.from_tokens(tokens)
-    except MalformedAudioToken:
-        return
-    assert frame.tokens() == tokens
+def is_frame_of_tokens(tokens: list[int]) -> bool:
+    """ORPHEUS.md: 7 tokens, the k-th one 128266 + k*4096 + a code in 0..4095."""
+    return len(tokens) == TOKENS_PER_FRAME and all(
+        0 <= t - AUDIO_TOKEN_BASE - k * CODEBOOK_SIZE < CODEBOOK_SIZE for k, t in enumerate(tokens)
+    )
+
+
+def one_token_changed(tokens: list[int], data: st.DataObject) -> list[int]:
+    changed = list(tokens)
+    changed[data.draw(positions)] = data.draw(st.one_of(any_ids, audio_tokens))
+    return changed
+
+
+@pytest.mark.unit
+@given(
+    st.one_of(
+        frames.map(Frame.tokens),  # valid: hypothesis would hardly ever build one at random
+        st.lists(st.one_of(any_ids, audio_tokens), max_size=9),
+        st.tuples(frames.map(Frame.tokens), st.data()).map(lambda a: one_token_changed(*a)),
+    )
+)
+def test_from_tokens_parses_every_valid_frame_and_refuses_every_other_list(tokens):
+    if is_frame_of_tokens(tokens):
+        assert Frame.from_tokens(tokens).tokens() == tokens
+    else:
+        with pytest.raises(MalformedAudioToken):
+            Frame.from_tokens(tokens)
 
 
 codes_or_junk = st.lists(st.one_of(codes, any_ids), max_size=5)
 
 
-@given(codes_or_junk, codes_or_junk, codes_or_junk)
-def test_from_codes_builds_a_frame_or_raises_value_error(l0, l1, l2):
-    try:
+valid_layers = frames.map(lambda f: (list(f.l0), list(f.l1), list(f.l2)))
+
+
+def are_frame_codes(l0: list[int], l1: list[int], l2: list[int]) -> bool:
+    """1, 2 and 4 codes, each in 0..4095."""
+    counts_fit = (len(l0), len(l1), len(l2)) == (1, 2, 4)
+    return counts_fit and all(0 <= c < CODEBOOK_SIZE for c in [*l0, *l1, *l2])
+
+
+@pytest.mark.unit
+@given(st.one_of(valid_layers, st.tuples(codes_or_junk, codes_or_junk, codes_or_junk)))
+def test_from_codes_builds_every_valid_frame_and_refuses_every_other_layout(layers):
+    l0, l1, l2 = layers
+    if are_frame_codes(l0, l1, l2):
         frame = Frame.from_codes(l0, l1, l2)
-    except ValueError:
-        return
-    assert (list(frame.l0), list(frame.l1), list(frame.l2)) == [l0, l1, l2]
-    assert all(0 <= c < CODEBOOK_SIZE for c in [*l0, *l1, *l2])
+        assert (list(frame.l0), list(frame.l1), list(frame.l2)) == (l0, l1, l2)
+    else:
+        with pytest.raises(ValueError):
+            Frame.from_codes(l0, l1, l2)
 
 
 junk_code = st.one_of(codes, any_ids)
@@ -143,14 +174,25 @@ aligned_layers = st.integers(0, 6).flatmap(
 )
 
 
-@given(st.one_of(aligned_layers, st.tuples(codes_or_junk, codes_or_junk, codes_or_junk)))
-def test_codes_to_frames_splits_layers_or_raises_value_error(layers):
+@pytest.mark.unit
+@given(
+    st.one_of(
+        st.lists(frames, max_size=6).map(orpheus.frames_to_codes),  # valid
+        aligned_layers,
+        st.tuples(codes_or_junk, codes_or_junk, codes_or_junk),
+    )
+)
+def test_codes_to_frames_splits_every_valid_layout_and_refuses_every_other(layers):
     l0, l1, l2 = layers
-    try:
+    n = len(l0)
+    aligned = (len(l1), len(l2)) == (2 * n, 4 * n)
+    if aligned and all(0 <= c < CODEBOOK_SIZE for c in [*l0, *l1, *l2]):
         split = orpheus.codes_to_frames(l0, l1, l2)
-    except ValueError:
-        return
-    assert orpheus.frames_to_codes(split) == (l0, l1, l2)
+        assert len(split) == n
+        assert orpheus.frames_to_codes(split) == (list(l0), list(l1), list(l2))
+    else:
+        with pytest.raises(ValueError):
+            orpheus.codes_to_frames(l0, l1, l2)
 
 
 # --- the assembler on arbitrary engine output ---------------------------------------------------
@@ -232,7 +274,7 @@ def test_prompts_take_only_text_ids(ids):
     try:
         prompt = orpheus.build_prompt(ids)
     except ValueError:
-        assert any(not 0 <= t < TEXT_VOCAB_SIZE for t in ids)
+        assert any(not 0 <= t < BEGIN_OF_TEXT for t in ids)
         return
     assert prompt == [orpheus.START_OF_HUMAN, orpheus.BEGIN_OF_TEXT, *ids, *orpheus.PROMPT_SUFFIX]
 

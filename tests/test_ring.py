@@ -8,6 +8,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from voicehost.cluster.ring import WorkerRing, choose_worker, load_bound, stable_hash
 
 IDS = [f"voice-{i}" for i in range(100_000)]
@@ -119,3 +121,65 @@ def test_failed_workers_are_skipped():
 def test_load_bound():
     assert load_bound(0, 8, 1.25) == 1
     assert load_bound(79, 8, 1.25) == 13  # ceil(1.25 * 80 / 8) = 12.5 -> 13
+
+
+# --- the bound's edges and the walk's order -----------------------------------------------------
+
+
+@pytest.mark.unit
+def test_load_bound_counts_the_stream_being_admitted():
+    # 7 streams on 8 workers, the 8th arriving: 8 / 8 = 1 each; the 9th may make it 2
+    assert load_bound(7, 8, 1.0) == 1
+    assert load_bound(8, 8, 1.0) == 2  # ceil(9 / 8): without the +1 it would be ceil(8 / 8) = 1
+    assert load_bound(3, 1, 1.0) == 4  # one worker takes everything
+    assert load_bound(5, 0, 1.25) == 8  # no live worker: no division by zero
+
+
+@pytest.mark.unit
+def test_successors_are_each_worker_once_in_failover_order():
+    """The n-th successor is the key's owner once the n - 1 before it are gone."""
+    ring = WorkerRing(WORKERS)
+    for key in (f"voice-{i}" for i in range(20)):
+        walk = list(ring.successors(key))
+        assert sorted(walk) == sorted(WORKERS)
+        for n in range(1, len(WORKERS)):
+            assert WorkerRing(set(WORKERS) - set(walk[:n])).owner(key) == walk[n]
+
+
+@pytest.mark.unit
+def test_an_empty_ring_has_no_owner_and_no_successors():
+    assert WorkerRing([]).owner("voice-1") is None
+    assert list(WorkerRing([]).successors("voice-1")) == []
+
+
+@pytest.mark.unit
+def test_by_default_a_worker_takes_up_to_1_25_times_the_average_and_no_more():
+    ring = WorkerRing(WORKERS[:4])
+    owner, second = list(ring.successors("voice-1"))[:2]
+    # 1 stream in flight, a 2nd arriving on 4 workers: ceil(1.25 * 2 / 4) = 1 per worker
+    assert choose_worker(ring, "voice-1", {owner: 1}) == second
+    assert choose_worker(ring, "voice-1", {owner: 1}, factor=2.25) == owner
+
+
+@pytest.mark.unit
+def test_by_default_a_voice_stays_with_its_owner_while_the_owner_is_within_the_bound():
+    ring = WorkerRing(WORKERS)
+    owner, second = list(ring.successors("voice-1"))[:2]
+    loads = {w: 1 for w in WORKERS} | {second: 0}  # bound ceil(1.25 * 8 / 8) = 2
+    assert choose_worker(ring, "voice-1", loads) == owner
+    assert choose_worker(ring, "voice-1", loads, replicas=2) == second
+
+
+@pytest.mark.unit
+def test_a_worker_missing_from_the_loads_is_idle():
+    ring = WorkerRing(WORKERS)
+    owner, second = list(ring.successors("voice-1"))[:2]
+    assert choose_worker(ring, "voice-1", {owner: 1}, replicas=2) == second
+    assert choose_worker(ring, "voice-1", {owner: 1}, factor=100.0, replicas=3) == second
+
+
+@pytest.mark.unit
+def test_when_every_worker_is_at_the_bound_the_owner_takes_the_stream():
+    ring = WorkerRing(WORKERS)
+    loads = dict.fromkeys(WORKERS, 1)  # factor 0.5: a bound of 1, which every worker has reached
+    assert choose_worker(ring, "voice-1", loads, factor=0.5) == ring.owner("voice-1")
