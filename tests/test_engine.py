@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from voicehost import orpheus
 from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
+from voicehost.devmodel import MAX_AUDIO_FRAMES
 from voicehost.engine import (
     InputTooLong,
     SpeechEngine,
@@ -97,3 +99,15 @@ def test_settings_refuse_segments_that_cannot_fit_the_context():
         Settings(segment_max_chars=1000)
     with pytest.raises(ValueError, match="lower segment_max_chars"):
         Settings(max_model_len=2048)  # 300 characters need more
+
+
+def test_the_dev_model_says_at_most_its_cap_and_real_weights_follow_the_text():
+    """The dev model's random speech runs ~75 frames whatever the text; serving caps it so a
+    test's long texts stay cheap. Real weights get the text's own allowance."""
+    text = "word " * 100
+    dev = SpeechEngine(llm=None, tokenizer=None, settings=Settings(dev=True))
+    real = SpeechEngine(llm=None, tokenizer=None, settings=Settings(model="/models/orpheus"))
+    capped = dev.sampling(text, seed=None, prompt_tokens=20).max_tokens
+    assert capped == MAX_AUDIO_FRAMES * orpheus.TOKENS_PER_FRAME + 1
+    assert real.sampling(text, seed=None, prompt_tokens=20).max_tokens > capped
+    assert dev.sampling("Hi.", seed=None, prompt_tokens=20).max_tokens < capped  # text still counts

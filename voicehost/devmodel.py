@@ -8,6 +8,10 @@ structural signal: the audio token at frame position k strongly predicts a token
 k + 1, start_of_speech predicts position 0, and the stop token follows a whole frame with a small
 probability. The codes within a position stay random and depend on the transformer layers (and so
 on the voice adapter), which is what the tests need to tell voices apart.
+
+Left alone its utterances run about 75 frames (6 s) whatever the text, with a long tail; the
+engine caps what it serves at ``MAX_AUDIO_FRAMES``, so a test's long texts cost seconds, not
+minutes, while a stream still outlasts a client's first chunk, a cancel or a drain.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ _START_COORD = orpheus.TOKENS_PER_FRAME  # start_of_speech
 _STRUCTURE_GAIN = 6.0  # embedding size of the structural coordinate
 _NEXT_POSITION_LOGIT = 0.75  # head weight that, after the final norm, gives the next position ~12
 _STOP_LOGIT = 0.9  # with 4096 rival codes, the stop token ends a frame a few percent of the time
+MAX_AUDIO_FRAMES = 48  # 4 s: the most one dev-model request says (as many as continuity carries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from voicehost import orpheus
 from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
+from voicehost.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
 from voicehost.voices import Voice
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger(__name__)
+
+# The dev model's random speech would otherwise run ~75 frames whatever the text.
+DEV_MAX_AUDIO_TOKENS = DEV_MAX_AUDIO_FRAMES * orpheus.TOKENS_PER_FRAME + 1
 
 FP8_MIN_CAPABILITY = 89  # W8A8 FP8 kernels: Ada, Hopper and newer
 
@@ -136,12 +140,14 @@ class SpeechEngine:
         )
 
     def sampling(self, text: str, seed: int | None, prompt_tokens: int) -> SamplingOptions:
-        """Sampling defaults; ``max_tokens`` follows the text length and the context left.
+        """Sampling defaults; ``max_tokens`` follows the text length and the context left
+        (with the dev model, at most ``devmodel.MAX_AUDIO_FRAMES`` frames).
 
         Raises ``InputTooLong`` when the context cannot hold the speech the text needs.
         """
         s = self.settings
         limit = s.max_model_len - prompt_tokens
+        served = min(limit, DEV_MAX_AUDIO_TOKENS) if s.dev else limit
         needed = orpheus.min_audio_tokens(text)
         if needed > limit:
             raise InputTooLong(
@@ -152,7 +158,7 @@ class SpeechEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             repetition_penalty=s.repetition_penalty,
-            max_tokens=orpheus.max_audio_tokens(text, limit),
+            max_tokens=orpheus.max_audio_tokens(text, served),
             seed=seed,
         )
 
