@@ -20,6 +20,7 @@ from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
 from lora_training.transcripts import SpeechRecognizer, find_transcripts, require_transcripts
 from lora_training.trim import TrimSettings, percentiles_ms, trim
+from voicehost import orpheus
 from voicehost.orpheus import PAD, SAMPLE_RATE
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def train_voice(
         dataset, dataset_path = build_dataset(
             prepared.utterances,
             codec,
-            lambda text: tokenizer.encode(text, add_special_tokens=False),
+            orpheus.plain_text(tokenizer),
             job.work_dir,
             voice_name=voice_name,
             drop_repeats=job.drop_repeated_frames,

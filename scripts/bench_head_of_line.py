@@ -131,7 +131,7 @@ def generated(
     for index, text in enumerate(TEXTS):
         rows = len(range(index, args.samples, len(TEXTS)))
         prompt = orpheus.encode_prompt(
-            lambda s: tokenizer.encode(s, add_special_tokens=False), text, None
+            orpheus.plain_text(tokenizer), text, None
         )
         torch.manual_seed(index)
         out = model.generate(
@@ -171,7 +171,7 @@ def learned(
     edge_p, first_p, expected = [], [], []
     for text in TEXTS:
         prompt = orpheus.encode_prompt(
-            lambda s: tokenizer.encode(s, add_special_tokens=False), text, None
+            orpheus.plain_text(tokenizer), text, None
         )
         ids = torch.tensor([prompt + edge.tokens() + middle.tokens() * frames])
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # predicts the audio tokens

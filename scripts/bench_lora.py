@@ -165,7 +165,7 @@ class Bench:
             # Unique to the batch and request (no prefix-cache hits), always the same length.
             text = f"Take {self.batches:06d}, line {index:04d}. {TEXT}"
             return orpheus.encode_prompt(
-                lambda t: engine.tokenizer.encode(t, add_special_tokens=False), text, None
+                orpheus.plain_text(engine.tokenizer), text, None
             )
 
         async def one(index: int, voice: Voice) -> float:

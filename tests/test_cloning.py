@@ -176,6 +176,41 @@ async def test_an_uploaded_adapter_is_validated_served_and_deletable(http, serve
         assert response.status == 403
 
 
+def peft_save(dev_model, out):
+    """What a new user has: PEFT's ``save_pretrained`` of an ``all-linear`` LoRA made against
+    the served model's folder (so its config names that path, and every projection in full)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(dev_model.model)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    get_peft_model(model, config).save_pretrained(out)
+    return out
+
+
+async def test_a_plain_peft_save_against_the_served_model_is_accepted_and_speaks(
+    http, server, dev_model, tmp_path
+):
+    folder = peft_save(dev_model, tmp_path / "peft")
+    saved = json.loads((folder / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(dev_model.model)  # a path, not a name
+    form = aiohttp.FormData()
+    form.add_field("voice_id", "peft-user")
+    for part, name in (
+        ("adapter_config", "adapter_config.json"),
+        ("adapter_model", "adapter_model.safetensors"),
+    ):
+        form.add_field(part, (folder / name).read_bytes(), filename=name)
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 201, await r.text()
+    body = {"input": "Hi.", "voice": "peft-user", "response_format": "pcm"}
+    async with http.post(server.url + "/v1/audio/speech", json=body) as r:
+        assert r.status == 200, await r.text()
+        assert len(await r.read()) > 0
+    async with http.delete(server.url + "/v1/voices/peft-user") as r:
+        assert r.status == 204
+
+
 async def test_a_bad_adapter_upload_is_400(http, server, dev_model):
     config = json.loads((dev_model.adapters / "dev-b" / "adapter_config.json").read_text())
     config["modules_to_save"] = ["lm_head"]

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
 from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 from voicehost.voice_folders import FolderVoiceDirectory
 
@@ -181,3 +182,35 @@ def test_registry_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
     save_file(weights, path)
     registry.scan()
     assert registry.get("v").checksum != before
+
+
+# --- adapters a user actually has -------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_the_served_model_is_accepted_by_its_name_path_or_folder_and_the_error_says_which(
+    adapter, dev_model
+):
+    from voicehost.config import Settings
+
+    rules = Settings(dev=True, dev_dir=dev_model.root).adapter_rules()
+    for declared in (str(dev_model.model), "model", "voicehost-dev", "some/hub/voicehost-dev"):
+        edit_json(adapter / "adapter_config.json", base_model_name_or_path=declared)
+        assert validate_adapter(adapter, rules).voice_id == "my-voice", declared
+    edit_json(adapter / "adapter_config.json", base_model_name_or_path="meta-llama/Llama-3.2-3B")
+    with pytest.raises(InvalidAdapter, match="accepted: 'voicehost-dev', '/") as error:
+        validate_adapter(adapter, rules)
+    assert str(dev_model.model) in str(error.value)
+
+
+@pytest.mark.unit
+def test_full_dotted_target_modules_match_on_their_last_part(adapter, rules):
+    dotted = ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "v_proj"]
+    edit_json(adapter / "adapter_config.json", target_modules=dotted)
+    assert validate_adapter(adapter, rules).voice_id == "my-voice"
+    edit_json(adapter / "adapter_config.json", target_modules=["model.embed_tokens"])
+    with pytest.raises(InvalidAdapter, match=r"model\.embed_tokens"):
+        validate_adapter(adapter, rules)
+    edit_json(adapter / "adapter_config.json", target_modules=["model.layers.0.q_proj.lm_head"])
+    with pytest.raises(InvalidAdapter, match="not attention/MLP projections"):
+        validate_adapter(adapter, rules)

@@ -84,15 +84,25 @@ class ModelShape:
 
 @dataclass(frozen=True, slots=True)
 class AdapterRules:
-    """What the served engine accepts."""
+    """What the served engine accepts. ``base_model`` is the configured name of the served model;
+    ``aliases`` are its other names (its path or hub id), any of which an adapter may declare."""
 
     base_model: str
     max_rank: int
     shape: ModelShape | None = None
+    aliases: tuple[str, ...] = ()
+
+    def accepts_base(self, declared: str) -> bool:
+        """Whether ``declared`` names the served model: the last part of a path or hub id,
+        compared without case, matches that of the configured name or an alias."""
+        return any(_last_part(declared) == _last_part(name) for name in self.base_names())
+
+    def base_names(self) -> list[str]:
+        return list(dict.fromkeys([self.base_model, *self.aliases]))
 
 
-def _same_base(declared: str, served: str) -> bool:
-    return declared.rstrip("/").split("/")[-1].lower() == served.rstrip("/").split("/")[-1].lower()
+def _last_part(name: str) -> str:
+    return name.rstrip("/").split("/")[-1].lower()
 
 
 def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = None) -> Voice:
@@ -193,16 +203,19 @@ def _check_config(config: dict, manifest: dict, rules: AdapterRules) -> None:
     targets = config.get("target_modules")
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise InvalidAdapter(f"target_modules {targets!r} must list module names")
-    unknown = set(targets) - LORA_MODULES
+    # PEFT saves ``target_modules="all-linear"`` as full dotted module names: match the last part.
+    unknown = {t for t in targets if t.rsplit(".", 1)[-1] not in LORA_MODULES}
     if unknown:
         raise InvalidAdapter(f"target modules {sorted(unknown)} are not attention/MLP projections")
     declared = [config.get("base_model_name_or_path"), manifest.get("base_model")]
     if not any(declared):
         raise InvalidAdapter(f"no base model declared (the served one is {rules.base_model!r})")
     for base in filter(None, declared):  # the config's and the manifest's must both match
-        if not isinstance(base, str) or not _same_base(base, rules.base_model):
+        if not isinstance(base, str) or not rules.accepts_base(base):
+            accepted = ", ".join(repr(n) for n in rules.base_names())
             raise InvalidAdapter(
-                f"base model {base!r} does not match the served {rules.base_model!r}"
+                f"base model {base!r} does not match the served {rules.base_model!r} "
+                f"(accepted: {accepted}, or a path or hub id ending in one of their last parts)"
             )
 
 

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost import orpheus
+from voicehost.adapter_validation import AdapterRules, ModelShape
 from voicehost.devmodel import DevModelPaths
 from voicehost.keys import ApiKey
 
@@ -196,6 +197,12 @@ class Settings(BaseSettings):
         if self.base_model_name:
             return self.base_model_name
         return "voicehost-dev" if self.dev else self.served_model().rstrip("/").split("/")[-1]
+
+    def adapter_rules(self, shape: ModelShape | None = None) -> AdapterRules:
+        """What adapters must be to be served: the served model by its configured name, path or
+        hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
+        aliases = (self.served_model(),) if self.served_model() != self.served_base_name() else ()
+        return AdapterRules(self.served_base_name(), self.max_lora_rank, shape, aliases)
 
     def adapter_roots(self) -> list[Path]:
         """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 TEXT_VOCAB_SIZE = 128256
 VOCAB_SIZE = 156940
@@ -55,11 +56,30 @@ def prompt_text(text: str, voice: str | None) -> str:
     return f"{voice}: {text}" if voice else text
 
 
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer this module uses."""
+
+    def encode(self, text: str, **options: Any) -> list[int]: ...
+
+
+def plain_text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text`` tokenized as plain text: a special token's spelling in it (``<|eot_id|>``,
+    ``<custom_token_4>``) stays text, so user text cannot inject prompt structure (a Hugging Face
+    tokenizer turns them into their ids unless told to split them). Emotive tags are plain text."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+def plain_text(tokenizer: Tokenizer) -> Callable[[str], list[int]]:
+    """``plain_text_ids`` with ``tokenizer``: the ``tokenize`` of ``encode_prompt``."""
+    return lambda text: plain_text_ids(tokenizer, text)
+
+
 def build_prompt(text_token_ids: Sequence[int]) -> list[int]:
-    """The inference prompt around already tokenised text (no BOS in ``text_token_ids``)."""
+    """The inference prompt around already tokenised text: no special id (BOS, eot, custom
+    tokens) in ``text_token_ids``, only the Llama-3 text vocabulary below 128000."""
     for token_id in text_token_ids:
-        if not 0 <= token_id < TEXT_VOCAB_SIZE:
-            raise ValueError(f"text token id {token_id} is outside the text vocabulary")
+        if not 0 <= token_id < BEGIN_OF_TEXT:
+            raise ValueError(f"text token id {token_id} is not a plain text token")
     return [START_OF_HUMAN, BEGIN_OF_TEXT, *text_token_ids, *PROMPT_SUFFIX]
 
 

@@ -73,13 +73,13 @@ class Runtime:
         queue: JobQueue | None = None
         if cluster is None:
             self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
-                settings.adapter_roots(), settings.builtin_voices, self._rules()
+                settings.adapter_roots(), settings.builtin_voices, settings.adapter_rules()
             )
             self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
         else:
             self.folder_voices = None
-            self.voices = cluster.voice_directory(settings.builtin_voices, self._rules())
+            self.voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
         self.engine: SpeechEngine | None = None
@@ -92,9 +92,6 @@ class Runtime:
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_start: asyncio.Future[SpeechEngine] | None = None
-
-    def _rules(self, shape: ModelShape | None = None) -> AdapterRules:
-        return AdapterRules(self.settings.served_base_name(), self.settings.max_lora_rank, shape)
 
     @property
     def failure(self) -> str | None:
@@ -180,7 +177,7 @@ class Runtime:
             await asyncio.to_thread(ensure_dev_model, s.dev_dir)
         config = Path(s.served_model()) / "config.json"
         if config.is_file():
-            self.voices.rules = self._rules(ModelShape.from_config(config))
+            self.voices.rules = s.adapter_rules(ModelShape.from_config(config))
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -135,11 +136,38 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 # --- requests --------------------------------------------------------------------------------
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def load_json(text: str) -> object:
+    """``text`` parsed as JSON; ``ValueError`` saying why for what is not, for nesting too deep
+    to parse, and for a string holding an unpaired UTF-16 surrogate (``"\\ud800"``: no encoder,
+    the tokenizer's included, takes one)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(str(exc)) from exc
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                raise ValueError("a string holds an unpaired UTF-16 surrogate")
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
 async def read_body(request: web.Request, model: type[Body]) -> Body:
     """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
     try:
-        payload = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        payload = load_json(await request.text())
+    except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "invalid_request", "the body must be a JSON object")

@@ -15,11 +15,11 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
 
 import numpy as np
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from voicehost.api.auth import request_principal
@@ -29,6 +29,7 @@ from voicehost.api.edge import (
     check_audio_options,
     error_event,
     find_voice,
+    load_json,
     speak_options,
     validation_message,
 )
@@ -67,9 +68,11 @@ MESSAGES: dict[str, type[RealtimeConfig | RealtimeText | RealtimeControl]] = {
 def parse(message: str) -> RealtimeConfig | RealtimeText | RealtimeControl:
     """A client message, parsed once; ``ProtocolError`` if it is not one of ``MESSAGES``."""
     try:
-        payload = json.loads(message)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError("invalid_message", "a message is a JSON object with a type") from exc
+        payload = load_json(message)
+    except ValueError as exc:
+        raise ProtocolError(
+            "invalid_message", f"a message is a JSON object with a type: {exc}"
+        ) from exc
     kind = payload.get("type") if isinstance(payload, dict) else None
     model = MESSAGES.get(kind) if isinstance(kind, str) else None
     if model is None:
@@ -282,22 +285,34 @@ async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
     return config
 
 
-async def open_socket(
-    request: web.Request, idle: float
-) -> tuple[web.WebSocketResponse, RealtimeConfig | None]:
-    """Upgrade to a WebSocket and read its config; a bad config is refused (``None``)."""
+SocketWork = Callable[[web.WebSocketResponse, RealtimeConfig], Awaitable[None]]
+
+
+async def serve_socket(
+    request: web.Request, idle: float, work: SocketWork
+) -> web.WebSocketResponse:
+    """Upgrade to a WebSocket, read its config, then run ``work`` on it (a server's session, a
+    gateway's relay). A bad config, or an ``ApiError`` from ``work`` (an unknown voice, no
+    worker), is refused with its code; any other failure ends the socket with an ``internal``
+    error event: once upgraded, nothing here answers in HTTP."""
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
     await ws.prepare(request)
     try:
         config = await read_config(ws, idle)
-        try:
-            check_audio_options(config)
-        except ApiError as exc:
-            raise ProtocolError(exc.code, exc.message) from exc
-    except ProtocolError as exc:
+        check_audio_options(config)
+        await work(ws, config)
+    except (ProtocolError, ApiError) as exc:
         await refuse(ws, exc.code, exc.message)
-        return ws, None
-    return ws, config
+    except ConnectionError:
+        pass  # the client left
+    except Exception as exc:
+        log.exception("realtime socket failed")
+        with suppress(ConnectionError):
+            await ws.send_str(
+                json.dumps(error_event("internal", f"internal error: {type(exc).__name__}"))
+            )
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal")
+    return ws
 
 
 async def refuse(ws: web.WebSocketResponse, code: str, message: str) -> None:
@@ -312,15 +327,11 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
     principal = request_principal(request)
+
+    async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
+        voice = await find_voice(runtime.voices, config.voice, principal)
+        await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
+
     # a session holds one stream slot while it is open; refused before the upgrade (503/429)
     with runtime.admit(principal):
-        ws, config = await open_socket(request, runtime.settings.ws_idle_timeout_seconds)
-        if config is None:
-            return ws
-        try:
-            voice = await find_voice(runtime.voices, config.voice, principal)
-        except ApiError as exc:
-            await refuse(ws, exc.code, exc.message)
-            return ws
-        await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
-        return ws
+        return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)

@@ -1,4 +1,6 @@
-"""HTTP handlers (aiohttp): thin adapters between the wire schemas and the synthesis pipeline."""
+"""The handlers of a process that speaks (``voicehost serve``, a cluster worker): speech from this
+process's engine, its health, and the worker-internal routes. What they share with a gateway is
+``voicehost.api.edge`` and ``voicehost.api.routes``."""
 
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 async def respond(
     request: web.Request, runtime: Runtime, body: SpeechRequest, events: AsyncIterator[SpeechEvent]
 ) -> web.StreamResponse:
-    """Stream ``events``' audio as ``body`` asks (raw bytes of its format, or SSE)."""
+    """The response: ``events``' audio as ``body`` asks (raw bytes of its format, or SSE)."""
     async with aclosing(events), aclosing(audio_only(events)) as chunks:
         try:
             first = await anext(chunks)

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from voicehost.adapter_validation import AdapterRules, ModelShape
+from voicehost.adapter_validation import ModelShape
 from voicehost.admission import Refused
 from voicehost.api.auth import AUTH, bind_host, request_principal
 from voicehost.api.edge import (
@@ -35,9 +35,9 @@ from voicehost.api.edge import (
     find_voice,
     read_body,
 )
-from voicehost.api.realtime import MAX_MESSAGE_BYTES, open_socket, refuse
+from voicehost.api.realtime import MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import public_app
-from voicehost.api.schemas import RouteRequest, SpeechRequest
+from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
 from voicehost.cloning import CloneJobs
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.jobs import RedisJobQueue
@@ -75,7 +75,7 @@ class Gateway:
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         config = Path(settings.served_model()) / "config.json"
         shape = ModelShape.from_config(config) if config.is_file() else None
-        rules = AdapterRules(settings.served_base_name(), settings.max_lora_rank, shape)
+        rules = settings.adapter_rules(shape)
         store = SharedDirStore(settings.shared_dir)
         self.voices = RedisVoiceDirectory(
             self.redis, store, settings.builtin_voices, rules, owner="gateway"
@@ -273,36 +273,32 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
     """Relay a realtime socket to the worker its voice routes to (read from the config)."""
     gateway = request.app[GATEWAY]
     assert gateway.client is not None
-    ws, config = await open_socket(request, gateway.settings.ws_idle_timeout_seconds)
-    if config is None:
-        return ws
+    client = gateway.client
     principal = request_principal(request)
-    try:
+
+    async def relay(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
         await find_voice(gateway.voices, config.voice, principal)
-    except ApiError as exc:
-        await refuse(ws, exc.code, exc.message)
-        return ws
-    worker = await gateway.pick(config.voice, request.headers.get(SESSION_HEADER), frozenset())
-    if worker is None:
-        await refuse(ws, "no_workers", "no worker is available; try again shortly")
-        return ws
-    try:
-        upstream = await gateway.client.ws_connect(
-            f"{worker.url}/v1/audio/speech/ws",
-            max_msg_size=MAX_MESSAGE_BYTES,
-            headers=request.app[AUTH].forward_headers(principal),
-        )
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        await refuse(ws, "upstream_failed", f"{worker.worker_id}: {exc}")
-        return ws
-    gateway.in_flight[worker.worker_id] += 1
-    try:
-        await upstream.send_str(config.model_dump_json())
-        await _relay_sockets(ws, upstream)
-    finally:
-        gateway.in_flight[worker.worker_id] -= 1
-        await upstream.close()
-    return ws
+        session = request.headers.get(SESSION_HEADER)
+        worker = await gateway.pick(config.voice, session, frozenset())
+        if worker is None:
+            raise ApiError(503, "no_workers", "no worker is available; try again shortly")
+        try:
+            upstream = await client.ws_connect(
+                f"{worker.url}/v1/audio/speech/ws",
+                max_msg_size=MAX_MESSAGE_BYTES,
+                headers=request.app[AUTH].forward_headers(principal),
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
+        gateway.in_flight[worker.worker_id] += 1
+        try:
+            await upstream.send_str(config.model_dump_json())
+            await _relay_sockets(ws, upstream)
+        finally:
+            gateway.in_flight[worker.worker_id] -= 1
+            await upstream.close()
+
+    return await serve_socket(request, gateway.settings.ws_idle_timeout_seconds, relay)
 
 
 async def _relay_sockets(
