@@ -133,7 +133,7 @@ class SpeechEngine:
         """The Orpheus prompt token ids for ``text`` in ``voice``, after ``context`` (an earlier
         segment's text and frames) if given."""
         return orpheus.encode_prompt(
-            lambda s: self.tokenizer.encode(s, add_special_tokens=False),
+            orpheus.plain_text(self.tokenizer),
             text,
             voice.prompt_name(),
             context,
