@@ -6,6 +6,7 @@ import shutil
 import time
 
 import pytest
+
 from voicehost.adapter_validation import ADAPTER_WEIGHTS
 from voicehost.cluster.adapters import (
     AdapterCache,

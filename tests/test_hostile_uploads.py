@@ -20,6 +20,8 @@ import aiohttp
 import numpy as np
 import psutil
 import pytest
+from yarl import URL
+
 from lora_training.ingest import (
     AudioTooLong,
     UnreadableAudio,
@@ -31,7 +33,6 @@ from lora_training.ingest import (
 )
 from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 from voicehost.ids import child, is_job_id, is_voice_id
-from yarl import URL
 
 ANSWER_SECONDS = 30.0  # a hang guard, not a speed target: a refusal never waits on work
 MAX_GROWTH = 300 * 2**20

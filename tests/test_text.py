@@ -6,6 +6,7 @@ import random
 import time
 
 import pytest
+
 from voicehost.text.normalize import normalize
 from voicehost.text.segment import Segment, TextSegmenter, split_text
 
