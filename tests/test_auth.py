@@ -10,6 +10,7 @@ import sys
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from helpers import (
     RedisServer,
     adapter_form,
@@ -35,6 +36,7 @@ from voicehost.api.auth import (
     Authenticator,
     RedactKeys,
     bind_host,
+    forwarded_principal,
     request_principal,
 )
 from voicehost.api.edge import auth_middleware
@@ -288,6 +290,280 @@ async def test_a_forwarded_principal_is_trusted_only_with_the_internal_token(ech
         headers = {INTERNAL_TOKEN_HEADER: TOKEN}
         async with http.get(echo_app + "/internal/load", headers=headers) as response:
             assert response.status == 200
+
+
+# --- the edge's rules over real HTTP, in-process (unit) ------------------------------------------
+
+# Every public route with the scopes a key needs for it (ROUTE_SCOPES, written out again here).
+SCOPED_ROUTES = [
+    ("POST", "/v1/audio/speech", {"synthesize"}),
+    ("GET", "/v1/audio/speech/ws", {"synthesize"}),
+    ("GET", "/v1/audio/voices", {"synthesize", "voices"}),
+    ("GET", "/v1/voices", {"synthesize", "voices"}),
+    ("HEAD", "/v1/voices", {"synthesize", "voices"}),
+    ("POST", "/v1/voices", {"voices"}),
+    ("GET", "/v1/voices/dev-a", {"voices"}),
+    ("DELETE", "/v1/voices/dev-a", {"voices"}),
+    ("GET", "/v1/jobs/job-0123456789abcdef", {"voices"}),
+    ("DELETE", "/v1/jobs/job-0123456789abcdef", {"voices"}),
+    ("POST", "/v1/jobs/job-0123456789abcdef/retry", {"voices"}),
+    ("GET", "/v1/anything-else", {"admin"}),
+]
+OPEN_ROUTES = ["/healthz", "/readyz", "/openapi.json"]
+
+
+def edge_app(auth: Authenticator) -> web.Application:
+    """The real middleware in front of every route it knows, each answering the caller's id."""
+
+    async def whoami(request):
+        principal = request_principal(request)
+        return web.json_response(principal and principal.key_id)
+
+    app = web.Application(middlewares=[auth_middleware])
+    app[AUTH] = auth
+    for method, path in [
+        ("POST", "/v1/audio/speech"),
+        ("GET", "/v1/audio/speech/ws"),
+        ("GET", "/v1/audio/voices"),
+        ("GET", "/v1/voices"),
+        ("POST", "/v1/voices"),
+        ("GET", "/v1/voices/{voice_id}"),
+        ("DELETE", "/v1/voices/{voice_id}"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/retry"),
+        ("GET", "/v1/anything-else"),
+        ("GET", "/metrics"),
+        ("GET", "/internal/load"),
+        *[("GET", path) for path in OPEN_ROUTES],
+    ]:
+        if method == "GET":
+            app.router.add_get(path, whoami)  # HEAD too, as the real routes
+        else:
+            app.router.add_route(method, path, whoami)
+    return app
+
+
+@pytest.fixture
+async def edge():
+    """A client of ``edge_app`` with the test keys and token (metrics need a key)."""
+    keys = [ApiKey.model_validate(e) for e in entries(KEYS)]
+    server = TestServer(edge_app(Authenticator(keys, TOKEN, metrics_public=False)))
+    async with TestClient(server) as client:
+        yield client
+
+
+async def answer(response):
+    """(status, the caller's id or the error code)."""
+    body = await response.json() if response.method != "HEAD" else None
+    if response.status >= 400 and body is not None:
+        return response.status, body["error"]["code"]
+    return response.status, body
+
+
+@pytest.mark.unit
+async def test_api_key_in_the_query_is_taken_on_the_websocket_route_only(edge):
+    assert await answer(await edge.get("/v1/audio/speech/ws?api_key=key-a")) == (200, "a")
+    assert await answer(await edge.get("/v1/audio/speech/ws?api_key=%20key-a%20")) == (200, "a")
+    for method, path in [("POST", "/v1/audio/speech"), ("GET", "/v1/voices")]:
+        response = await edge.request(method, path + "?api_key=key-a")
+        assert await answer(response) == (401, "missing_api_key")
+    response = await edge.get("/v1/audio/speech/ws?api_key=")
+    assert await answer(response) == (401, "missing_api_key")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("headers", "caller"),
+    [
+        ({"Authorization": "Bearer key-a"}, "a"),
+        ({"Authorization": "bearer key-a"}, "a"),  # the scheme in any case
+        ({"Authorization": "BEARER  key-a "}, "a"),
+        ({"X-API-Key": " key-b "}, "b"),
+        ({"Authorization": "Bearer key-a", "X-API-Key": "key-b"}, "a"),  # Bearer first
+        ({"Authorization": "Bearer ", "X-API-Key": "key-b"}, "b"),
+        ({"Authorization": "Basic key-a", "X-API-Key": "key-b"}, "b"),
+        ({"Authorization": "Basic key-a"}, "missing_api_key"),
+        ({"Authorization": "Bearer"}, "missing_api_key"),
+        ({"Authorization": "key-a"}, "missing_api_key"),
+        ({"X-API-Key": "  "}, "missing_api_key"),
+        ({"Authorization": "Bearer key-c"}, "invalid_api_key"),
+    ],
+)
+async def test_a_request_presents_its_key_as_bearer_or_x_api_key(edge, headers, caller):
+    status, said = await answer(await edge.post("/v1/audio/speech", headers=headers))
+    assert said == caller and status == (200 if caller in ("a", "b") else 401)
+
+
+@pytest.mark.unit
+async def test_a_denial_is_the_one_error_body_and_401_says_how_to_authenticate(edge):
+    response = await edge.post("/v1/audio/speech")
+    assert response.status == 401
+    assert response.headers["WWW-Authenticate"] == 'Bearer realm="voicehost"'
+    assert await response.json() == {
+        "error": {
+            "code": "missing_api_key",
+            "message": "send an API key: Authorization: Bearer <key>",
+        }
+    }
+    response = await edge.post("/v1/voices", headers=bearer("key-a-speak"))
+    assert response.status == 403 and "WWW-Authenticate" not in response.headers
+    assert await response.json() == {
+        "error": {"code": "insufficient_scope", "message": "this API key needs the 'voices' scope"}
+    }
+    response = await edge.get("/v1/voices", headers=bearer("key-c"))
+    assert (await response.json())["error"]["message"] == "the API key is not valid"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("method", "path", "needed"), SCOPED_ROUTES)
+async def test_each_route_admits_the_keys_holding_one_of_its_scopes(edge, method, path, needed):
+    for key, (key_id, _, scopes) in KEYS.items():
+        allowed = bool(needed & set(scopes)) or "admin" in scopes
+        status, said = await answer(await edge.request(method, path, headers=bearer(key)))
+        if allowed:
+            assert status == 200 and said in (key_id, None), (key, method, path)
+        else:
+            assert (status, said) == (403, "insufficient_scope"), (key, method, path)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("scopes", "method", "path", "wanted"),
+    [
+        (["voices"], "POST", "/v1/audio/speech", "the 'synthesize' scope"),
+        (["synthesize"], "GET", "/v1/voices/dev-a", "the 'voices' scope"),
+        (["synthesize"], "GET", "/v1/anything-else", "the 'admin' scope"),
+        (["voices"], "GET", "/internal/load", None),  # internal: no scope admits a key
+    ],
+)
+async def test_a_denial_names_the_scope_the_route_needs(scopes, method, path, wanted):
+    keys = [ApiKey.model_validate(e) for e in entries({"key-x": ("x", "A", scopes)})]
+    async with TestClient(TestServer(edge_app(Authenticator(keys, None)))) as client:
+        response = await client.request(method, path, headers=bearer("key-x"))
+        body = await response.json()
+    assert response.status == 403
+    if wanted is None:
+        assert body["error"] == {
+            "code": "forbidden",
+            "message": "internal routes accept only the cluster's gateway",
+        }
+    else:
+        assert body["error"]["message"] == f"this API key needs {wanted}"
+
+
+@pytest.mark.unit
+async def test_open_routes_need_no_key_and_metrics_need_one_unless_public(edge):
+    for path in OPEN_ROUTES:
+        assert await answer(await edge.get(path)) == (200, None)
+        assert await answer(await edge.get(path, headers=bearer("key-c"))) == (200, None)
+    assert await answer(await edge.get("/metrics")) == (401, "missing_api_key")
+    assert await answer(await edge.get("/metrics", headers=bearer("key-admin"))) == (200, "ops")
+    assert await answer(await edge.get("/metrics", headers=bearer("key-a"))) == (
+        403,
+        "insufficient_scope",
+    )
+    public = Authenticator([ApiKey.model_validate(e) for e in entries(KEYS)], TOKEN)
+    async with TestClient(TestServer(edge_app(public))) as client:
+        assert await answer(await client.get("/metrics")) == (200, None)
+
+
+@pytest.mark.unit
+async def test_a_route_that_does_not_exist_is_404_for_a_valid_key_and_401_without(edge):
+    response = await edge.get("/v1/nothing-here", headers=bearer("key-a-speak"))
+    assert response.status == 404
+    assert await answer(await edge.get("/v1/nothing-here")) == (401, "missing_api_key")
+
+
+@pytest.mark.unit
+async def test_internal_routes_take_only_the_gateways_token(edge):
+    assert await answer(await edge.get("/internal/load", headers=bearer("key-admin"))) == (
+        403,
+        "forbidden",
+    )
+    assert await answer(await edge.get("/internal/load")) == (403, "forbidden")
+    headers = {INTERNAL_TOKEN_HEADER: TOKEN}
+    assert await answer(await edge.get("/internal/load", headers=headers)) == (200, None)
+
+
+@pytest.mark.unit
+async def test_without_keys_or_token_every_route_is_open():
+    async with TestClient(TestServer(edge_app(Authenticator([], None)))) as client:
+        for method, path, _ in SCOPED_ROUTES:
+            assert (await client.request(method, path)).status == 200, (method, path)
+        for path in ("/metrics", "/internal/load"):
+            assert await answer(await client.get(path)) == (200, None)
+
+
+@pytest.mark.unit
+def test_the_internal_token_needs_16_characters():
+    with pytest.raises(AuthConfigError, match="the internal token needs at least 16 characters"):
+        Authenticator([], "x" * 15)
+    assert Authenticator([], "x" * 16).is_gateway("x" * 16)
+    assert not Authenticator([], "x" * 16).is_gateway("x" * 17)
+    assert not Authenticator([], "x" * 16).is_gateway(None)
+    assert not Authenticator([], None).is_gateway("x" * 16)
+
+
+@pytest.mark.unit
+def test_a_gateway_forwards_its_token_and_its_caller_and_nothing_when_open():
+    speaker = Principal("b", "B", frozenset({"voices", "synthesize"}))
+    assert Authenticator([], TOKEN).forward_headers(speaker) == {
+        INTERNAL_TOKEN_HEADER: TOKEN,
+        KEY_ID_HEADER: "b",
+        TENANT_HEADER: "B",
+        SCOPES_HEADER: "synthesize voices",
+    }
+    assert Authenticator([], TOKEN).forward_headers(None) == {INTERNAL_TOKEN_HEADER: TOKEN}
+    assert Authenticator([], None).forward_headers(None) == {}
+
+
+@pytest.mark.unit
+def test_a_forwarded_caller_is_read_back_or_refused_whole():
+    headers = Authenticator([], TOKEN).forward_headers(Principal("b", "B", frozenset({"voices"})))
+    assert forwarded_principal(headers) == Principal("b", "B", frozenset({"voices"}))
+    assert forwarded_principal({INTERNAL_TOKEN_HEADER: TOKEN}) is None
+    for missing in (KEY_ID_HEADER, TENANT_HEADER, SCOPES_HEADER):
+        partial = {k: v for k, v in headers.items() if k != missing}
+        with pytest.raises(ValueError, match="malformed forwarded principal"):
+            forwarded_principal(partial)
+    with pytest.raises(ValueError, match="malformed forwarded principal"):
+        forwarded_principal({**headers, SCOPES_HEADER: "voices everything"})
+
+
+@pytest.mark.unit
+def test_redaction_leaves_lines_without_a_key_alone_and_hides_every_key():
+    record = logging.LogRecord(
+        "aiohttp.access", logging.INFO, "", 0, '"%s" %d', ("GET /x", 200), None
+    )
+    assert RedactKeys().filter(record) and record.args == ("GET /x", 200)
+    record = logging.LogRecord(
+        "aiohttp.access", logging.INFO, "", 0, "%s", ("GET /ws?api_key=a&b=1&api_key=c x",), None
+    )
+    assert RedactKeys().filter(record)
+    assert record.getMessage() == "GET /ws?api_key=<redacted>&b=1&api_key=<redacted> x"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("host", "bound"),
+    [
+        ("0.0.0.0", "127.0.0.1"),
+        ("::", "127.0.0.1"),
+        ("example.com", "127.0.0.1"),
+        ("10.0.0.1", "127.0.0.1"),
+        ("[::1]", "[::1]"),
+        ("LOCALHOST", "LOCALHOST"),
+        ("127.9.9.9", "127.9.9.9"),
+    ],
+)
+def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
+    with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
+        assert bind_host(host, auth_enabled=False) == bound
+        assert bind_host(host, auth_enabled=True) == host
+    assert caplog.text.count("authentication is OFF") == 1
+    said = f"serving on {host} only" if bound == host else f"binding 127.0.0.1 instead of {host}"
+    assert said in caplog.text
 
 
 # --- a real server with keys of two tenants ----------------------------------------------------
