@@ -8,7 +8,7 @@ import time
 import pytest
 
 from voicehost.text.normalize import normalize
-from voicehost.text.segment import Segment, TextSegmenter, split_text
+from voicehost.text.segment import ABBREVIATIONS, Segment, TextSegmenter, split_text
 
 EMOTIVE_TAGS = ["<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>"]
 EMOTIVE_TAGS += ["<gasp>"]
@@ -283,3 +283,86 @@ def test_segmenter_refuses_limits_it_cannot_keep():
         TextSegmenter(first_min_words=0)
     with pytest.raises(ValueError, match="target_chars"):
         TextSegmenter(max_chars=100, target_chars=101)
+
+
+# -- boundaries the names above promise ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        ("One two three four, five six.", "One two three four,"),  # exactly four words: cut
+        ("One two three, four five, six.", "One two three, four five,"),  # three: not yet
+        ("<laugh> One two three, four, five.", "<laugh> One two three, four,"),  # tags don't count
+        ("One two three four five; six.", "One two three four five;"),
+        ("One two three four \N{EM DASH} five.", "One two three four \N{EM DASH}"),
+        ("One two three four - five.", "One two three four -"),  # a spaced hyphen
+        ("One two three four-five, six.", "One two three four-five,"),  # a hyphen inside a word
+    ],
+)
+def test_the_first_segment_ends_at_the_first_clause_holding_four_words(text, first):
+    assert texts(segment(text))[0] == first
+    assert "".join(texts(segment(text))) == text
+
+
+def test_first_min_words_sets_how_many_words_the_first_segment_needs():
+    text = "Hi, there you are, my friend. Yes."
+    assert texts(segment(text, first_min_words=1)) == ["Hi,", " there you are, my friend.", " Yes."]
+    assert texts(segment(text, first_min_words=4))[0] == "Hi, there you are,"
+    assert texts(segment(text, first_min_words=5))[0] == "Hi, there you are, my friend."
+
+
+def test_only_the_first_segment_ends_early_at_a_clause():
+    text = "One two three four, five. Six seven eight nine, ten eleven."
+    assert texts(segment(text)) == [
+        "One two three four,",
+        " five.",
+        " Six seven eight nine, ten eleven.",
+    ]
+
+
+@pytest.mark.parametrize("abbreviation", sorted(ABBREVIATIONS))
+def test_no_sentence_ends_after_any_abbreviation_in_any_case(abbreviation):
+    for spelled in (abbreviation, abbreviation.capitalize(), abbreviation.upper()):
+        text = f"We asked {spelled}. Smith about it. Done."
+        assert texts(segment(text, first_min_words=None)) == [
+            f"We asked {spelled}. Smith about it.",
+            " Done.",
+        ]
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        ("Meet me on St. Mary's road. Done.", ["Meet me on St. Mary's road.", " Done."]),
+        ("He lives on Baker St. Then he left.", ["He lives on Baker St. Then he left."]),
+        ("(St. Louis) is far. Done.", ["(St. Louis) is far.", " Done."]),
+        ('"St. Louis," he said. Done.', ['"St. Louis," he said.', " Done."]),
+        ("We went to the Est. Then home.", ["We went to the Est.", " Then home."]),
+        ("It was the first. Then home.", ["It was the first.", " Then home."]),
+        ("Wait.. Then home.", ["Wait..", " Then home."]),
+        ("Ask Dr.. Then home.", ["Ask Dr..", " Then home."]),
+        ("He read J. Austen. Then home.", ["He read J. Austen.", " Then home."]),
+        ("It was j. Then home.", ["It was j.", " Then home."]),  # a lower-case letter ends it
+        ("In the U.S. economy. Done.", ["In the U.S. economy.", " Done."]),
+    ],
+)
+def test_a_dot_ends_a_sentence_unless_it_ends_an_abbreviation_or_an_initial(text, sentences):
+    assert texts(segment(text, first_min_words=None)) == sentences
+
+
+@pytest.mark.parametrize(
+    ("raw", "spoken"),
+    [
+        ("St. Louis", "Saint Louis"),
+        ("Meet at St. Mary's.", "Meet at Saint Mary's."),
+        ("St Louis", "Saint Louis"),  # without the dot too, before a name
+        ("Baker St.", "Baker Street"),
+        ("Baker St. is long", "Baker Street is long"),
+        ("Baker St, London", "Baker St, London"),  # no dot and no name after it: left alone
+        ("Stan. Louis", "Stan. Louis"),
+        ("1st. Louis", "first. Louis"),
+    ],
+)
+def test_st_is_a_saint_before_a_name_and_a_street_otherwise(raw, spoken):
+    assert normalize(raw) == spoken
