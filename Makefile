@@ -11,7 +11,7 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install serve test lint bench
+.PHONY: install serve test test-fast lint bench
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -34,6 +34,10 @@ lint: install
 
 test: lint
 	$(BIN)/pytest
+
+# The inner loop: the unit tests (no engine, no server), under 2 minutes.
+test-fast: install
+	$(BIN)/pytest -m unit
 
 bench: install
 	$(BIN)/voicehost bench $(BENCH_ARGS)

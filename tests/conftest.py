@@ -1,4 +1,6 @@
-"""Shared fixtures: the dev model (built once, cached) and one real server over real HTTP."""
+"""Shared fixtures: the dev model (built once, cached), one real server over real HTTP shared by
+every module that needs no settings of its own, and a Redis of a test's own. Helpers the tests
+share are in helpers.py."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import DEV_DIR, RedisServer, Server, dev_server, free_port
 
@@ -14,6 +17,32 @@ from voicehost.devmodel import DevModelPaths, ensure_dev_model
 # A test that means a Redis of its own must never reach the machine's: no URL from the
 # environment (Settings() has none by default, and connect() refuses to run without one).
 os.environ.pop("VOICEHOST_REDIS_URL", None)
+
+
+# The fixtures that start a server process (a dev server, workers, a gateway, a Redis): a test
+# marked ``unit`` (make test-fast) that asks for one, even through another fixture, fails.
+SERVER_FIXTURES = frozenset(
+    {"server", "small_server", "keyed", "gateway", "cluster", "redis_server"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    helpers.unit_test = None
+    if item.get_closest_marker("unit") is None:
+        return
+    helpers.unit_test = item.nodeid  # and helpers refuse to start a server while it runs
+    servers = sorted(SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    if servers:
+        pytest.fail(
+            f"{item.nodeid} is marked unit but asks for {', '.join(servers)}: a unit test "
+            "starts no engine and no server (drop the mark or the fixture)",
+            pytrace=False,
+        )
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    helpers.unit_test = None
 
 
 @pytest.fixture(scope="session")

@@ -18,19 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 import redis
 
 from voicehost import devserver, orpheus
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths
-from voicehost.devserver import DevServer, free_port, http_status, launch, stop, voicehost_command
+from voicehost.devserver import DevServer, free_port, http_status, stop, voicehost_command
 
 __all__ = [
     "DEV_DIR",
     "RedisServer",
     "Server",
     "adapter_form",
+    "alive",
     "audio_form",
     "dev_env",
     "dev_server",
@@ -39,6 +41,7 @@ __all__ = [
     "http_status",
     "launch",
     "metric",
+    "process_tree",
     "random_frames",
     "say_over_socket",
     "stop",
@@ -63,6 +66,21 @@ TEST_ENV = {
 
 # --- dev processes ---------------------------------------------------------------------------
 
+# The unit test running now (conftest sets it): it may start no server process.
+unit_test: str | None = None
+
+
+def refuse_in_a_unit_test(what: str) -> None:
+    """Fail the running test if it is marked ``unit``: the marker must not lie."""
+    if unit_test is not None:
+        pytest.fail(f"{unit_test} is marked unit but starts {what}", pytrace=False)
+
+
+def launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``devserver.launch``: a process in its own process group, logging to ``log``."""
+    refuse_in_a_unit_test(" ".join(command[:4]))
+    return devserver.launch(command, env, log)
+
 
 def dev_env(**extra: str) -> dict[str, str]:
     """The environment of a test's dev-model process, with ``extra`` settings added."""
@@ -81,6 +99,7 @@ def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 
 def dev_server(root: Path, **env: str) -> Iterator[Server]:
     """``devserver.dev_server`` with the tests' environment; a start that fails fails the test
     with the server's log tail."""
+    refuse_in_a_unit_test("a dev server")
     try:
         with devserver.dev_server(root, **{**TEST_ENV, **env}) as server:
             yield server
@@ -107,6 +126,7 @@ class RedisServer:
         return redis.Redis(port=self.port, decode_responses=True, socket_timeout=2)
 
     def start(self) -> None:
+        refuse_in_a_unit_test("a Redis server")
         command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--dir", str(self.folder), "--appendonly", "yes", "--save", ""]
         command += ["--appendfsync", "everysec"]  # "always" stalls every write on a busy disk
@@ -224,3 +244,21 @@ def random_frames(count: int, seed: int) -> list[orpheus.Frame]:
     frames[0] = orpheus.Frame((0,), (0, 0), (0, 0, 0, 0))  # code 0 is a real code
     frames[-1] = orpheus.Frame((4095,), (4095, 4095), (4095, 4095, 4095, 4095))
     return frames
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and every process under it, now."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running (a zombie, dead but not yet reaped, is not)."""
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return running

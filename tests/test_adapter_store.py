@@ -15,6 +15,8 @@ from voicehost.cluster.adapters import (
     weights_checksum,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def store(tmp_path):

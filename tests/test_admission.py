@@ -17,6 +17,7 @@ from helpers import Server, dev_server, metric
 from voicehost.admission import Admission, Refused
 
 
+@pytest.mark.unit
 def test_a_full_process_refuses_with_503_and_frees_the_slot_when_a_stream_ends():
     admission = Admission(capacity=2)
     with admission.admit(None), admission.admit(None):
@@ -31,6 +32,7 @@ def test_a_full_process_refuses_with_503_and_frees_the_slot_when_a_stream_ends()
         assert admission.active == 1
 
 
+@pytest.mark.unit
 def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
     admission = Admission(capacity=3, per_key=1)
     with admission.admit("a"):
@@ -52,6 +54,7 @@ def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
     assert admission.active == 0 and admission.by_key == {}
 
 
+@pytest.mark.unit
 def test_a_stream_that_fails_still_gives_back_its_slots():
     admission = Admission(capacity=1, per_key=1)
     with pytest.raises(ValueError), admission.admit("a"):
@@ -114,6 +117,7 @@ async def test_idle_waits_until_every_stream_has_ended():
     await asyncio.wait_for(waiter, 1)
 
 
+@pytest.mark.unit
 async def test_idle_waits_for_the_last_stream():
     admission = Admission(capacity=2)
     await asyncio.wait_for(admission.idle(), 1)  # nothing in flight: at once
@@ -134,7 +138,8 @@ LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 @pytest.fixture(scope="module")
 def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
-    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant)."""
+    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant). Its own:
+    no other test wants that capacity and those quotas, and the last test here SIGTERMs it."""
     keys = [
         {
             "id": name,

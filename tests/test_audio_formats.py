@@ -26,6 +26,8 @@ from voicehost.audio import (
 )
 from voicehost.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME
 
+pytestmark = pytest.mark.unit
+
 SIGNAL_SAMPLES = 60_037  # 2.5 s and a bit: no codec frame size divides it
 TONE_HZ = 440.0
 TELEPHONE = ("mulaw", "alaw")

@@ -78,6 +78,7 @@ def bearer(key):
 # --- the rules ---------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_a_key_is_known_by_its_hash_only_and_maps_to_its_tenant_and_scopes():
     auth = Authenticator([ApiKey.model_validate(e) for e in entries(KEYS)], None)
     assert auth.authenticate("key-b") == Principal("b", "B", frozenset({"synthesize", "voices"}))
@@ -88,6 +89,7 @@ def test_a_key_is_known_by_its_hash_only_and_maps_to_its_tenant_and_scopes():
     assert Authenticator([], TOKEN).enabled  # a worker that only trusts its gateway
 
 
+@pytest.mark.unit
 def test_keys_come_from_the_env_list_and_the_file(tmp_path, monkeypatch):
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps(entries(FILE_KEYS)))
@@ -110,6 +112,7 @@ def test_keys_come_from_the_env_list_and_the_file(tmp_path, monkeypatch):
         (json.dumps(entries(FILE_KEYS) * 2), "duplicate id b-file"),
     ],
 )
+@pytest.mark.unit
 def test_a_keys_file_that_cannot_be_used_stops_the_start_up(tmp_path, content, problem):
     keys_file = tmp_path / "keys.json"
     if content is not None:
@@ -118,6 +121,7 @@ def test_a_keys_file_that_cannot_be_used_stops_the_start_up(tmp_path, content, p
         read_keys([], keys_file)
 
 
+@pytest.mark.unit
 def test_a_keys_file_that_cannot_be_used_stops_serve_with_a_clear_message(tmp_path):
     env = dev_env(VOICEHOST_API_KEYS_FILE=str(tmp_path / "missing.json"))
     result = subprocess.run(
@@ -131,6 +135,7 @@ def test_a_keys_file_that_cannot_be_used_stops_serve_with_a_clear_message(tmp_pa
     assert "voicehost serve: API keys file" in result.stderr and "missing.json" in result.stderr
 
 
+@pytest.mark.unit
 def test_cluster_processes_with_keys_need_the_internal_token(monkeypatch):
     monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps(entries(KEYS)))
     for role in ("worker", "gateway"):
@@ -142,6 +147,7 @@ def test_cluster_processes_with_keys_need_the_internal_token(monkeypatch):
         Authenticator.from_settings(Settings(), "gateway")
 
 
+@pytest.mark.unit
 def test_admin_holds_every_scope_and_sees_every_tenant():
     a = Principal("a", "A", frozenset({"synthesize"}))
     admin = Principal("ops", "ops", frozenset({"admin"}))
@@ -153,6 +159,7 @@ def test_admin_holds_every_scope_and_sees_every_tenant():
     assert can_manage(admin, None) and can_manage(admin, "B")
 
 
+@pytest.mark.unit
 def test_without_keys_a_public_address_binds_localhost_and_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
         assert bind_host("0.0.0.0", auth_enabled=False) == "127.0.0.1"
@@ -170,6 +177,7 @@ def test_without_keys_a_public_address_binds_localhost_and_says_so(caplog):
     assert caplog.text == ""
 
 
+@pytest.mark.unit
 def test_a_voice_folder_records_its_tenant(dev_model, tmp_path):
     import shutil
 
@@ -189,6 +197,7 @@ async def no_registry(voice_id, folder):
     return None
 
 
+@pytest.mark.unit
 async def test_a_job_keeps_its_tenant(tmp_path, dev_model):
     jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
     job_id, _ = jobs.new_job_dir()
@@ -208,6 +217,7 @@ def job_spec(jobs_dir, job_id, dev_model):
     )
 
 
+@pytest.mark.unit
 def test_keys_new_prints_the_key_once_and_an_entry_with_its_hash():
     result = subprocess.run(
         [sys.executable, "-m", "voicehost", "keys", "new", "--id", "k1", "--tenant", "A"],
@@ -222,6 +232,7 @@ def test_keys_new_prints_the_key_once_and_an_entry_with_its_hash():
     assert (entry.id, entry.tenant, entry.scopes) == ("k1", "A", ["synthesize", "voices"])
 
 
+@pytest.mark.unit
 def test_keys_in_urls_are_redacted_from_access_log_lines():
     record = logging.LogRecord(
         "aiohttp.access",
@@ -261,6 +272,7 @@ async def echo_app():
         await runner.cleanup()
 
 
+@pytest.mark.unit
 async def test_a_forwarded_principal_is_trusted_only_with_the_internal_token(echo_app):
     auth = Authenticator([], TOKEN)
     forwarded = auth.forward_headers(Principal("b", "B", frozenset({"synthesize"})))
@@ -571,7 +583,8 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 
 @pytest.fixture(scope="module")
 def keyed(dev_model, tmp_path_factory):
-    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics."""
+    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics.
+    Its own: the shared server is open, and keys cannot be added to a running server."""
     root = tmp_path_factory.mktemp("auth-server")
     keys_file = root / "keys.json"
     keys_file.write_text(json.dumps(entries(FILE_KEYS)))
@@ -753,7 +766,8 @@ async def test_only_the_owner_or_an_admin_deletes_a_voice(keyed, http, a_voice):
 @pytest.fixture(scope="module")
 async def gateway(keyed, tmp_path_factory):
     """``voicehost gateway`` with keys and the token, its own Redis, and the keyed server joined
-    as its worker (one real heartbeat, long-lived: the server itself is no cluster worker)."""
+    as its worker (one real heartbeat, long-lived: the server itself is no cluster worker).
+    No engine of its own: a gateway only routes."""
     url, _ = keyed
     root = tmp_path_factory.mktemp("auth-gateway")
     redis_server = RedisServer(free_port(), root)

@@ -28,15 +28,18 @@ RATE = 1000  # 1 sample = 1 ms: exact arithmetic in the playback tests
 # --- playback --------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_chunks_arriving_ahead_of_the_player_never_underrun():
     chunks = [(0.0, 100), (0.05, 100), (0.15, 100), (0.3, 100)]  # each plays 0.1 s
     assert simulate_playback(chunks, RATE) == Playback(0, 0.0)
 
 
+@pytest.mark.unit
 def test_a_chunk_arriving_exactly_when_the_audio_runs_out_is_not_an_underrun():
     assert simulate_playback([(0.0, 250), (0.25, 125), (0.375, 125)], RATE).underruns == 0
 
 
+@pytest.mark.unit
 def test_late_chunks_are_underruns_and_the_clock_restarts_at_the_late_arrival():
     # 0 -> plays until 0.1; 0.25 is late by 0.15 and plays until 0.35; 0.30 is in time (a clock
     # that did not restart would call it late); 0.6 is late by 0.15 (the audio ran out at 0.45).
@@ -46,6 +49,7 @@ def test_late_chunks_are_underruns_and_the_clock_restarts_at_the_late_arrival():
     assert playback.stall_s == pytest.approx(0.30)
 
 
+@pytest.mark.unit
 def test_every_late_chunk_counts():
     chunks = [(float(t), 100) for t in range(5)]  # 0.1 s of audio every second
     playback = simulate_playback(chunks, RATE)
@@ -53,6 +57,7 @@ def test_every_late_chunk_counts():
     assert playback.stall_s == pytest.approx(4 * 0.9)
 
 
+@pytest.mark.unit
 def test_a_jitter_buffer_delays_the_start_and_absorbs_a_late_chunk():
     chunks = [(0.0, 100), (0.15, 100), (0.2, 100)]
     assert simulate_playback(chunks, RATE).underruns == 1
@@ -61,6 +66,7 @@ def test_a_jitter_buffer_delays_the_start_and_absorbs_a_late_chunk():
     assert simulate_playback(chunks, RATE, jitter_buffer_s=0.04).underruns == 1
 
 
+@pytest.mark.unit
 def test_chunks_holding_no_whole_sample_are_not_played():
     # The 1-byte chunk at 0.5 holds no sample: it cannot be late; its byte completes a sample of
     # the next chunk, which is late.
@@ -68,6 +74,7 @@ def test_chunks_holding_no_whole_sample_are_not_played():
     assert simulate_playback([(0.0, 0), (0.3, 100), (0.35, 100)], RATE).underruns == 0
 
 
+@pytest.mark.unit
 def test_samples_per_chunk_follow_odd_byte_boundaries():
     assert samples_per_chunk([3, 1, 5, 1, 2]) == [1, 1, 2, 1, 1]
     assert chunk_holding([1, 1, 2, 1], 0) == 0
@@ -84,12 +91,14 @@ def tone(seconds: float, amplitude: float, rate: int = 24000) -> np.ndarray:
     return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
 
 
+@pytest.mark.unit
 def test_first_speech_is_where_a_10ms_window_gets_loud():
     audio = np.concatenate([np.zeros(12000, np.int16), tone(0.5, 1000)])  # -33 dBFS after 0.5 s
     index = first_speech_sample(audio, 24000, -50.0)
     assert index is not None and 12000 <= index < 12000 + 480
 
 
+@pytest.mark.unit
 def test_quiet_audio_is_not_speech_and_the_threshold_is_an_option():
     noise = np.random.default_rng(0).normal(0, 10, 24000).astype(np.int16)  # about -70 dBFS
     assert first_speech_sample(noise, 24000, -50.0) is None
@@ -98,6 +107,7 @@ def test_quiet_audio_is_not_speech_and_the_threshold_is_an_option():
     assert first_speech_sample(np.zeros(0, np.int16), 24000, -50.0) is None
 
 
+@pytest.mark.unit
 def test_analyse_times_first_byte_first_speech_underruns_and_rtf():
     silent = np.zeros(2400, np.int16).tobytes()
     loud = tone(0.1, 3000).tobytes()
@@ -122,6 +132,7 @@ def test_analyse_times_first_byte_first_speech_underruns_and_rtf():
     assert result.chunk_samples == [2400, 0, 2400, 2400]
 
 
+@pytest.mark.unit
 def test_a_stream_without_audio_is_an_error():
     result = analyse(Trace(sent_at=0.0, status=200), Analysis(), 1, 0, "dev-a", 0)
     assert result.error == "no audio received" and result.ttfb_ms is None
@@ -139,6 +150,7 @@ def streams(concurrency: int, underruns: list[int], failed: int = 0) -> list[Str
     return made
 
 
+@pytest.mark.unit
 def test_the_highest_level_with_99_percent_of_streams_free_of_underruns():
     levels = [
         summarize(1, streams(1, [0]), 1.0),
@@ -155,12 +167,14 @@ def test_the_highest_level_with_99_percent_of_streams_free_of_underruns():
     assert levels[5].errors == 4 and levels[5].error_messages[0].endswith("HTTP 500: x")
 
 
+@pytest.mark.unit
 def test_level_tokens_per_second_sum_every_stream_over_the_wall_time():
     level = summarize(2, streams(2, [0, 3]), 2.0)
     assert level.audio_tokens_per_s == pytest.approx(2 * 82.03 / 2, rel=1e-3)
     assert level.underruns == 3 and level.underrun_free_streams == 1
 
 
+@pytest.mark.unit
 def test_voicehost_bench_is_a_subcommand():
     args = build_parser().parse_args(["bench", "--concurrency", "1,2", "--jitter-buffer-ms", "80"])
     assert args.func is cmd_bench

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from helpers import free_port, http_status
 
 
@@ -15,6 +16,7 @@ def voicehost(*args, **kwargs):
     )
 
 
+@pytest.mark.unit
 def test_dev_model_command_builds_into_the_given_folder(tmp_path, dev_model):
     result = voicehost("dev-model", "--out", str(tmp_path / "dm"), timeout=120)
     assert result.returncode == 0, result.stderr
@@ -22,6 +24,7 @@ def test_dev_model_command_builds_into_the_given_folder(tmp_path, dev_model):
     assert (tmp_path / "dm" / "adapters" / "dev-c" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.unit
 def test_serve_without_a_model_or_dev_says_what_to_pass():
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEHOST_")}
     result = voicehost("serve", timeout=60, env=env)

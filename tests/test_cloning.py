@@ -16,7 +16,9 @@ from voicehost.devcorpus import build_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return build_corpus(tmp_path_factory.mktemp("clone-corpus"))
+    """16 clips, about 40 s of speech: above the 30 s a clone needs, and each clone job trains
+    on all of it (test_training's voice takes the whole 36)."""
+    return build_corpus(tmp_path_factory.mktemp("clone-corpus"), count=16)
 
 
 @pytest.fixture
@@ -225,6 +227,7 @@ async def no_registry(voice_id, folder):
     return None
 
 
+@pytest.mark.unit
 async def test_job_state_survives_a_restart(tmp_path, dev_model):
     jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
     job_id, inputs = jobs.new_job_dir()

@@ -21,6 +21,8 @@ from voicehost.codec import (
     padded_shape,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def codec(dev_model):

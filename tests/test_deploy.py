@@ -19,6 +19,8 @@ import yaml
 from voicehost.cli import build_parser
 from voicehost.config import Settings
 
+pytestmark = pytest.mark.unit
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "docker-compose.yml"

@@ -15,6 +15,8 @@ from voicehost.codec import SnacCodec
 from voicehost.devcorpus import speak
 from voicehost.devmodel import DEV_VOICES, ensure_dev_model, fingerprint
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_same_seed_builds_identical_weights_in_under_a_minute(tmp_path, dev_model):
     started = time.monotonic()

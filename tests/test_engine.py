@@ -18,6 +18,8 @@ from voicehost.engine import (
 )
 from voicehost.voices import Voice
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("cuda", "capability", "expected"),

@@ -27,6 +27,8 @@ from voicehost.orpheus import (
 )
 from voicehost.synthesis import Synthesizer
 
+pytestmark = pytest.mark.unit
+
 AUDIO_END = AUDIO_TOKEN_BASE + TOKENS_PER_FRAME * CODEBOOK_SIZE  # first id past the audio tokens
 
 codes = st.integers(0, CODEBOOK_SIZE - 1)

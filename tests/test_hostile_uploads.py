@@ -124,6 +124,7 @@ def long_flac(tmp_path_factory) -> bytes:
 # --- sniffing and capped decoding, without the server ------------------------------------------
 
 
+@pytest.mark.unit
 def test_containers_are_known_by_their_first_bytes_only(tmp_path, long_flac):
     assert sniff(wav_bytes(tone(0.1))) == "wav"
     assert sniff(long_flac) == "flac"
@@ -165,6 +166,7 @@ def test_containers_are_known_by_their_first_bytes_only(tmp_path, long_flac):
         (b"RIFF\x00\x00\x00\x00WAVEdata\x10\x00\x00\x00" + bytes(16), UnreadableAudio, "fmt"),
     ],
 )
+@pytest.mark.unit
 def test_absurd_wav_headers_are_refused_before_decoding(tmp_path, header, error, message):
     with pytest.raises(error, match=message):
         check_wav_header(header, len(header))
@@ -174,6 +176,7 @@ def test_absurd_wav_headers_are_refused_before_decoding(tmp_path, header, error,
         decode(path, 60)
 
 
+@pytest.mark.unit
 def test_a_header_claiming_too_much_is_refused_before_decoding(tmp_path, long_flac):
     path = tmp_path / "hours.flac"
     path.write_bytes(long_flac[:16384])  # the header and a few frames: 7200 s only if read there
@@ -181,6 +184,7 @@ def test_a_header_claiming_too_much_is_refused_before_decoding(tmp_path, long_fl
         measure(path, 600)
 
 
+@pytest.mark.unit
 def test_decoding_stops_at_the_cap_when_the_header_does_not_say(tmp_path, long_flac):
     path = tmp_path / "unknown-length.flac"
     path.write_bytes(without_length(long_flac))
@@ -191,6 +195,7 @@ def test_decoding_stops_at_the_cap_when_the_header_does_not_say(tmp_path, long_f
     assert measure(path) == pytest.approx(7200, abs=1)  # only a cap stops it
 
 
+@pytest.mark.unit
 def test_ids_are_checked_whole_and_children_stay_under_their_root(tmp_path):
     assert is_voice_id("dev-a") and is_job_id("job-0123456789abcdef")
     for bad in (
@@ -222,6 +227,7 @@ def rules(dev_model):
     )
 
 
+@pytest.mark.unit
 def test_a_pickle_named_safetensors_is_refused_unread(dev_model, tmp_path, rules):
     folder = tmp_path / "pickled"
     folder.mkdir()

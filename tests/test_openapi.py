@@ -50,6 +50,7 @@ def local_settings(tmp_path) -> Settings:
     return Settings(dev=True, adapters_dir=tmp_path / "adapters", jobs_dir=tmp_path / "jobs")
 
 
+@pytest.mark.unit
 def test_every_served_route_is_documented_and_nothing_else(local_settings):
     assert app_routes(create_app(local_settings)) == documented(document())
 
@@ -59,12 +60,14 @@ def test_the_gateway_documents_its_public_routes(tmp_path, redis_server):
     assert app_routes(create_gateway_app(settings)) - GATEWAY_ONLY == documented(document())
 
 
+@pytest.mark.unit
 def test_document_is_valid_openapi_3_1():
     doc = document()
     assert doc["openapi"].startswith("3.1")
     OpenAPIV31SpecValidator(doc).validate()
 
 
+@pytest.mark.unit
 def test_schemas_are_the_wire_models():
     schemas = document()["components"]["schemas"]
     speech = SpeechRequest.model_json_schema(ref_template=REF_TEMPLATE)
@@ -74,6 +77,7 @@ def test_schemas_are_the_wire_models():
     assert schemas["ErrorDetail"] == error["$defs"]["ErrorDetail"]
 
 
+@pytest.mark.unit
 def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry_after():
     error_ref = {"$ref": REF_TEMPLATE.format(model="ErrorResponse")}
     streams = {("post", SPEECH), ("get", SPEECH + "/ws")}
@@ -95,6 +99,7 @@ def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry
                 assert "429" not in responses, path
 
 
+@pytest.mark.unit
 def test_the_realtime_route_describes_every_message_type():
     from voicehost.api.realtime import MESSAGES
 

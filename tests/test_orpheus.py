@@ -5,6 +5,8 @@ import pytest
 from voicehost import orpheus
 from voicehost.orpheus import Frame, FrameAssembler, MalformedAudioToken
 
+pytestmark = pytest.mark.unit
+
 
 def test_special_ids_match_orpheus():
     assert orpheus.START_OF_SPEECH == 128257

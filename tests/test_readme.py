@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
+import pytest
+
 from voicehost.config import Settings
+
+pytestmark = pytest.mark.unit
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

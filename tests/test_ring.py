@@ -12,6 +12,8 @@ import pytest
 
 from voicehost.cluster.ring import WorkerRing, choose_worker, load_bound, stable_hash
 
+pytestmark = pytest.mark.unit
+
 IDS = [f"voice-{i}" for i in range(100_000)]
 WORKERS = [f"worker-{i}" for i in range(8)]
 

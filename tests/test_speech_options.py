@@ -120,6 +120,7 @@ async def test_numbers_are_spoken_as_words_unless_normalisation_is_off(http, ser
     assert not same_audio(pcm(raw), pcm(words))
 
 
+@pytest.mark.unit
 def test_the_leading_silence_trim_drops_quiet_audio_up_to_the_first_sound_and_no_further():
     rng = np.random.default_rng(0)
     quiet = rng.normal(0, 10 ** (-70 / 20), 24000 // 2).astype(np.float32)

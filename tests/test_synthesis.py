@@ -11,6 +11,8 @@ from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.metrics import SpeechMetrics
 from voicehost.synthesis import Synthesizer
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def codec(dev_model):

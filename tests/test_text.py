@@ -10,6 +10,8 @@ import pytest
 from voicehost.text.normalize import normalize
 from voicehost.text.segment import ABBREVIATIONS, Segment, TextSegmenter, split_text
 
+pytestmark = pytest.mark.unit
+
 EMOTIVE_TAGS = ["<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>"]
 EMOTIVE_TAGS += ["<gasp>"]
 

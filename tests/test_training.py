@@ -42,6 +42,7 @@ def job(corpus, dev_model, tmp_path, **changes):
     return VoiceJob(**{**settings, **changes})
 
 
+@pytest.mark.unit
 def test_ingest_decodes_by_content_and_reports_bad_files(corpus, tmp_path):
     disguised = tmp_path / "really_a_wav.ogg"
     shutil.copy(corpus.good[0], disguised)
@@ -54,11 +55,13 @@ def test_ingest_decodes_by_content_and_reports_bad_files(corpus, tmp_path):
         assert 1.0 < recording.seconds < 10.0  # 24 kHz: espeak's 22.05 kHz was resampled
 
 
+@pytest.mark.unit
 def test_decode_refuses_audio_over_the_duration_cap(corpus):
     with pytest.raises(ValueError, match="limit"):
         decode(corpus.good[0], max_seconds=0.5)
 
 
+@pytest.mark.unit
 def test_trim_cuts_leading_silence_to_the_pad(corpus):
     recordings, _ = ingest(corpus.good)
     settings = TrimSettings(lead_pad_ms=40)
@@ -75,10 +78,12 @@ def test_trim_cuts_leading_silence_to_the_pad(corpus):
     assert all(-10 <= b - a <= 80 for a, b in zip(added, before, strict=True)), (added, before)
 
 
+@pytest.mark.unit
 def test_trim_finds_no_speech_in_silence():
     assert trim(np.zeros(24000, dtype=np.float32)) is None
 
 
+@pytest.mark.unit
 def test_transcripts_come_from_metadata_or_sidecars(corpus, tmp_path):
     texts = find_transcripts(corpus.good)
     assert len(texts) == len(corpus.good)
@@ -88,6 +93,7 @@ def test_transcripts_come_from_metadata_or_sidecars(corpus, tmp_path):
     assert find_transcripts([lone]) == {lone: "Hello sidecar."}
 
 
+@pytest.mark.unit
 def test_missing_transcripts_say_what_to_provide(corpus, dev_model, tmp_path):
     folder = tmp_path / "untranscribed"
     folder.mkdir()
@@ -97,16 +103,19 @@ def test_missing_transcripts_say_what_to_provide(corpus, dev_model, tmp_path):
         prepare(job(corpus, dev_model, tmp_path, audio=[folder]))
 
 
+@pytest.mark.unit
 def test_too_little_speech_says_how_much_was_found(corpus, dev_model, tmp_path):
     with pytest.raises(NotEnoughSpeech, match=r"found \d+\.\d s"):
         prepare(job(corpus, dev_model, tmp_path, min_speech_seconds=10_000))
 
 
+@pytest.mark.unit
 def test_a_long_recording_without_asr_is_refused_not_guessed():
     with pytest.raises(segment.NeedsRecognizer, match="ASR"):
         segment.split_recording(np.zeros(24000 * 20, dtype=np.float32), None)
 
 
+@pytest.mark.unit
 def test_speech_regions_group_into_two_to_fifteen_second_utterances():
     rate = orpheus.SAMPLE_RATE
     regions = [
@@ -121,6 +130,7 @@ def test_speech_regions_group_into_two_to_fifteen_second_utterances():
     assert groups[0] == (0, 14 * rate)
 
 
+@pytest.mark.unit
 def test_dataset_holds_orpheus_sequences_and_is_reused(corpus, dev_model, tmp_path):
     prepared = prepare(job(corpus, dev_model, tmp_path))
     codec = SnacCodec.load(dev_model.codec, device="cpu")
@@ -137,6 +147,7 @@ def test_dataset_holds_orpheus_sequences_and_is_reused(corpus, dev_model, tmp_pa
     assert again_path == path and again["input_ids"] == dataset["input_ids"]
 
 
+@pytest.mark.unit
 def test_repeated_frames_are_dropped_by_their_layer_zero_code():
     a, b = orpheus.Frame((1,), (2, 3), (4, 5, 6, 7)), orpheus.Frame((1,), (9, 9), (9, 9, 9, 9))
     c = orpheus.Frame((2,), (2, 3), (4, 5, 6, 7))
@@ -196,6 +207,7 @@ async def test_a_trained_voice_streams_from_the_running_server(trained_voice, se
     assert len(audio) > 0 and len(audio) % (2 * 2048) == 0
 
 
+@pytest.mark.unit
 def test_any_rate_and_channel_count_becomes_24k_mono(corpus, tmp_path):
     stereo = tmp_path / "stereo.flac"
     subprocess.run(["sox", str(corpus.good[0]), "-r", "44100", "-c", "2", str(stereo)], check=True)
@@ -220,6 +232,7 @@ def transcode(source: Path, out: Path, codec: str) -> None:
             dst.mux(packet)
 
 
+@pytest.mark.unit
 def test_ingest_reads_mp3_and_aac_by_content(tmp_path: Path) -> None:
     import av
 
@@ -258,6 +271,7 @@ class FixedTextRecognizer:
         return f"utterance {self.calls}"
 
 
+@pytest.mark.unit
 def test_a_long_recording_is_split_at_pauses_with_silero_vad(corpus):
     recordings, _ = ingest(corpus.good[:12])
     pause = np.zeros(orpheus.SAMPLE_RATE // 2, dtype=np.float32)
@@ -271,6 +285,7 @@ def test_a_long_recording_is_split_at_pauses_with_silero_vad(corpus):
     assert sum(durations) > 0.7 * long.size / orpheus.SAMPLE_RATE
 
 
+@pytest.mark.unit
 def test_training_resumes_from_its_checkpoint(dev_model, tmp_path):
     from lora_training.train import train
 

@@ -10,6 +10,8 @@ from safetensors.torch import load_file, save_file
 from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 from voicehost.voice_folders import FolderVoiceDirectory
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def rules(dev_model):
