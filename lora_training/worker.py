@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from lora_training.recipe import job_from_json, train_voice
+from voicehost.lifeline import die_with_parent
 
 PROGRESS = "progress.json"
 ERROR = "error.txt"
@@ -32,6 +33,7 @@ def write_progress(job_dir: Path, stage: str, fraction: float, eval_loss: list[f
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    die_with_parent()  # a serving process killed outright takes its training with it
     job_dir = Path(argv[0])
     os.nice(10)  # live streams in the serving process come first
     lock = (job_dir / "worker.lock").open("w")

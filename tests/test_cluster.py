@@ -16,12 +16,14 @@ import pytest
 from helpers import (
     RedisServer,
     adapter_form,
+    alive,
     audio_form,
     dev_env,
     eventually,
     free_port,
     http_status,
     launch,
+    process_tree,
     say_over_socket,
     stop,
     wait_ready,
@@ -339,10 +341,15 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
             task.result()  # a stream that failed before the kill fails the test with its cause
     assert started.done(), "no first bytes within 120 s"
     assert set(served.values()) == {"w1"}
-    os.killpg(cluster.workers["w1"].process.pid, signal.SIGKILL)  # the worker and its engine
+    worker = cluster.workers["w1"].process
+    tree = process_tree(worker.pid)
+    assert len(tree) >= 3, tree  # the worker, vLLM's EngineCore and its CPU worker at least
+    os.kill(worker.pid, signal.SIGKILL)  # the worker alone: its engine must follow by itself
     left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, TTL + POLL + SLACK))
     await asyncio.wait_for(asyncio.gather(*streams), 15)  # a terminal error, never a hang
     assert sorted(cut) == sorted(victim_voices)
+    worker.wait()
+    await eventually(lambda: not alive(tree), 15)  # no engine process left behind
     # Before the ring notices, a request for w1's voice fails over to the successor at once.
     status, served_by, _ = await speak(http, cluster.gateway.url, victim_voices[0], "Hi.")
     assert status == 200 and served_by == "w2"

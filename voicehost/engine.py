@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from voicehost import orpheus
+from voicehost import lifeline, orpheus
 from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
 from voicehost.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
@@ -122,6 +122,7 @@ class SpeechEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = engine_args(settings)
+        lifeline.start_reaper()  # vLLM's processes end with this one, even after a kill -9
         log.info("starting vLLM: model=%s quantization=%s", args.model, args.quantization or "none")
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = AutoTokenizer.from_pretrained(args.model)
