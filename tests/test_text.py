@@ -368,3 +368,130 @@ def test_a_dot_ends_a_sentence_unless_it_ends_an_abbreviation_or_an_initial(text
 )
 def test_st_is_a_saint_before_a_name_and_a_street_otherwise(raw, spoken):
     assert normalize(raw) == spoken
+
+
+# Each rule of normalize at its edges: the values either side of a range, every spelling a
+# pattern takes, and the text around a replacement.
+NORMALISED_EDGES = [
+    # clock times: o'clock up to 12, "hundred" for 13..24, 25 is no time; "oh" below 10 minutes
+    ("at 10:00", "at ten o'clock"),
+    ("at 09:00", "at nine o'clock"),
+    ("at 12:00", "at twelve o'clock"),
+    ("at 13:00", "at thirteen hundred"),
+    ("at 24:00", "at twenty-four hundred"),
+    ("at 25:00", "at twenty-five:zero zero"),
+    ("at 25:30", "at twenty-five:thirty"),
+    ("at 00:30", "at zero thirty"),
+    ("at 3:00 pm", "at three p m"),
+    ("at 7:01", "at seven oh one"),
+    ("at 7:09", "at seven oh nine"),
+    ("at 7:10", "at seven ten"),
+    ("at 5 AM", "at five a m"),
+    ("at 5 Pm", "at five p m"),
+    ("at 09 am", "at nine a m"),
+    ("at 10 pm", "at ten p m"),
+    ("at 5 a.m. and then", "at five a m and then"),  # the dot ends no sentence here
+    ("at 5 a.m. Then we", "at five a m. Then we"),
+    ("at 5:30 P.M.", "at five thirty p m."),
+    # dates: months 1..12, days 1..31
+    ("2024-01-01", "January first, twenty twenty-four"),
+    ("2024-12-31", "December thirty-first, twenty twenty-four"),
+    ("2024-13-01", "two thousand and twenty-four-thirteen-zero one"),
+    ("2024-00-10", "two thousand and twenty-four-zero zero-ten"),
+    ("2024-02-00", "two thousand and twenty-four-zero two-zero zero"),
+    ("2024-02-32", "two thousand and twenty-four-zero two-thirty-two"),
+    ("on 1 March", "on the first of March"),
+    ("on 31 March", "on the thirty-first of March"),
+    ("on 32 March", "on thirty-two March"),
+    ("on 0 March", "on zero March"),
+    ("March 1", "March first"),
+    ("March 31", "March thirty-first"),
+    ("March 32", "March thirty-two"),
+    ("March 0", "March zero"),
+    ("Sept. 5", "September fifth"),
+    ("Jan. 5, 2024", "January fifth, twenty twenty-four"),
+    ("in March 2024", "in March twenty twenty-four"),
+    ("Sept 1999", "September nineteen ninety-nine"),
+    # years and decades
+    ("1999-2004", "nineteen ninety-nine to two thousand and four"),
+    ("1999\N{EN DASH}2004", "nineteen ninety-nine to two thousand and four"),
+    ("from 1999-2004", "from nineteen ninety-nine to two thousand and four"),
+    ("in 1999 \N{EN DASH} 2004", "in nineteen ninety-nine to two thousand and four"),
+    ("between 1990 and 2000", "between nineteen ninety and two thousand"),
+    ("until 2010 through 2012", "until twenty ten through twenty twelve"),
+    ("the 80s", "the eighties"),
+    ("the '90s", "the nineties"),
+    ("the 1920s", "the nineteen twenties"),
+    ("the 1900s", "the nineteen hundreds"),
+    ("the 2000s", "the two thousands"),
+    # numbers: a leading zero or more than 15 digits is read digit by digit
+    ("0", "zero"),
+    ("00", "zero zero"),
+    ("05", "zero five"),
+    ("10", "ten"),
+    (
+        "123456789012345",
+        "one hundred and twenty-three trillion four hundred and fifty-six billion seven hundred"
+        " and eighty-nine million twelve thousand three hundred and forty-five",
+    ),
+    (
+        "1234567890123456",
+        "one two three four five six seven eight nine zero one two three four five six",
+    ),
+    ("1,000,000", "one million"),
+    ("12,345.678", "twelve thousand three hundred and forty-five point six seven eight"),
+    ("the 1,234th", "the one thousand two hundred and thirty-fourth"),
+    ("1.2.3", "one point two point three"),
+    (
+        "192.168.0.1",
+        "one hundred and ninety-two point one hundred and sixty-eight point zero point one",
+    ),
+    (".5", "point five"),
+    ("costs .75", "costs point seven five"),
+    ("\N{MINUS SIGN}7", "minus seven"),
+    ("x-7", "x-seven"),  # a hyphen after a word is no minus sign
+    # money: cents to two places, more places or no subunit read as a decimal
+    ("$1,000", "one thousand dollars"),
+    ("$1,000.50", "one thousand dollars, fifty cents"),
+    ("$0.5", "fifty cents"),
+    ("$1.01", "one dollar, one cent"),
+    ("$0.01", "one cent"),
+    ("$0", "zero dollars"),
+    ("$3.505", "three point five zero five dollars"),
+    ("\N{YEN SIGN}500.5", "five hundred point five yen"),
+    ("-$5", "minus five dollars"),
+    ("5\N{EURO SIGN}", "five euros"),
+    ("$1.5m", "one point five million dollars"),
+    ("$2bn", "two billion dollars"),
+    ("$2 billion", "two billion dollars"),
+    ("-5%", "minus five percent"),
+    ("3.5%", "three point five percent"),
+    ("1.5 km", "one point five kilometers"),
+    ("-5 \N{DEGREE SIGN}C", "minus five degrees Celsius"),
+    # abbreviations: capitalised like the original, a dot kept only where a sentence ends
+    ("E.g. this", "For example this"),
+    ("I.e. this", "That is this"),
+    ("Vs. that", "Versus that"),
+    ("Approx. 5", "Approximately five"),
+    ("apples, etc. and pears", "apples, et cetera and pears"),
+    ("Jr. is here", "Junior is here"),
+    ("Mr Smith", "Mister Smith"),
+    ("Dr Smith", "Doctor Smith"),
+    ("Ms Jones", "Miz Jones"),
+    ("Prof. X", "Professor X"),
+    ("Gen. Lee", "General Lee"),
+    ("Mt. Fuji", "Mount Fuji"),
+    ("Capt. Kirk", "Captain Kirk"),
+    ("Rev. Green", "Reverend Green"),
+    ("you & me", "you and me"),
+    ("No.5", "number five"),
+    # words replacing digits glued to letters keep a space from them
+    ("a 3D film", "a three D film"),
+    ("size A4 paper", "size A four paper"),
+    ("4x4", "four x four"),
+]
+
+
+@pytest.mark.parametrize(("raw", "spoken"), NORMALISED_EDGES)
+def test_normalize_at_the_edges_of_each_rule(raw: str, spoken: str):
+    assert normalize(raw) == spoken
