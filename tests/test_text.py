@@ -495,3 +495,87 @@ NORMALISED_EDGES = [
 @pytest.mark.parametrize(("raw", "spoken"), NORMALISED_EDGES)
 def test_normalize_at_the_edges_of_each_rule(raw: str, spoken: str):
     assert normalize(raw) == spoken
+
+
+# -- segmentation at its edges: limits, emotive tags at the limit, merging ----------------------
+
+
+def lengths(segments: list[Segment]) -> list[int]:
+    return [len(s.text) for s in segments]
+
+
+def test_a_mark_other_than_a_dot_ends_a_sentence_even_after_an_abbreviation():
+    assert texts(segment("Ask the Dr! Then home.", first_min_words=None)) == [
+        "Ask the Dr!",
+        " Then home.",
+    ]
+    assert texts(segment("Dr. Smith is here. Done.", first_min_words=None)) == [
+        "Dr. Smith is here.",  # an abbreviation at the very start of the input
+        " Done.",
+    ]
+
+
+@pytest.mark.parametrize("dashes", ["--", " --", " -"])
+def test_dashes_end_a_clause(dashes: str):
+    assert texts(segment(f"One two three four{dashes} five."))[0] == f"One two three four{dashes}"
+
+
+def test_max_chars_is_at_least_two_emotive_tags_long():
+    assert TextSegmenter(max_chars=66).max_chars == 66
+    with pytest.raises(ValueError, match="max_chars must be at least 66, not 65"):
+        TextSegmenter(max_chars=65)
+
+
+def test_split_text_keeps_the_max_chars_it_is_given():
+    text = "One two three four five six seven. " * 10
+    segments = split_text(text, max_chars=100)
+    assert_partition(segments, text)
+    assert lengths(segments) == [69, 70, 70, 70, 71]  # two sentences each, never three
+
+
+def test_nothing_in_gives_no_segment():
+    assert TextSegmenter().flush() == [] and segment("") == []
+
+
+def test_a_one_letter_first_word_is_a_place_to_cut():
+    assert lengths(segment("I " + "x" * 150, max_chars=100))[:2] == [1, 100]
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces", "cut"),
+    [
+        ("x" * 150 + "<laugh> y", None, [100, 59]),  # a tag after the limit does not move it
+        ("x" * 70 + "<a>" + "x" * 22 + "<laugh>" + "z" * 10, None, [95, 17]),  # the last tag
+        ("x" * 97 + "<a>" + "y" * 10, None, [100, 10]),  # a tag that ends at the limit stays
+        ("y" * 95 + "<" + "a" * 40, None, [100, 36]),  # no tag: "<" and 31 letters, no ">"
+        ("y" * 95 + "<laugh", None, [100, 1]),  # the input ended: it never became a tag
+        ("y" * 95 + "<laugh> more words", "chars", [95, 18]),  # waits for the tag to close
+        (
+            "Hi there. " + "x" * 105 + "<laugh> end",
+            ["Hi there. ", "x" * 105 + "<laugh> end"],
+            [9, 100, 17],
+        ),
+    ],
+)
+def test_a_hard_cut_at_max_chars_moves_only_before_a_tag_that_spans_it(text, pieces, cut):
+    pieces = list(text) if pieces == "chars" else pieces
+    segments = segment(text, pieces, max_chars=100)
+    assert_partition(segments, text)
+    assert lengths(segments) == cut
+
+
+def test_a_hard_cut_comes_out_as_soon_as_the_text_past_the_limit_is_known():
+    segmenter = TextSegmenter(max_chars=100)
+    assert lengths(segmenter.push("y" * 95 + "<" + "a" * 40 + " more")) == [100]
+
+
+@pytest.mark.parametrize(
+    ("text", "target", "merged"),
+    [
+        ("One. Two. Three.", 9, ["One. Two.", " Three."]),  # exactly target_chars: merged
+        ("One. Two. Three. Four.", 10, ["One. Two.", " Three.", " Four."]),
+        ("One. Two three four.", 10, ["One.", " Two three four."]),  # the last one too long
+    ],
+)
+def test_sentences_merge_while_they_fit_in_target_chars(text, target, merged):
+    assert texts(segment(text, first_min_words=None, target_chars=target)) == merged
