@@ -134,23 +134,28 @@ class DevServer:
         return self.log.read_text(errors="replace")
 
 
-@contextlib.contextmanager
-def dev_server(root: Path, ready_timeout: float = 300, **env: str) -> Iterator[DevServer]:
-    """``voicehost serve --dev`` on a free port with its adapters and jobs folders and its log
-    under ``root`` and ``env`` (``VOICEHOST_*`` settings) added; ready when the block starts,
-    stopped when it ends."""
+def start_dev_server(root: Path, **env: str) -> DevServer:
+    """``voicehost serve --dev`` started on a free port with its adapters and jobs folders and
+    its log under ``root`` and ``env`` (``VOICEHOST_*`` settings) added; not waited for (see
+    ``wait_ready``), and the caller's to ``stop``."""
     adapters = root / "adapters"
     adapters.mkdir(parents=True, exist_ok=True)
     log = root / "server.log"
     port = free_port()
     command = voicehost_command("serve", "--dev", "--port", str(port), "--adapters", str(adapters))
     process = launch(command, dev_env(VOICEHOST_JOBS_DIR=str(root / "jobs"), **env), log)
-    server = DevServer(f"http://127.0.0.1:{port}", adapters, log, process)
+    return DevServer(f"http://127.0.0.1:{port}", adapters, log, process)
+
+
+@contextlib.contextmanager
+def dev_server(root: Path, ready_timeout: float = 300, **env: str) -> Iterator[DevServer]:
+    """``start_dev_server``, ready when the block starts and stopped when it ends."""
+    server = start_dev_server(root, **env)
     try:
-        server.readiness.extend(wait_ready(process, server.url, log, ready_timeout))
+        server.readiness.extend(wait_ready(server.process, server.url, server.log, ready_timeout))
         yield server
     finally:
-        stop(process)
+        stop(server.process)
 
 
 @contextlib.contextmanager
