@@ -4,6 +4,7 @@ dev server with a capacity of 2 streams and a quota of 1 per API key."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import signal
@@ -14,7 +15,7 @@ import aiohttp
 import pytest
 from helpers import Server, dev_server, metric
 
-from voicehost.admission import Admission, Refused
+from voicehost.admission import Admission, Refused, WorkerLoad
 
 
 @pytest.mark.unit
@@ -76,6 +77,22 @@ def test_a_refusal_says_the_limit_it_hit_and_when_to_retry():
     assert full.value.message == "this server is at its capacity of 1 real-time streams"
     assert str(over.value) == over.value.message and str(full.value) == full.value.message
     assert over.value.retry_after == full.value.retry_after == 7
+
+
+@pytest.mark.unit
+def test_a_refusal_says_to_retry_after_a_second_by_default():
+    admission = Admission(capacity=0)
+    with pytest.raises(Refused) as full, admission.admit(None):
+        pass
+    assert full.value.retry_after == 1
+
+
+@pytest.mark.unit
+def test_a_worker_load_is_an_immutable_value():
+    load = WorkerLoad(active_streams=2, loaded_adapters=5, capacity=8)
+    assert load == WorkerLoad(2, 5, 8) and hash(load) == hash(WorkerLoad(2, 5, 8))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load.active_streams = 3  # type: ignore[misc]
 
 
 @pytest.mark.unit
