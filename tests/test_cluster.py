@@ -259,7 +259,7 @@ async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server
 
 
 async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, http):
-    corpus = build_corpus(cluster.root / "corpus", count=12)
+    corpus = build_corpus(cluster.root / "corpus", count=6)  # about 15 s: above the 10 s set here
     form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
     async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
         assert response.status == 202, await response.text()
