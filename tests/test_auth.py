@@ -508,6 +508,42 @@ async def test_without_keys_or_token_every_route_is_open():
 
 
 @pytest.mark.unit
+def test_a_cluster_process_with_keys_and_no_token_is_told_why_it_needs_one(monkeypatch):
+    monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps(entries(KEYS)))
+    with pytest.raises(AuthConfigError) as refused:
+        Authenticator.from_settings(Settings(), "worker")
+    assert str(refused.value) == (
+        "a worker with API keys needs VOICEHOST_INTERNAL_TOKEN (the same on gateways and "
+        "workers): gateways vouch for their clients with it, and drains use it"
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("setting", "public"), [(None, True), ("false", False), ("true", True)])
+def test_whether_metrics_need_a_key_comes_from_the_settings(monkeypatch, setting, public):
+    monkeypatch.delenv("VOICEHOST_METRICS_PUBLIC", raising=False)
+    if setting is not None:
+        monkeypatch.setenv("VOICEHOST_METRICS_PUBLIC", setting)
+    assert Authenticator.from_settings(Settings()).metrics_public is public
+
+
+@pytest.mark.unit
+async def test_a_handler_behind_no_auth_middleware_cannot_read_a_caller():
+    async def whoami(request):
+        try:
+            request_principal(request)
+        except RuntimeError as exc:
+            return web.Response(text=str(exc))
+        return web.Response(text="read a caller")
+
+    app = web.Application()
+    app.router.add_get("/v1/voices", whoami)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/v1/voices")
+        assert await response.text() == "the auth middleware did not run for this request"
+
+
+@pytest.mark.unit
 def test_the_internal_token_needs_16_characters():
     with pytest.raises(AuthConfigError, match="the internal token needs at least 16 characters"):
         Authenticator([], "x" * 15)
