@@ -130,9 +130,7 @@ def generated(
     counts, speech = [], []
     for index, text in enumerate(TEXTS):
         rows = len(range(index, args.samples, len(TEXTS)))
-        prompt = orpheus.encode_prompt(
-            orpheus.plain_text(tokenizer), text, None
-        )
+        prompt = orpheus.encode_prompt(orpheus.plain_text(tokenizer), text, None)
         torch.manual_seed(index)
         out = model.generate(
             torch.tensor([prompt] * rows),
@@ -170,9 +168,7 @@ def learned(
     edge, middle = zeros[0], zeros[1]
     edge_p, first_p, expected = [], [], []
     for text in TEXTS:
-        prompt = orpheus.encode_prompt(
-            orpheus.plain_text(tokenizer), text, None
-        )
+        prompt = orpheus.encode_prompt(orpheus.plain_text(tokenizer), text, None)
         ids = torch.tensor([prompt + edge.tokens() + middle.tokens() * frames])
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # predicts the audio tokens
         probs = torch.softmax(logits / temperature, dim=-1)

@@ -164,9 +164,7 @@ class Bench:
         def prompt(index: int) -> list[int]:
             # Unique to the batch and request (no prefix-cache hits), always the same length.
             text = f"Take {self.batches:06d}, line {index:04d}. {TEXT}"
-            return orpheus.encode_prompt(
-                orpheus.plain_text(engine.tokenizer), text, None
-            )
+            return orpheus.encode_prompt(orpheus.plain_text(engine.tokenizer), text, None)
 
         async def one(index: int, voice: Voice) -> float:
             first: float | None = None

@@ -281,24 +281,34 @@ async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, h
     assert status == 200 and audio
 
 
-async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_returns(cluster, http):
+async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_returns(
+    cluster, http, dev_model
+):
     background = [
         asyncio.create_task(speak(http, cluster.gateway.url, voice, "A sentence or two of speech."))
         for voice in ("tara", "dev-a")
     ]
     status, _, _ = await speak(http, cluster.gateway.url, "dev-c", "Hi.")  # its record is seen
     assert status == 200
+    form = adapter_form(dev_model, "gateway-only")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+        assert response.status == 201
+    async with http.get(cluster.gateway.url + "/v1/voices/gateway-only") as response:
+        assert response.status == 200  # the gateway has read its record; no worker has
+    logs_before = {name: len(node.log.read_text()) for name, node in cluster.workers.items()}
     cluster.redis.stop()
     try:
-        for voice in ("leo", "dev-c"):  # an adapter voice resolves from the last record seen
+        # an adapter voice resolves from the last record seen, by the gateway if not the worker
+        for voice in ("leo", "dev-c", "gateway-only"):
             status, _, audio = await speak(http, cluster.gateway.url, voice, "Hi.")
             assert status == 200 and audio, voice
         async with http.post(
             cluster.gateway.url + "/v1/audio/speech", json={"input": "Hi.", "voice": "unseen"}
         ) as response:  # a record never seen cannot be read: unavailable, not "no such voice"
-            assert response.status == 503
+            assert response.status == 503 and response.headers["Retry-After"] == "1"
             assert (await response.json())["error"]["code"] == "redis_unavailable"
         assert members(cluster) == {"w1", "w2"}  # routing on the last membership
+        await asyncio.sleep(3)  # several polls of every loop while Redis is away
     finally:
         cluster.redis.start()
     client = cluster.redis.client()
@@ -310,6 +320,42 @@ async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_retur
     for task in background:
         status, _, audio = await task
         assert status == 200 and audio
+    for name, node in cluster.workers.items():  # one line when Redis went, per loop
+        outage = node.log.read_text()[logs_before[name] :]
+        assert outage.count("clone-job queue unavailable") == 1, name
+        assert outage.count("heartbeat") <= 2, name
+
+
+async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster, http, dev_model):
+    """Redis is a cache of the shared store: after a FLUSHALL (or a restart without its data)
+    the reconcilers restore every adapter voice's record, and health says when it is whole."""
+    async with http.post(
+        cluster.gateway.url + "/v1/voices", data=adapter_form(dev_model, "kept")
+    ) as r:
+        assert r.status == 201, await r.text()
+    cluster.redis.client().flushall()
+    flushed = time.monotonic()
+    voices = ("dev-a", "dev-c", "kept")
+
+    async def found(voice: str) -> int:
+        async with http.get(f"{cluster.gateway.url}/v1/voices/{voice}") as r:
+            return r.status
+
+    statuses: list[int] = []
+    while time.monotonic() - flushed < 10:
+        statuses = list(await asyncio.gather(*(found(v) for v in voices)))
+        if statuses == [200] * len(voices):
+            break
+        await asyncio.sleep(0.1)
+    print(f"every voice was back {time.monotonic() - flushed:.2f} s after the flush")
+    assert statuses == [200] * len(voices)
+    spoken = await asyncio.gather(*(speak(http, cluster.gateway.url, v, "Hi.") for v in voices))
+    assert [status for status, _, _ in spoken] == [200] * len(voices)
+    for node in (cluster.gateway, *cluster.workers.values()):
+        async with http.get(node.url + "/healthz") as r:
+            assert (await r.json())["registry"] == "whole", node.name
+    async with http.delete(cluster.gateway.url + "/v1/voices/kept") as r:
+        assert r.status == 204
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
@@ -350,6 +396,9 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     assert sorted(cut) == sorted(victim_voices)
     worker.wait()
     await eventually(lambda: not alive(tree), 15)  # no engine process left behind
+    gateway_log = cluster.gateway.log.read_text()
+    assert gateway_log.count("cut mid-way") == len(victim_voices)  # one warning per stream
+    assert "Error handling request" not in gateway_log  # and no chained tracebacks
     # Before the ring notices, a request for w1's voice fails over to the successor at once.
     status, served_by, _ = await speak(http, cluster.gateway.url, victim_voices[0], "Hi.")
     assert status == 200 and served_by == "w2"

@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(1.0, description="How often a worker heartbeats.")
     worker_ttl_seconds: float = Field(5.0, description="A silent worker leaves after this long.")
     membership_poll_seconds: float = Field(1.0, description="How often gateways read members.")
+    registry_reconcile_seconds: float = Field(
+        2.0, gt=0, description="How often the voice records are checked against the shared store."
+    )
     session_ttl_seconds: float = Field(600.0, description="Life of an idle session pin.")
     load_factor: float = Field(1.25, description="Bounded-load c: a worker takes <= c x average.")
     hot_voice_streams: int = Field(

@@ -63,9 +63,17 @@ class SpeechMetrics:
             registry=r,
         )
         self.asyncio_tasks.set_function(open_tasks)
+        self.registry_missing = Gauge(
+            "voicehost_registry_missing_voices",
+            "Voices in the cluster's shared store whose Redis record is missing (0: whole).",
+            registry=r,
+        )
 
     def watch_engine(self, unfinished: Callable[[], int]) -> None:
         self.engine_requests.set_function(unfinished)
+
+    def watch_registry(self, missing: Callable[[], int]) -> None:
+        self.registry_missing.set_function(missing)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -86,6 +86,7 @@ class Runtime:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
+        self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner)
         self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
         self.draining = False

@@ -68,6 +68,11 @@ class VoiceDirectory(Protocol):
         """Adapters this process has validated and can hand to the engine."""
         ...
 
+    def missing(self) -> int:
+        """Voices known to exist that the directory cannot name yet (a cluster's Redis that
+        lost its records, being rebuilt from the shared store); 0 when it is whole."""
+        ...
+
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
         """Usable voices (sorted by id) and unusable adapters."""
         ...

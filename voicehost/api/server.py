@@ -23,6 +23,7 @@ from voicehost.api.edge import (
     error_response,
     find_voice,
     read_body,
+    registry_health,
     speak_options,
 )
 from voicehost.api.routes import public_app
@@ -131,7 +132,7 @@ async def healthz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     if runtime.failure:
         return error_response(503, "failed", runtime.failure)
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", **registry_health(runtime.voices)})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 SCHEME = "shared:"
 IN_USE_SECONDS = 60.0
 CHECKSUM = re.compile(r"[0-9a-f]{64}")
+CHECKSUM_PREFIX = re.compile(r"[0-9a-f]{32}")  # an adapter's folder in the store
 
 
 class AdapterFetchError(RuntimeError):
@@ -57,6 +58,10 @@ class AdapterStore(Protocol):
         ...
 
     def delete(self, uri: str) -> None: ...
+
+    def published(self) -> dict[str, str]:
+        """Every voice the store holds, with the URI of its newest adapter."""
+        ...
 
 
 class SharedDirStore:
@@ -95,6 +100,23 @@ class SharedDirStore:
 
     def download(self, uri: str, target: Path) -> None:
         shutil.copytree(self.folder(uri), target)
+
+    def published(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        root = self.root / "adapters"
+        for voice in sorted(root.iterdir()) if root.is_dir() else []:
+            if not is_voice_id(voice.name):
+                continue  # staging folders (".<uuid>") and strays
+            try:
+                adapters = [
+                    p for p in voice.iterdir() if p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name)
+                ]
+                if adapters:
+                    newest = max(adapters, key=lambda p: p.stat().st_mtime)
+                    found[voice.name] = SCHEME + newest.relative_to(self.root).as_posix()
+            except OSError:  # deleted meanwhile
+                continue
+        return found
 
     def delete(self, uri: str) -> None:
         path = self._path(uri)

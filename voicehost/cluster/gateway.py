@@ -34,6 +34,7 @@ from voicehost.api.edge import (
     error_response,
     find_voice,
     read_body,
+    registry_health,
 )
 from voicehost.api.realtime import MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import public_app
@@ -43,8 +44,9 @@ from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
-from voicehost.cluster.voices import RedisVoiceDirectory
+from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
+from voicehost.keys import Principal
 from voicehost.metrics import SpeechMetrics
 
 log = logging.getLogger(__name__)
@@ -56,12 +58,13 @@ POOL_WAIT_SECONDS = 10.0
 
 
 class UpstreamFailed(Exception):
-    """The chosen worker failed before its first byte; ``full``: it was at capacity (503 with
-    ``Retry-After``), so another worker, or a retry later, can serve the stream."""
+    """The chosen worker failed before its first byte. ``refusal``: it refused, through no fault
+    of its own (503 with ``Retry-After``: at capacity, Redis away), with this (code, message);
+    another worker, or a retry later, can serve the stream."""
 
-    def __init__(self, message: str, full: bool = False) -> None:
+    def __init__(self, message: str, refusal: tuple[str, str] | None = None) -> None:
         super().__init__(message)
-        self.full = full
+        self.refusal = refusal
 
 
 class Gateway:
@@ -71,7 +74,9 @@ class Gateway:
         self.settings = settings
         self.metrics = SpeechMetrics()
         self.redis = connect(settings)
-        self.membership = Membership(self.redis, settings.membership_poll_seconds)
+        self.membership = Membership(
+            self.redis, settings.membership_poll_seconds, settings.worker_ttl_seconds
+        )
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         config = Path(settings.served_model()) / "config.json"
         shape = ModelShape.from_config(config) if config.is_file() else None
@@ -81,6 +86,7 @@ class Gateway:
             self.redis, store, settings.builtin_voices, rules, owner="gateway"
         )
         queue = RedisJobQueue(self.redis, "gateway")
+        self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(settings.shared_dir / "jobs", self.voices.add, queue, "gateway")
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
         self.voice_streams: Counter[str] = Counter()
@@ -99,6 +105,8 @@ class Gateway:
         )
         self.client = aiohttp.ClientSession(connector=connector, timeout=timeout)
         self._tasks.append(asyncio.create_task(self.membership.run(), name="membership"))
+        reconcile = self.voices.reconcile_forever(self.settings.registry_reconcile_seconds)
+        self._tasks.append(asyncio.create_task(reconcile, name="registry-reconcile"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -161,8 +169,10 @@ async def _open_upstream(
             text = f"(unreadable body: {exc})"
         finally:
             upstream.release()
-        full = upstream.status == 503 and "Retry-After" in upstream.headers
-        raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}", full)
+        refusal = None
+        if upstream.status == 503 and "Retry-After" in upstream.headers:
+            refusal = _error_of(text)
+        raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}", refusal)
     if upstream.status != 200:
         return upstream, b""
     try:
@@ -176,6 +186,27 @@ async def _open_upstream(
     return upstream, first
 
 
+def _error_of(text: str) -> tuple[str, str]:
+    """(code, message) of a worker's error body."""
+    try:
+        error = json.loads(text)["error"]
+        return str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return "unavailable", text[:200]
+
+
+def _worker_headers(
+    request: web.Request, principal: Principal | None, voice: str
+) -> dict[str, str]:
+    """What a forwarded request carries: the token, the caller, and the voice's record (which
+    lets a worker that never saw it serve it while Redis is away)."""
+    gateway = request.app[GATEWAY]
+    headers = request.app[AUTH].forward_headers(principal)  # the worker checks again
+    if (record := gateway.voices.forwarded_record(voice)) is not None:
+        headers[RECORD_HEADER] = record
+    return headers
+
+
 async def proxy_speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``, checked here as a worker would, then relayed to one."""
     gateway = request.app[GATEWAY]
@@ -183,12 +214,12 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     check_speech_request(body, gateway.settings.max_input_chars)
     principal = request_principal(request)
     await find_voice(gateway.voices, body.voice, principal)
-    forwarded = request.app[AUTH].forward_headers(principal)  # the worker checks again
+    forwarded = _worker_headers(request, principal, body.voice)
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
     failed: set[str] = set()
     errors: list[str] = []
-    full = 0  # of the workers tried, those at capacity
+    refusals: list[tuple[str, str]] = []  # of the workers tried, those that refused
     for _attempt in range(2):  # the first choice, then once on the next worker
         worker = await gateway.pick(body.voice, session_id, frozenset(failed))
         if worker is None:
@@ -203,7 +234,8 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
                 log.warning("worker failed before the first byte: %s", exc)
                 failed.add(worker.worker_id)
                 errors.append(str(exc))
-                full += exc.full
+                if exc.refusal is not None:
+                    refusals.append(exc.refusal)
                 continue
             return await _relay(request, upstream, first, body.stream_format == "sse")
         finally:
@@ -213,8 +245,13 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
                 del gateway.voice_streams[body.voice]
     if not errors:
         raise ApiError(503, "no_workers", "no worker is available; try again shortly")
-    if full == len(errors):  # every worker tried is full: the cluster is, for now
-        raise Refused(503, "at_capacity", "every worker tried is at capacity", retry_after=1)
+    if len(refusals) == len(errors):  # no worker failed: each refused, for now
+        codes = {code for code, _ in refusals}
+        if codes == {"at_capacity"}:
+            raise Refused(503, "at_capacity", "every worker tried is at capacity", retry_after=1)
+        code = codes.pop() if len(codes) == 1 else "unavailable"
+        message = "; ".join(dict.fromkeys(message for _, message in refusals))
+        raise Refused(503, code, message, retry_after=1)
     raise ApiError(502, "upstream_failed", "; ".join(errors))
 
 
@@ -241,7 +278,7 @@ async def _relay(
                 chunk = await upstream.content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 await _end_cut_stream(request, response, sse, headers.get(WORKER_HEADER), exc)
-                raise ConnectionResetError("upstream cut") from exc
+                return response  # aiohttp finds the transport closed: one warning, no traceback
     finally:
         upstream.release()
     await response.write_eof()
@@ -286,7 +323,7 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
             upstream = await client.ws_connect(
                 f"{worker.url}/v1/audio/speech/ws",
                 max_msg_size=MAX_MESSAGE_BYTES,
-                headers=request.app[AUTH].forward_headers(principal),
+                headers=_worker_headers(request, principal, config.voice),
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
@@ -357,7 +394,7 @@ async def route(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", **registry_health(request.app[GATEWAY].voices)})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -34,6 +34,7 @@ class RedisJobQueue:
         self.consumer = consumer
         self.poll_seconds = poll_seconds
         self._own_pending_checked = False
+        self._redis_ok = True  # as last seen: Redis' comings and goings are logged once each
 
     async def _ensure_group(self) -> None:
         try:
@@ -81,8 +82,13 @@ class RedisJobQueue:
         while True:
             try:
                 found = await self._next()
+                if not self._redis_ok:  # one line when Redis returns, one when it goes
+                    log.info("clone-job queue reachable again")
+                self._redis_ok = True
             except RedisError as exc:
-                log.warning("clone-job queue unavailable (%s); retrying", exc)
+                if self._redis_ok:
+                    log.warning("clone-job queue unavailable (%s); retrying quietly", exc)
+                self._redis_ok = False
                 found = None
             except Exception:  # whatever is in the stream, the queue keeps running
                 log.exception("reading the clone-job queue failed; retrying")

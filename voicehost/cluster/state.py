@@ -2,6 +2,8 @@
 
 - ``vh:member:<worker>``: a worker's URL and load, expiring ``worker_ttl_seconds`` after its last
   heartbeat; ``vh:members`` indexes them (a sorted set by heartbeat time, itself expiring).
+- ``vh:alive``: rewritten by every heartbeat, expiring with the index: its absence tells a
+  gateway that Redis lost its data (workers that left or died leave it behind).
 - ``vh:session:<id>``: the worker a session is pinned to, expiring ``session_ttl_seconds`` after
   its last use.
 - ``vh:voice:<id>`` and the ``vh:voices`` index: the voice directory's records, the only keys
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "vh:"
 MEMBERS = f"{PREFIX}members"
+ALIVE = f"{PREFIX}alive"
 VOICES = f"{PREFIX}voices"
 JOBS_STREAM = f"{PREFIX}jobs"
 MEMBERS_INDEX_TTL_SECONDS = 3600
@@ -144,6 +147,7 @@ class WorkerPresence:
             pipe.pexpire(member_key(self.worker_id), self.ttl_ms)
             pipe.zadd(MEMBERS, {self.worker_id: now_ms})
             pipe.expire(MEMBERS, MEMBERS_INDEX_TTL_SECONDS)
+            pipe.set(ALIVE, now_ms, ex=MEMBERS_INDEX_TTL_SECONDS)
             await pipe.execute()
 
     async def run(self) -> None:
@@ -184,15 +188,21 @@ class Membership:
     """A gateway's view of the live workers, refreshed every poll interval.
 
     A worker is live while its member key exists (its TTL runs on Redis' clock, so clocks of the
-    machines need not agree). While Redis is unreachable, the last membership seen is kept.
+    machines need not agree). While Redis is unreachable, the last membership seen is kept. A
+    membership that drops to nothing because Redis lost its data (came back empty, or was
+    flushed, before the workers' next heartbeats: ``vh:alive`` is gone too) is not believed for
+    ``hold_empty_seconds`` (the worker TTL): live workers re-register within a heartbeat. Workers
+    that drained or expired leave ``vh:alive`` behind, and an empty ring is believed at once.
     """
 
-    def __init__(self, redis: Redis, poll_seconds: float) -> None:
+    def __init__(self, redis: Redis, poll_seconds: float, hold_empty_seconds: float = 0.0) -> None:
         self.redis = redis
         self.poll_seconds = poll_seconds
+        self.hold_empty_seconds = hold_empty_seconds
         self.workers: dict[str, WorkerInfo] = {}
         self.ring = WorkerRing([])
         self.redis_ok = False
+        self._empty_since: float | None = None  # when a poll first found no worker at all
 
     async def refresh(self) -> None:
         ids = await self.redis.zrange(MEMBERS, 0, -1)
@@ -212,10 +222,25 @@ class Membership:
                     int(record.get("capacity", 0)),
                 )
                 workers[worker_id] = WorkerInfo(worker_id, record["url"], load)
+        if not workers and self.workers and not await self.redis.exists(ALIVE):
+            if self._hold_empty():
+                return
+        self._empty_since = None
         if set(workers) != set(self.workers):
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)
         self.workers = workers  # set together with the ring, with no await between them
+
+    def _hold_empty(self) -> bool:
+        """Whether to keep the last membership over one that Redis lost (see above)."""
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+            log.warning(
+                "redis lost the membership: keeping the last one for up to %.1f s",
+                self.hold_empty_seconds,
+            )
+        return now - self._empty_since < self.hold_empty_seconds
 
     async def run(self) -> None:
         while True:

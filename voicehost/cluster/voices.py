@@ -10,6 +10,7 @@ While Redis is down, records seen before still resolve.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -22,12 +23,16 @@ from redis.exceptions import RedisError
 
 from voicehost.adapter_validation import MANIFEST, AdapterRules, InvalidAdapter, validate_adapter
 from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore
-from voicehost.cluster.state import VOICES, voice_key
+from voicehost.cluster.state import VOICES, raise_if_cancelled, voice_key
 from voicehost.voices import BrokenAdapter, ReadOnlyVoice, Voice, VoiceExists
 
 log = logging.getLogger(__name__)
 
 PUBLISH_CLAIM_SECONDS = 300
+# A gateway sends the record of the voice it routes with the request, so that a worker that never
+# saw it can serve it while Redis is away (believed only with the internal token).
+RECORD_HEADER = "X-Voicehost-Voice-Record"
+FORWARDED_FIELDS = ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "status")
 
 
 class RedisVoiceDirectory:
@@ -52,6 +57,7 @@ class RedisVoiceDirectory:
         self._ready: dict[tuple[str, str], Voice] = {}  # (voice_id, checksum) -> validated voice
         self._broken: dict[str, str] = {}
         self._fetching: dict[tuple[str, str], asyncio.Lock] = {}
+        self._missing = 0  # voices in the store without a record, at the last reconcile
 
     async def record(self, voice_id: str) -> dict[str, str] | None:
         """The voice's record; while Redis is unreachable, the last one seen (or the error)."""
@@ -66,6 +72,28 @@ class RedisVoiceDirectory:
         else:
             self._records.pop(voice_id, None)
         return record or None
+
+    def forwarded_record(self, voice_id: str) -> str | None:
+        """The header value carrying the last record seen of ``voice_id`` (a gateway's)."""
+        record = self._records.get(voice_id)
+        if record is None:
+            return None
+        fields = {k: record[k] for k in FORWARDED_FIELDS if k in record}
+        return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode()
+
+    def offer(self, header: str) -> None:
+        """Keep a gateway's copy of a record (``forwarded_record``) for when Redis is away; a
+        record read from Redis replaces it. A malformed one is ignored."""
+        try:
+            record = json.loads(base64.urlsafe_b64decode(header.encode()))
+            voice_id = record["voice_id"]
+            if not isinstance(voice_id, str) or not all(
+                isinstance(record.get(k), str) for k in FORWARDED_FIELDS
+            ):
+                return
+        except (ValueError, KeyError, TypeError):
+            return
+        self._records.setdefault(voice_id, {k: record[k] for k in FORWARDED_FIELDS})
 
     async def find(self, voice_id: str) -> Voice | None:
         if voice_id in self.builtin:
@@ -128,56 +156,121 @@ class RedisVoiceDirectory:
 
     async def add(self, voice_id: str, folder: Path) -> Voice:
         voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
-        if voice_id in self.builtin or not await self.redis.hsetnx(
-            voice_key(voice_id), "status", "publishing"
-        ):
+        if voice_id in self.builtin or not await self._claim(voice_id):
             raise VoiceExists(f"voice {voice_id!r} already exists")
-        # A claim that expires if this process dies before the record is complete.
-        await self.redis.expire(voice_key(voice_id), PUBLISH_CLAIM_SECONDS)
         try:
             checksum = voice.checksum or ""
             uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
-            manifest_path = folder / MANIFEST
-            manifest = manifest_path.read_text() if manifest_path.exists() else "{}"
-            version = json.loads(manifest).get("version", 1)
-            record = {
-                "voice_id": voice_id,
-                "name": voice.name,
-                "prompt_style": voice.prompt_style,
-                "uri": uri,
-                "checksum": checksum,
-                "owner": self.owner,
-                "tenant": voice.tenant or "",  # "": shared with every tenant
-                "version": str(version),
-                "created": str(time.time()),
-                "manifest": manifest,
-                "status": "ready",
-            }
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(voice_key(voice_id), mapping=record)
-                pipe.persist(voice_key(voice_id))
-                pipe.sadd(VOICES, voice_id)
-                await pipe.execute()
+            await self._complete(voice, uri, _manifest_text(folder))
         except BaseException:
             with suppress(RedisError):  # otherwise the claim expires by itself
                 await self.redis.delete(voice_key(voice_id))
             raise
         return voice
 
+    async def _claim(self, voice_id: str) -> bool:
+        """Claim the voice's record (``publishing``); ``False`` if it exists. The claim expires
+        if this process dies before ``_complete``."""
+        if not await self.redis.hsetnx(voice_key(voice_id), "status", "publishing"):
+            return False
+        await self.redis.expire(voice_key(voice_id), PUBLISH_CLAIM_SECONDS)
+        return True
+
+    async def _complete(self, voice: Voice, uri: str, manifest: str) -> None:
+        """Write the claimed record of ``voice``, published at ``uri``, and list it."""
+        record = {
+            "voice_id": voice.voice_id,
+            "name": voice.name,
+            "prompt_style": voice.prompt_style,
+            "uri": uri,
+            "checksum": voice.checksum or "",
+            "owner": self.owner,
+            "tenant": voice.tenant or "",  # "": shared with every tenant
+            "version": str(json.loads(manifest).get("version", 1)),
+            "created": str(time.time()),
+            "manifest": manifest,
+            "status": "ready",
+        }
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(voice_key(voice.voice_id), mapping=record)
+            pipe.persist(voice_key(voice.voice_id))
+            pipe.sadd(VOICES, voice.voice_id)
+            await pipe.execute()
+
     async def remove(self, voice_id: str) -> bool:
+        """Delete the store's copy first, then the record: a reconciler never finds a deleted
+        voice's files to bring it back (a crash between leaves a record of missing files, which
+        is unusable, and deleted again by a retry)."""
         if voice_id in self.builtin:
             raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
         record = await self.redis.hgetall(voice_key(voice_id))
         if not record:
             return False
+        if record.get("uri"):
+            await asyncio.to_thread(self.store.delete, record["uri"])
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(voice_key(voice_id))
             pipe.srem(VOICES, voice_id)
             await pipe.execute()
         self._records.pop(voice_id, None)
-        if record.get("uri"):
-            await asyncio.to_thread(self.store.delete, record["uri"])
         return True
+
+    # --- Redis is a cache of the store: rebuilding what it lost ---------------------------------
+
+    def missing(self) -> int:
+        return self._missing
+
+    async def reconcile(self) -> int:
+        """Restore the records of voices that the shared store holds and Redis lacks (Redis
+        came back empty, or was flushed), from the store's own files (``voice.json`` holds the
+        tenant and version). Idempotent: every worker and gateway runs it, and a record is
+        claimed before it is written. Returns the voices still missing."""
+        published = await asyncio.to_thread(self.store.published)
+        ids = [v for v in published if v not in self.builtin]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for voice_id in ids:
+                pipe.exists(voice_key(voice_id))
+            found = await pipe.execute()
+        raise_if_cancelled()
+        lost = [v for v, exists in zip(ids, found, strict=True) if not exists]
+        left = [v for v in lost if not await self._restore(v, published[v])]
+        self._missing = len(left)
+        return len(left)
+
+    async def _restore(self, voice_id: str, uri: str) -> bool:
+        """Rebuild one voice's record from the store; ``False`` if it cannot be."""
+        try:
+            folder = self.store.folder(uri)
+            voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+            manifest = await asyncio.to_thread(_manifest_text, folder)
+        except (AdapterFetchError, InvalidAdapter, OSError) as exc:
+            log.warning("voice %s in the store cannot be restored: %s", voice_id, exc)
+            return False
+        if not await self._claim(voice_id):
+            return True  # restored by another process, or registered meanwhile
+        try:
+            await self._complete(voice, uri, manifest)
+        except BaseException:
+            with suppress(RedisError):
+                await self.redis.delete(voice_key(voice_id))
+            raise
+        if not await asyncio.to_thread(folder.is_dir):  # deleted while it was restored
+            await self.remove(voice_id)
+            return True
+        log.info("voice %s restored from the shared store (tenant %s)", voice_id, voice.tenant)
+        return True
+
+    async def reconcile_forever(self, interval: float) -> None:
+        """``reconcile`` every ``interval`` seconds (run as a task); quiet while Redis is away."""
+        while True:
+            try:
+                await self.reconcile()
+            except RedisError:
+                pass  # the loops that need Redis say when it goes and returns
+            except Exception:
+                log.exception("reconciling the voice registry failed; retrying")
+            raise_if_cancelled()
+            await asyncio.sleep(interval)
 
     async def manifest(self, voice_id: str) -> dict | None:
         if voice_id in self.builtin:
@@ -186,6 +279,11 @@ class RedisVoiceDirectory:
         if record is None or record.get("status") != "ready":
             return None
         return json.loads(record.get("manifest") or "{}")
+
+
+def _manifest_text(folder: Path) -> str:
+    path = folder / MANIFEST
+    return path.read_text() if path.exists() else "{}"
 
 
 def _record_voice(record: dict[str, str]) -> Voice:

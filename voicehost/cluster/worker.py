@@ -4,6 +4,7 @@ and its presence in the ring."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
@@ -12,12 +13,13 @@ from aiohttp import web
 
 from voicehost.adapter_validation import AdapterRules
 from voicehost.admission import WorkerLoad
-from voicehost.api.edge import WORKER_HEADER
+from voicehost.api.auth import AUTH, INTERNAL_TOKEN_HEADER
+from voicehost.api.edge import WORKER_HEADER, Handler
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.state import WorkerPresence, connect
-from voicehost.cluster.voices import RedisVoiceDirectory
+from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 
 
@@ -43,18 +45,27 @@ class WorkerCluster:
             self.store,
         )
         self.presence: WorkerPresence | None = None
+        self.directory: RedisVoiceDirectory | None = None
 
     def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceDirectory:
-        return RedisVoiceDirectory(
+        self.directory = RedisVoiceDirectory(
             self.redis, self.store, builtin, rules, cache=self.cache, owner=self.worker_id
         )
+        return self.directory
 
     def job_queue(self) -> RedisJobQueue:
         return RedisJobQueue(self.redis, self.worker_id)
 
     def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
         self.presence = WorkerPresence(self.redis, self.settings, self.worker_id, self.url, load)
-        return self.presence.run()
+        return self._serve_cluster(self.presence)
+
+    async def _serve_cluster(self, presence: WorkerPresence) -> None:
+        """Heartbeats, and the voice records rebuilt from the store whenever Redis lost them."""
+        tasks = [presence.run()]
+        if self.directory is not None:
+            tasks.append(self.directory.reconcile_forever(self.settings.registry_reconcile_seconds))
+        await asyncio.gather(*tasks)
 
     async def leave(self) -> None:
         if self.presence is not None:
@@ -74,6 +85,17 @@ def create_worker_app(settings: Settings) -> web.Application:
     async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
         response.headers[WORKER_HEADER] = cluster.worker_id
 
+    @web.middleware
+    async def gateway_records(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Keep the voice record a gateway sent (only the gateway's word counts)."""
+        record = request.headers.get(RECORD_HEADER)
+        auth = request.app[AUTH]
+        trusted = not auth.enabled or auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))
+        if record and trusted and cluster.directory is not None:
+            cluster.directory.offer(record)
+        return await handler(request)
+
+    app.middlewares.append(gateway_records)
     app.on_response_prepare.append(name_worker)
     return app
 

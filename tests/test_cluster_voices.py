@@ -1,0 +1,73 @@
+"""The cluster's voice directory over a real Redis of its own and a shared store on disk: Redis
+is a cache of the store, so records it loses are rebuilt from the store's files, tenants and
+versions included, and a deleted voice never comes back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import redis.asyncio
+
+from voicehost.adapter_validation import AdapterRules, assign_tenant
+from voicehost.cluster.adapters import SharedDirStore
+from voicehost.cluster.state import voice_key
+from voicehost.cluster.voices import RedisVoiceDirectory
+
+
+@pytest.fixture
+async def directory(redis_server, tmp_path):
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    store = SharedDirStore(tmp_path / "shared")
+    rules = AdapterRules("voicehost-dev", 16)
+    yield RedisVoiceDirectory(client, store, ["tara"], rules, owner="test")
+    await client.aclose()
+
+
+async def register(directory, dev_model, tmp_path, voice_id, tenant=None, version=1):
+    staged = tmp_path / "staging" / voice_id
+    shutil.copytree(dev_model.adapters / "dev-a", staged)
+    manifest = json.loads((staged / "voice.json").read_text())
+    (staged / "voice.json").write_text(json.dumps({**manifest, "version": version}))
+    assign_tenant(staged, tenant)
+    return await directory.add(voice_id, staged)
+
+
+async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev_model, tmp_path):
+    await register(directory, dev_model, tmp_path, "acme-voice", tenant="acme", version=3)
+    await register(directory, dev_model, tmp_path, "shared-voice")
+    before = await directory.redis.hgetall(voice_key("acme-voice"))
+    await directory.redis.flushall()
+    assert await directory.find("acme-voice") is None  # what users saw: 404 for good
+    assert await directory.reconcile() == 0
+    assert directory.missing() == 0
+    after = await directory.redis.hgetall(voice_key("acme-voice"))
+    for field in ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "version"):
+        assert after[field] == before[field], field
+    assert after["tenant"] == "acme" and after["version"] == "3"
+    assert (await directory.find("acme-voice")).tenant == "acme"
+    assert (await directory.find("shared-voice")).tenant is None
+    usable, _ = await directory.list_voices()
+    assert {v.voice_id for v in usable} == {"tara", "acme-voice", "shared-voice"}
+    assert await directory.reconcile() == 0  # idempotent: nothing to do the second time
+
+
+async def test_a_deleted_voice_does_not_come_back(directory, dev_model, tmp_path):
+    await register(directory, dev_model, tmp_path, "gone")
+    await register(directory, dev_model, tmp_path, "kept")
+    assert await directory.remove("gone")
+    await directory.redis.flushall()
+    await directory.reconcile()
+    assert await directory.find("gone") is None
+    assert await directory.find("kept") is not None
+
+
+async def test_a_voice_that_cannot_be_restored_is_counted_missing(directory, dev_model, tmp_path):
+    await register(directory, dev_model, tmp_path, "broken")
+    (published,) = (tmp_path / "shared" / "adapters" / "broken").iterdir()
+    (published / "adapter_config.json").write_text("{not json")
+    await directory.redis.flushall()
+    assert await directory.reconcile() == 1
+    assert directory.missing() == 1
+    assert await directory.find("broken") is None
