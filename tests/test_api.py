@@ -151,7 +151,7 @@ async def test_a_broken_adapter_is_listed_with_its_error_and_refused(http, serve
         (b'{"input": " ... !", "voice": "dev-a"}', 400, "empty_input"),
         (json.dumps({"input": "a" * 100_001, "voice": "dev-a"}).encode(), 413, "input_too_long"),
         (b'{"input": "Hi.", "voice": "nobody"}', 404, "voice_not_found"),
-        (b'{"input": "Hi.", "voice": "../etc"}', 404, "voice_not_found"),
+        (b'{"input": "Hi.", "voice": "../etc"}', 400, "invalid_voice_id"),  # as on every route
         (
             b'{"input": "Hi.", "voice": "dev-a", "response_format": "mulaw", "sample_rate": 24000}',
             400,
@@ -183,6 +183,13 @@ async def test_unknown_route_is_a_json_404(http, server):
     async with http.get(server.url + "/v1/nothing") as response:
         assert response.status == 404
         assert await error_of(response) == "not_found"
+
+
+async def test_a_wrong_method_is_a_json_405_that_says_which_methods_are_allowed(http, server):
+    async with http.put(server.url + SPEECH, json={}) as response:
+        assert response.status == 405
+        assert await error_of(response) == "method_not_allowed"
+        assert response.headers["Allow"] == "POST"
 
 
 async def test_sse_stream_carries_base64_audio_then_done(http, server):

@@ -165,6 +165,7 @@ async def test_an_uploaded_adapter_is_validated_served_and_deletable(http, serve
     async with http.post(server.url + "/v1/voices", data=adapter_form(dev_model, "up")) as r:
         assert r.status == 201, await r.text()
         assert (await r.json())["voice"]["id"] == "up"
+        assert r.headers["Location"] == "/v1/voices/up"
     async with http.post(server.url + "/v1/voices", data=adapter_form(dev_model, "up")) as r:
         assert r.status == 409
     body = {"input": "Hi.", "voice": "up", "response_format": "pcm"}
@@ -211,6 +212,18 @@ async def test_a_plain_peft_save_against_the_served_model_is_accepted_and_speaks
         assert len(await r.read()) > 0
     async with http.delete(server.url + "/v1/voices/peft-user") as r:
         assert r.status == 204
+
+
+async def test_audio_and_an_adapter_in_one_upload_is_400_and_keeps_nothing(
+    http, server, dev_model, corpus
+):
+    form = adapter_form(dev_model, "both")
+    form.add_field("audio", corpus.good[0].read_bytes(), filename=corpus.good[0].name)
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 400
+        assert await error_code(r) == "ambiguous_upload"
+    async with http.get(server.url + "/v1/voices/both") as r:
+        assert r.status == 404
 
 
 async def test_a_bad_adapter_upload_is_400(http, server, dev_model):

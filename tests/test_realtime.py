@@ -182,6 +182,7 @@ async def test_a_flushed_segment_is_spoken_to_its_end_however_long_the_client_wa
         ({"type": "text", "text": "hi"}, "invalid_message"),
         ({"type": "config"}, "invalid_message"),
         ({"type": "config", "voice": "nobody"}, "voice_not_found"),
+        ({"type": "config", "voice": "../etc"}, "invalid_voice_id"),
         ({"type": "config", "voice": "dev-a", "response_format": "xyz"}, "unsupported_format"),
         ({"type": "config", "voice": "dev-a", "sample_rate": 12345}, "unsupported_format"),
     ],
@@ -251,3 +252,26 @@ async def test_the_next_segment_hears_the_one_before_only_with_continuity(http, 
     assert same_audio(carried[0], alone[0])  # the first segment is the same request either way
     assert not same_audio(carried[1], alone[1])  # the second one's prompt carries the first
     assert same_audio(again[1], carried[1])  # and that is deterministic
+
+
+async def test_a_socket_takes_no_more_text_in_all_than_an_http_request(server):
+    """The socket's total is capped at VOICEHOST_MAX_INPUT_CHARS (100000), as one request is:
+    the piece that would pass it is refused, and the socket goes on."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(server.url + WS) as ws:
+        await ws.send_json({"type": "config", "voice": "tara", "response_format": "pcm"})
+        await ws.send_json({"type": "text", "text": "x" * 60000})
+        await ws.send_json({"type": "text", "text": "y" * 40001})  # 100001 in all
+        error = None
+        while error is None:
+            message = await ws.receive(timeout=60)
+            if message.type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(message.data)
+                if event["type"] == "error":
+                    error = event["error"]
+        assert error["code"] == "input_too_long" and "100000" in error["message"]
+        await ws.send_json({"type": "cancel"})  # barge in on the first piece: cheap to end
+        kinds = []
+        while "cancelled" not in kinds:
+            message = await ws.receive(timeout=60)
+            if message.type == aiohttp.WSMsgType.TEXT:
+                kinds.append(json.loads(message.data)["type"])

@@ -25,6 +25,7 @@ from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, Spe
 from voicehost.audio import UnsupportedAudio, output_rate
 from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 from voicehost.keys import Principal, can_see
 from voicehost.metrics import SpeechMetrics
 from voicehost.runtime import NotReady, Runtime
@@ -106,11 +107,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except RedisError as exc:
         errors.labels("redis_unavailable").inc()
         log.warning("redis unavailable on %s %s: %s", request.method, request.path, exc)
-        return error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
+        response = error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
+        response.headers["Retry-After"] = "1"  # not this process's fault: another may answer
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+        response = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+        if "Allow" in exc.headers:  # a 405 says which methods the route takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except ConnectionResetError:
         raise  # the client went away; nothing to answer
     except Exception as exc:
@@ -214,6 +220,13 @@ def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
 # --- voices ----------------------------------------------------------------------------------
 
 
+def registry_health(voices: VoiceDirectory) -> dict[str, object]:
+    """What ``/healthz`` says of the voice directory: whole, or how many voices it is missing
+    (a cluster's Redis that lost its records, being rebuilt from the shared store)."""
+    missing = voices.missing()
+    return {"registry": "whole" if missing == 0 else f"rebuilding: {missing} voices missing"}
+
+
 def voice_not_found(voice_id: str) -> ApiError:
     """The one answer for a voice that does not exist, or is another tenant's."""
     return ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
@@ -222,8 +235,11 @@ def voice_not_found(voice_id: str) -> ApiError:
 async def find_voice(
     directory: VoiceDirectory, voice_id: str, principal: Principal | None
 ) -> Voice:
-    """The voice ``principal`` speaks with: 404 if there is none (or it is another tenant's), 422
-    if its adapter is unusable (told only to an admin or in open mode: its tenant is unknown)."""
+    """The voice ``principal`` speaks with: 400 for an id that breaks the pattern (as on every
+    route), 404 if there is none (or it is another tenant's), 422 if its adapter is unusable
+    (told only to an admin or in open mode: its tenant is unknown)."""
+    if voice_id not in directory.builtin and not is_voice_id(voice_id):
+        raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     voice = await directory.find(voice_id)
     if voice is None:
         broken = directory.broken(voice_id)

@@ -161,6 +161,12 @@ class RealtimeSession:
         if self.ended:
             raise ProtocolError("ended", "the input has ended; open a new socket")
         if isinstance(message, RealtimeText):
+            limit = self.runtime.settings.max_input_chars  # over a socket as over HTTP
+            if self.received + len(message.text) > limit:
+                raise ProtocolError(
+                    "input_too_long",
+                    f"this socket's text would pass {limit} characters; open a new one",
+                )
             self.received += len(message.text)
             self._queue(self.segmenter.push(message.text))
         elif message.type == "flush":

@@ -151,10 +151,19 @@ async def create_voice(request: web.Request) -> web.Response:
     try:
         upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
         voice_id = await _voice_id(runtime, upload.fields)
-        if "adapter_config" in upload.files or "adapter_model" in upload.files:
+        adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
+        if adapter and upload.files.get("audio"):
+            raise ApiError(
+                400, "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
+            )
+        if adapter:
             voice = await _register_adapter(runtime, voice_id, upload, inputs, tenant)
             runtime.jobs.discard(job_id)
-            return web.json_response({"voice": voice.model_dump()}, status=201)
+            return web.json_response(
+                {"voice": voice.model_dump()},
+                status=201,
+                headers={"Location": f"/v1/voices/{voice_id}"},
+            )
         spec = await _check_audio(runtime, voice_id, upload, inputs, job_id)
         await _ensure_free(runtime, voice_id)  # again: another upload may have taken it meanwhile
     except Exception:
