@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +49,11 @@ class ClusterLink(Protocol):
 
     async def leave(self) -> None:
         """Leave the ring (drain): gateways send nothing new."""
+        ...
+
+    def key_stream(self, key_id: str, limit: int) -> AbstractAsyncContextManager[None]:
+        """One of ``key_id``'s at most ``limit`` streams in the whole cluster, held for the
+        ``async with`` block; ``Refused`` (429) beyond it."""
         ...
 
     async def close(self) -> None: ...
@@ -127,10 +132,19 @@ class Runtime:
         if self.cluster is not None:
             await self.cluster.leave()
 
-    def admit(self, principal: Principal | None) -> AbstractContextManager[None]:
-        """A stream slot for ``principal``'s request (its key's quota too), held for the
-        ``with`` block; ``Refused`` (503 or 429) when there is none."""
-        return self.admission.admit(principal.key_id if principal else None)
+    @asynccontextmanager
+    async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
+        """A stream slot for ``principal``'s request, held for the ``async with`` block; its
+        key's quota too, for the whole cluster on a worker. ``Refused`` (503 or 429) when there
+        is none."""
+        key = principal.key_id if principal else None
+        limit = self.settings.key_max_streams
+        with self.admission.admit(key):
+            if self.cluster is None or key is None or not limit:
+                yield
+                return
+            async with self.cluster.key_stream(key, limit):
+                yield
 
     async def drain_and_wait(self) -> None:
         """``drain``, then return once the last admitted stream has ended (SIGTERM)."""

@@ -339,5 +339,5 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
 
     # a session holds one stream slot while it is open; refused before the upgrade (503/429)
-    with runtime.admit(principal):
+    async with runtime.admit(principal):
         return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)

@@ -60,7 +60,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     voice = await find_voice(runtime.voices, body.voice, principal)
     segments = split_text(body.input, runtime.settings.segment_max_chars)
     options = speak_options(body, runtime.settings)
-    with runtime.admit(principal):
+    async with runtime.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
         return await respond(request, runtime, body, events)
 

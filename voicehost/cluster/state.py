@@ -8,6 +8,8 @@
   its last use.
 - ``vh:voice:<id>`` and the ``vh:voices`` index: the voice directory's records, the only keys
   without a TTL.
+- ``vh:lease:<key id>``: the streams an API key holds in the cluster (``leases.py``), each
+  expiring unless its worker refreshes it.
 - ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
 
 The client's timeouts, retries and pool size are pinned from the settings: a Redis that stops
@@ -49,6 +51,10 @@ def member_key(worker_id: str) -> str:
 
 def session_key(session_id: str) -> str:
     return f"{PREFIX}session:{session_id}"
+
+
+def lease_key(key_id: str) -> str:
+    return f"{PREFIX}lease:{key_id}"
 
 
 def voice_key(voice_id: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Coroutine, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from voicehost.api.edge import WORKER_HEADER, Handler
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.jobs import RedisJobQueue
+from voicehost.cluster.leases import KeyLeases
 from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
@@ -46,6 +48,7 @@ class WorkerCluster:
         )
         self.presence: WorkerPresence | None = None
         self.directory: RedisVoiceDirectory | None = None
+        self.leases = KeyLeases(self.redis, self.worker_id)
 
     def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceDirectory:
         self.directory = RedisVoiceDirectory(
@@ -62,10 +65,13 @@ class WorkerCluster:
 
     async def _serve_cluster(self, presence: WorkerPresence) -> None:
         """Heartbeats, and the voice records rebuilt from the store whenever Redis lost them."""
-        tasks = [presence.run()]
+        tasks = [presence.run(), self.leases.refresh_forever()]
         if self.directory is not None:
             tasks.append(self.directory.reconcile_forever(self.settings.registry_reconcile_seconds))
         await asyncio.gather(*tasks)
+
+    def key_stream(self, key_id: str, limit: int) -> AbstractAsyncContextManager[None]:
+        return self.leases.hold(key_id, limit)
 
     async def leave(self) -> None:
         if self.presence is not None:

@@ -1,0 +1,71 @@
+"""Key quotas for the whole cluster: leases in a real Redis of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import redis.asyncio
+
+from voicehost.admission import Refused
+from voicehost.cluster.leases import KeyLeases
+
+
+@pytest.fixture
+async def client(redis_server):
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def test_a_key_holds_its_limit_across_workers_and_each_end_gives_one_back(client):
+    w1, w2 = KeyLeases(client, "w1"), KeyLeases(client, "w2")
+    async with w1.hold("app", 2), w2.hold("app", 2):
+        for worker in (w1, w2):  # per worker it would be 1 of 2: the cluster says 2 of 2
+            with pytest.raises(Refused) as refused:
+                async with worker.hold("app", 2):
+                    pass
+            assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
+            assert "2 streams in progress in the cluster" in refused.value.message
+        async with w1.hold("other-key", 2):  # another key has its own leases
+            pass
+    async with w2.hold("app", 2), w2.hold("app", 2):  # both given back
+        pass
+    assert await client.zcard("vh:lease:app") == 0
+
+
+async def test_a_crashed_workers_leases_expire_and_a_live_ones_are_kept(client):
+    crashed = KeyLeases(client, "crashed", lease_seconds=0.5)
+    await crashed.hold("app", 1).__aenter__()  # never released, never refreshed
+    live = KeyLeases(client, "live", lease_seconds=0.5)
+    with pytest.raises(Refused):
+        async with live.hold("app", 1):
+            pass
+    await asyncio.sleep(0.6)
+    async with live.hold("app", 1):  # the crashed one's lease has expired
+        refresher = asyncio.create_task(live.refresh_forever(interval=0.1))
+        try:
+            await asyncio.sleep(1.0)  # twice the lease: kept alive by the refreshes
+            with pytest.raises(Refused):
+                async with KeyLeases(client, "third").hold("app", 1):
+                    pass
+        finally:
+            refresher.cancel()
+
+
+async def test_without_redis_the_process_count_alone_holds_and_the_log_says_so_once(
+    redis_server, caplog
+):
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.5)
+    redis_server.stop()
+    leases = KeyLeases(client, "w1")
+    try:
+        with caplog.at_level(logging.WARNING, logger="voicehost.cluster.leases"):
+            for _ in range(3):
+                async with leases.hold("app", 1), leases.hold("app", 1):  # no cluster count
+                    pass
+        assert sum("key quotas count this process only" in m for m in caplog.messages) == 1
+    finally:
+        await client.aclose()
+        redis_server.start()
