@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from voicehost.audio import FORMATS, SAMPLE_RATES
 
 FORMATS_HELP = (
     "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
@@ -12,26 +14,33 @@ FORMATS_HELP = (
 
 
 class SpeechOptions(BaseModel):
-    """What both speech endpoints take besides the text: voice, audio format and options."""
+    """What both speech endpoints take besides the text: voice, audio format and options.
+
+    Types are strict, as the document says: ``seed`` and ``sample_rate`` are integers (not a
+    boolean, a string or a float), the flags booleans (not 0 or 1). Formats and rates are listed
+    in the document; one the server cannot serve is answered ``unsupported_format``."""
 
     model_config = ConfigDict(extra="ignore")
 
-    voice: str = Field(description="A voice id from GET /v1/audio/voices.")
-    response_format: str = Field("wav", description=FORMATS_HELP)
-    sample_rate: int | None = Field(
+    voice: StrictStr = Field(description="A voice id from GET /v1/audio/voices.")
+    response_format: StrictStr = Field(
+        "wav", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
+    )
+    sample_rate: StrictInt | None = Field(
         None,
         description="8000, 16000, 22050, 24000, 44100 or 48000 (default 24000; mulaw/alaw 8000).",
+        json_schema_extra={"enum": [*SAMPLE_RATES, None]},
     )
-    seed: int | None = Field(
+    seed: StrictInt | None = Field(
         None, ge=0, lt=2**63, description="Sampling seed: same seed, same audio."
     )
-    normalize: bool = Field(
+    normalize: StrictBool = Field(
         True, description="Speak numbers, dates, currency and abbreviations as words."
     )
-    trim_silence: bool = Field(
+    trim_silence: StrictBool = Field(
         False, description="Drop near-silent audio at the very start (at most 1 s)."
     )
-    continuity: bool = Field(
+    continuity: StrictBool = Field(
         True, description="Each segment of a long text hears the end of the one before."
     )
 
@@ -39,11 +48,22 @@ class SpeechOptions(BaseModel):
 class SpeechRequest(SpeechOptions):
     """``POST /v1/audio/speech``: OpenAI's fields, plus the options above."""
 
-    model: str = Field(
+    model: StrictStr = Field(
         "orpheus", description="Accepted for OpenAI compatibility; one model is served."
     )
-    input: str = Field(description="The text to speak, of any length up to max_input_chars.")
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="Playback speed; only 1.0 for now.")
+    input: StrictStr = Field(
+        description="The text to speak, of any length up to max_input_chars; one with nothing "
+        "to say (no letter or digit) is answered empty_input.",
+        json_schema_extra={"minLength": 1},
+    )
+    speed: float = Field(
+        1.0,
+        ge=0.25,
+        le=4.0,
+        description="OpenAI's 0.25 to 4.0 are valid; only 1.0 is implemented (unsupported_speed "
+        "otherwise).",
+        json_schema_extra={"enum": [1.0]},
+    )
     stream_format: Literal["audio", "sse"] = Field("audio", description="Raw audio or SSE events.")
 
 
@@ -51,7 +71,9 @@ class RealtimeConfig(SpeechOptions):
     """The first message on ``/v1/audio/speech/ws``."""
 
     type: Literal["config"]
-    response_format: str = Field("pcm", description=FORMATS_HELP)
+    response_format: StrictStr = Field(
+        "pcm", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
+    )
 
 
 class RealtimeText(BaseModel):

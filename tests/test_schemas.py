@@ -1,0 +1,51 @@
+"""The wire schemas say exactly what the server takes: strict types, listed formats and rates."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from voicehost.api.schemas import RealtimeConfig, SpeechRequest
+from voicehost.audio import FORMATS, SAMPLE_RATES
+
+pytestmark = pytest.mark.unit
+
+BASE = {"input": "Hi.", "voice": "tara"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"seed": True},  # a boolean is no integer here
+        {"seed": "7"},
+        {"sample_rate": "24000"},
+        {"sample_rate": 24000.0},
+        {"continuity": 0},
+        {"normalize": "yes"},
+        {"trim_silence": 1},
+        {"input": 5},
+        {"voice": ["tara"]},
+        {"response_format": 3},
+    ],
+)
+def test_loose_types_are_refused(bad):
+    with pytest.raises(ValidationError):
+        SpeechRequest.model_validate({**BASE, **bad})
+
+
+def test_the_right_types_pass_unchanged():
+    body = SpeechRequest.model_validate(
+        {**BASE, "seed": 7, "sample_rate": 16000, "continuity": False, "speed": 1}
+    )
+    assert (body.seed, body.sample_rate, body.continuity, body.speed) == (7, 16000, False, 1.0)
+
+
+def test_the_document_lists_the_formats_rates_and_what_is_implemented():
+    properties = SpeechRequest.model_json_schema()["properties"]
+    assert properties["response_format"]["enum"] == list(FORMATS)
+    assert properties["sample_rate"]["enum"] == [*SAMPLE_RATES, None]
+    assert properties["input"]["minLength"] == 1
+    assert properties["speed"]["enum"] == [1.0]
+    config = RealtimeConfig.model_json_schema()["properties"]
+    assert config["response_format"]["enum"] == list(FORMATS)
+    assert config["response_format"]["default"] == "pcm"
