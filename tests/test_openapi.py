@@ -68,6 +68,20 @@ def test_document_is_valid_openapi_3_1():
 
 
 @pytest.mark.unit
+def test_the_upload_has_its_two_shapes_a_new_voice_its_location_and_sse_its_events():
+    paths = document()["paths"]
+    create = paths["/v1/voices"]["post"]
+    shapes = create["requestBody"]["content"]["multipart/form-data"]["schema"]["oneOf"]
+    assert [s["required"] for s in shapes] == [["audio"], ["adapter_config", "adapter_model"]]
+    assert "Location" in create["responses"]["201"]["headers"]
+    assert "Location" in create["responses"]["202"]["headers"]
+    assert "ambiguous_upload" in create["responses"]["400"]["description"]
+    sse = paths["/v1/audio/speech"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+    kinds = [e["properties"]["type"]["const"] for e in sse["x-events"]["oneOf"]]
+    assert kinds == ["speech.audio.delta", "speech.audio.done", "error"]
+
+
+@pytest.mark.unit
 def test_schemas_are_the_wire_models():
     schemas = document()["components"]["schemas"]
     speech = SpeechRequest.model_json_schema(ref_template=REF_TEMPLATE)

@@ -19,6 +19,7 @@ from voicehost import __version__
 from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
     CloneJobInfo,
+    ErrorDetail,
     ErrorResponse,
     RealtimeConfig,
     RealtimeControl,
@@ -158,6 +159,33 @@ def path_param(name: str, description: str, pattern: str | None = None) -> Json:
     }
 
 
+SSE_EVENTS: Json = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "speech.audio.delta"},
+                "audio": {"type": "string", "contentEncoding": "base64"},
+            },
+            "required": ["type", "audio"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "speech.audio.done"},
+                "samples": {"type": "integer", "minimum": 0},
+            },
+            "required": ["type", "samples"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "error"}, "error": ref(ErrorDetail)},
+            "required": ["type", "error"],
+        },
+    ]
+}
+
+
 def speech_paths() -> Json:
     audio = {
         content: {"schema": {"type": "string", "format": "binary"}}
@@ -168,8 +196,11 @@ def speech_paths() -> Json:
             "type": "string",
             "description": 'With `stream_format: "sse"`: `data: {"type": "speech.audio.delta", '
             '"audio": "<base64>"}` events, then '
-            '`data: {"type": "speech.audio.done", "samples": N}`.',
-        }
+            '`data: {"type": "speech.audio.done", "samples": N}` (or, from a gateway whose '
+            'worker failed mid-way, `data: {"type": "error", "error": {...}}`). Each event\'s '
+            "data is one of `x-events`.",
+        },
+        "x-events": SSE_EVENTS,
     }
     speak = operation(
         "Speak text (OpenAI-compatible); the audio streams as it is made",
@@ -180,7 +211,8 @@ def speech_paths() -> Json:
             },
             **errors(
                 {
-                    400: "`invalid_json` / `invalid_request` / `empty_input` / "
+                    400: "`invalid_json` (not JSON, nested too deeply, an unpaired surrogate) "
+                    "/ `invalid_request` / `invalid_voice_id` / `empty_input` / "
                     "`unsupported_format` / `unsupported_speed`.",
                     404: "`voice_not_found`.",
                     413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS`, or over the "
@@ -253,33 +285,55 @@ def voice_paths() -> Json:
         security=KEYED,
     )
     file = {"type": "string", "format": "binary"}
-    upload = {
-        "type": "object",
-        "properties": {
-            "audio": {"type": "array", "items": file, "description": "Recordings to clone."},
-            "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
-            "name": {"type": "string"},
-            "voice_id": {"type": "string", "description": "Default: the name, slugged."},
-            "adapter_config": {**file, "description": "A PEFT adapter_config.json."},
-            "adapter_model": {**file, "description": "Its adapter_model.safetensors."},
-            "voice": {**file, "description": "An optional voice.json."},
-        },
+    naming = {
+        "name": {"type": "string"},
+        "voice_id": {"type": "string", "description": "Default: the name, slugged."},
     }
+    upload = {
+        "description": "Audio to clone, or a ready-made adapter: one or the other, not both "
+        "(400 `ambiguous_upload`).",
+        "oneOf": [
+            {
+                "title": "Clone from audio",
+                "type": "object",
+                "properties": {
+                    "audio": {"type": "array", "items": file, "description": "Recordings."},
+                    "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
+                    **naming,
+                },
+                "required": ["audio"],
+                "not": {
+                    "anyOf": [{"required": ["adapter_config"]}, {"required": ["adapter_model"]}]
+                },
+            },
+            {
+                "title": "Register an adapter",
+                "type": "object",
+                "properties": {
+                    "adapter_config": {**file, "description": "A PEFT adapter_config.json."},
+                    "adapter_model": {**file, "description": "Its adapter_model.safetensors."},
+                    "voice": {**file, "description": "An optional voice.json."},
+                    **naming,
+                },
+                "required": ["adapter_config", "adapter_model"],
+                "not": {"required": ["audio"]},
+            },
+        ],
+    }
+    location = {"description": "The new resource's URL.", "schema": {"type": "string"}}
     job = wrapped("job", CloneJobInfo)
     create = operation(
         "Clone a voice from audio (a job) or register a ready-made adapter",
         {
-            "201": json_body(wrapped("voice", VoiceDetail), "The adapter is registered."),
-            "202": json_body(
-                job,
-                "A clone job is queued.",
-                {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}},
+            "201": json_body(
+                wrapped("voice", VoiceDetail), "The adapter is registered.", {"Location": location}
             ),
+            "202": json_body(job, "A clone job is queued.", {"Location": location}),
             **errors(
                 {
                     400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
-                    "`invalid_transcripts` / `missing_transcripts` / `not_enough_speech` / "
-                    "`invalid_adapter`.",
+                    "`ambiguous_upload` / `invalid_transcripts` / `missing_transcripts` / "
+                    "`not_enough_speech` / `invalid_adapter`.",
                     409: "`voice_exists`.",
                     413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
                     415: "`unsupported_media_type`: not multipart; `not_audio`: a file that is "
