@@ -5,15 +5,13 @@ share are in helpers.py."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import helpers
 import pytest
-from helpers import DEV_DIR, RedisServer, Server, dev_server, free_port
+from helpers import DEV_DIR, RedisServer, Server, free_port
 
-from voicehost import devserver
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 
 # A test that means a Redis of its own must never reach the machine's: no URL from the
@@ -59,43 +57,26 @@ SERVER_ENV = {
 }
 
 
-class EarlyServer:
-    """The shared server, started as soon as the run is known to need it: it boots (half a
-    minute) while the tests before its first user run, watched from the start by a thread that
-    records its readiness."""
-
-    def __init__(self, root: Path) -> None:
-        self.server = devserver.start_dev_server(root, **helpers.TEST_ENV, **SERVER_ENV)
-        self.failure: devserver.NotReady | None = None
-        self.watch = threading.Thread(target=self._wait, daemon=True)
-        self.watch.start()
-
-    def _wait(self) -> None:
-        s = self.server
-        try:
-            s.readiness.extend(devserver.wait_ready(s.process, s.url, s.log))
-        except devserver.NotReady as error:
-            self.failure = error
-
-    def ready(self) -> Server:
-        self.watch.join()
-        if self.failure is not None:
-            pytest.fail(str(self.failure), pytrace=False)
-        return self.server
-
-
-early_server: EarlyServer | None = None
+@helpers.start_early("server")
+def start_shared_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
+    return helpers.EarlyServer(tmp_path_factory.mktemp("server"), **SERVER_ENV)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    global early_server
-    if any("server" in getattr(item, "fixturenames", ()) for item in session.items):
-        early_server = EarlyServer(session.config._tmp_path_factory.mktemp("server"))
+    """Start the dev servers the selected tests will ask for (the shared one and the modules'
+    own), so that they boot side by side and while the tests before their first user run."""
+    first_use: dict[str, int] = {}
+    for index, item in enumerate(session.items):
+        for name in getattr(item, "fixturenames", ()):
+            first_use.setdefault(name, index)
+    factory = session.config._tmp_path_factory
+    for fixture in sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get):
+        helpers.early_servers[fixture] = helpers.EARLY_SERVERS[fixture](factory)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if early_server is not None:  # also when no test got as far as the fixture
-        devserver.stop(early_server.server.process)
+    for early in helpers.early_servers.values():  # started, but no test got to its fixture
+        early.stop()
 
 
 @pytest.fixture(scope="session")
@@ -118,11 +99,5 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The shared ``voicehost serve --dev``: open (no keys), with its own adapters folder; every
     module that needs no settings of its own uses it."""
-    if early_server is None:  # a run collected without it (pytest_collection_finish)
-        with dev_server(tmp_path_factory.mktemp("server"), **SERVER_ENV) as server:
-            yield server
-        return
-    try:
-        yield early_server.ready()
-    finally:
-        devserver.stop(early_server.server.process)
+    with helpers.early_server("server", tmp_path_factory) as server:
+        yield server

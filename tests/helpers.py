@@ -12,6 +12,7 @@ import json
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from voicehost.devserver import DevServer, free_port, http_status, stop, voiceho
 
 __all__ = [
     "DEV_DIR",
+    "EARLY_SERVERS",
+    "EarlyServer",
     "RedisServer",
     "Server",
     "adapter_form",
@@ -36,6 +39,7 @@ __all__ = [
     "audio_form",
     "dev_env",
     "dev_server",
+    "early_server",
     "eventually",
     "free_port",
     "http_status",
@@ -44,6 +48,7 @@ __all__ = [
     "process_tree",
     "random_frames",
     "say_over_socket",
+    "start_early",
     "stop",
     "voicehost_command",
     "wait_ready",
@@ -105,6 +110,63 @@ def dev_server(root: Path, **env: str) -> Iterator[Server]:
             yield server
     except devserver.NotReady as error:
         pytest.fail(str(error), pytrace=False)
+
+
+class EarlyServer:
+    """A dev server started when the run is known to need it, before its first test: it boots
+    (half a minute or more) while the tests before that one run, watched from the start by a
+    thread that records its readiness."""
+
+    def __init__(self, root: Path, **env: str) -> None:
+        self.server = devserver.start_dev_server(root, **{**TEST_ENV, **env})
+        self.failure: devserver.NotReady | None = None
+        self.watch = threading.Thread(target=self._wait, daemon=True)
+        self.watch.start()
+
+    def _wait(self) -> None:
+        s = self.server
+        try:
+            s.readiness.extend(devserver.wait_ready(s.process, s.url, s.log))
+        except devserver.NotReady as error:
+            self.failure = error
+
+    def ready(self) -> Server:
+        """The server once it is ready; fails the test with its log tail if it never is."""
+        self.watch.join()
+        if self.failure is not None:
+            pytest.fail(str(self.failure), pytrace=False)
+        return self.server
+
+    def stop(self) -> None:
+        stop(self.server.process)
+
+
+# Dev servers to start early, by the name of the fixture that serves them: each module
+# registers its own at import (collection), and conftest starts those the selected tests need.
+EARLY_SERVERS: dict[str, Callable[[pytest.TempPathFactory], EarlyServer]] = {}
+early_servers: dict[str, EarlyServer] = {}  # started, not yet taken by their fixture
+
+
+def start_early(fixture: str) -> Callable:
+    """Register a function ``(tmp_path_factory) -> EarlyServer`` as the server of ``fixture``."""
+
+    def register(start: Callable[[pytest.TempPathFactory], EarlyServer]) -> Callable:
+        EARLY_SERVERS[fixture] = start
+        return start
+
+    return register
+
+
+@contextlib.contextmanager
+def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The server registered for ``fixture``, started early (or now, if it was not), ready
+    when the block starts and stopped when it ends."""
+    refuse_in_a_unit_test("a dev server")
+    early = early_servers.pop(fixture, None) or EARLY_SERVERS[fixture](tmp_path_factory)
+    try:
+        yield early.ready()
+    finally:
+        early.stop()
 
 
 # --- Redis -----------------------------------------------------------------------------------

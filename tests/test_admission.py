@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from helpers import Server, dev_server, metric
+from helpers import EarlyServer, Server, early_server, metric, start_early
 
 from voicehost.admission import Admission, Refused, WorkerLoad
 
@@ -153,10 +153,8 @@ KEYS = {name: f"vh_admission_test_key_{name}_0123456789" for name in ("a", "b", 
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 
-@pytest.fixture(scope="module")
-def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
-    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant). Its own:
-    no other test wants that capacity and those quotas, and the last test here SIGTERMs it."""
+@start_early("small_server")
+def start_small_server(tmp_path_factory) -> EarlyServer:
     keys = [
         {
             "id": name,
@@ -166,13 +164,20 @@ def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
         }
         for name, key in KEYS.items()
     ]
-    with dev_server(
+    return EarlyServer(
         tmp_path_factory.mktemp("admission"),
         VOICEHOST_API_KEYS=json.dumps(keys),
         VOICEHOST_WORKER_CAPACITY="2",
         VOICEHOST_KEY_MAX_STREAMS="1",
         VOICEHOST_DRAIN_TIMEOUT_SECONDS="120",
-    ) as server:
+    )
+
+
+@pytest.fixture(scope="module")
+def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
+    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant). Its own:
+    no other test wants that capacity and those quotas, and the last test here SIGTERMs it."""
+    with early_server("small_server", tmp_path_factory) as server:
         yield server
 
 

@@ -12,14 +12,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from helpers import (
+    EarlyServer,
     RedisServer,
     adapter_form,
     dev_env,
-    dev_server,
+    early_server,
     eventually,
     free_port,
     launch,
     say_over_socket,
+    start_early,
     stop,
     wait_ready,
 )
@@ -621,18 +623,23 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 def keyed(dev_model, tmp_path_factory):
     """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics.
     Its own: the shared server is open, and keys cannot be added to a running server."""
+    with early_server("keyed", tmp_path_factory) as server:  # /readyz answers without a key
+        yield server.url, server.adapters.parent
+
+
+@start_early("keyed")
+def start_keyed(tmp_path_factory) -> EarlyServer:
     root = tmp_path_factory.mktemp("auth-server")
     keys_file = root / "keys.json"
     keys_file.write_text(json.dumps(entries(FILE_KEYS)))
-    with dev_server(
+    return EarlyServer(
         root,
         VOICEHOST_API_KEYS=json.dumps(entries(KEYS)),
         VOICEHOST_API_KEYS_FILE=str(keys_file),
         VOICEHOST_INTERNAL_TOKEN=TOKEN,
         VOICEHOST_METRICS_PUBLIC="false",
         VOICEHOST_SEGMENT_MAX_CHARS="900",
-    ) as server:  # /readyz answers without a key
-        yield server.url, root
+    )
 
 
 @pytest.fixture
