@@ -185,6 +185,15 @@ async def test_unknown_route_is_a_json_404(http, server):
         assert await error_of(response) == "not_found"
 
 
+async def test_a_json_body_over_a_mebibyte_is_a_413_in_the_error_shape(http, server):
+    body = b'{"voice": "tara", "input": "' + b"a" * (1 << 20) + b'"}'
+    async with http.post(
+        server.url + SPEECH, data=body, headers={"Content-Type": "application/json"}
+    ) as r:
+        assert r.status == 413
+        assert await error_of(r) == "body_too_large"
+
+
 async def test_a_wrong_method_is_a_json_405_that_says_which_methods_are_allowed(http, server):
     async with http.put(server.url + SPEECH, json={}) as response:
         assert response.status == 405

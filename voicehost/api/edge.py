@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
+# A JSON body (speech, routing) is read whole: 1 MiB holds VOICEHOST_MAX_INPUT_CHARS' default of
+# 100000 characters however they are escaped; uploads stream under their own caps.
+MAX_JSON_BODY_BYTES = 1 << 20
 
 
 class VoiceService(Protocol):
@@ -110,6 +113,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
         response.headers["Retry-After"] = "1"  # not this process's fault: another may answer
         return response
+    except web.HTTPRequestEntityTooLarge:
+        message = f"a JSON body is at most {MAX_JSON_BODY_BYTES} bytes"
+        return error_response(413, "body_too_large", message)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -216,7 +216,7 @@ def speech_paths() -> Json:
                     "`unsupported_format` / `unsupported_speed`.",
                     404: "`voice_not_found`.",
                     413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS`, or over the "
-                    "model's context.",
+                    "model's context; `body_too_large`: a JSON body over 1 MiB.",
                     422: "`voice_unusable`: the voice's adapter failed validation.",
                     500: "`synthesis_failed` / `no_audio`: the engine failed before the first "
                     "audio.",

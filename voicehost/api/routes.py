@@ -12,7 +12,14 @@ from aiohttp import web
 
 from voicehost.api import voices
 from voicehost.api.auth import AUTH, Authenticator, redact_access_log
-from voicehost.api.edge import SERVICE, Handler, VoiceService, auth_middleware, error_middleware
+from voicehost.api.edge import (
+    MAX_JSON_BODY_BYTES,
+    SERVICE,
+    Handler,
+    VoiceService,
+    auth_middleware,
+    error_middleware,
+)
 from voicehost.api.openapi import openapi
 from voicehost.config import Settings
 
@@ -34,7 +41,9 @@ def public_app(
 ) -> web.Application:
     """An application answering the public API, with the edge's middleware and ``role``'s
     authentication; the caller adds its own routes and lifecycle."""
-    app = web.Application(middlewares=[error_middleware, auth_middleware])
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_JSON_BODY_BYTES
+    )
     app[AUTH] = Authenticator.from_settings(settings, role)
     app[SERVICE] = service
     redact_access_log()
