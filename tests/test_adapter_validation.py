@@ -127,10 +127,11 @@ def test_configs_peft_writes_for_a_servable_lora_pass(tmp_path, config):
 
 
 def test_the_config_voicehost_trains_with_is_servable(tmp_path):
-    config = servable_lora_config(4, 8).to_dict()
+    config = servable_lora_config(4, 32).to_dict()
     config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT
     config["base_model_name_or_path"] = "voicehost-dev"
-    assert (config["r"], config["lora_alpha"], config["bias"]) == (4, 8, "none")
+    assert (config["r"], config["lora_alpha"], config["bias"]) == (4, 32, "none")
+    assert config["task_type"] == "CAUSAL_LM"  # PEFT wraps a causal LM: vLLM loads that layout
     assert set(config["target_modules"]) == set(LORA_TARGET_MODULES)
     assert not config.get("modules_to_save") and config["lora_dropout"] == 0.0
     folder = make_adapter(tmp_path, config=config, tensors=lora_tensors(4))
@@ -194,6 +195,11 @@ def test_the_base_model_must_be_declared_and_every_declaration_must_match(tmp_pa
 )
 def test_a_base_model_matches_by_the_last_part_of_its_name_in_any_case(tmp_path, declared):
     validate_adapter(make_adapter(tmp_path, config={"base_model_name_or_path": declared}), RULES)
+    served_in_capitals = AdapterRules("/models/VOICEHOST-DEV/", 4, SHAPE)
+    validate_adapter(
+        make_adapter(tmp_path, config={"base_model_name_or_path": declared}, name="caps"),
+        served_in_capitals,
+    )
 
 
 @pytest.mark.parametrize("declared", ["voicehost", "voicehost-dev/extra", "voicehost-dev-2"])

@@ -346,10 +346,11 @@ def test_content_types() -> None:
 def test_a_finished_encoder_takes_no_more_audio() -> None:
     encoder = AudioEncoder("mp3")
     encoder.finish()
-    with pytest.raises(RuntimeError, match="this AudioEncoder is finished"):
+    with pytest.raises(RuntimeError) as after_encode:
         encoder.encode(np.zeros(10, np.float32))
-    with pytest.raises(RuntimeError, match="this AudioEncoder is finished"):
+    with pytest.raises(RuntimeError) as after_finish:
         encoder.finish()
+    assert str(after_encode.value) == str(after_finish.value) == "this AudioEncoder is finished"
 
 
 @pytest.mark.unit

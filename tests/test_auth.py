@@ -39,6 +39,7 @@ from voicehost.api.auth import (
     RedactKeys,
     bind_host,
     forwarded_principal,
+    redact_access_log,
     request_principal,
 )
 from voicehost.api.edge import auth_middleware
@@ -543,6 +544,45 @@ async def test_a_handler_behind_no_auth_middleware_cannot_read_a_caller():
     async with TestClient(TestServer(app)) as client:
         response = await client.get("/v1/voices")
         assert await response.text() == "the auth middleware did not run for this request"
+
+
+@pytest.mark.unit
+async def test_the_websocket_route_without_any_key_is_told_to_send_one(edge):
+    assert await answer(await edge.get("/v1/audio/speech/ws")) == (401, "missing_api_key")
+
+
+@pytest.mark.unit
+async def test_a_malformed_principal_from_the_gateway_is_401_saying_what_is_wrong(edge):
+    headers = {INTERNAL_TOKEN_HEADER: TOKEN, KEY_ID_HEADER: "b", TENANT_HEADER: "B"}
+    response = await edge.post("/v1/audio/speech", headers=headers)  # no scopes header
+    body = await response.json()
+    assert (response.status, body["error"]["code"]) == (401, "invalid_principal")
+    assert body["error"]["message"].startswith("malformed forwarded principal: ")
+    assert SCOPES_HEADER in body["error"]["message"]
+
+
+@pytest.mark.unit
+def test_the_warning_that_auth_is_off_says_how_to_turn_it_on(caplog):
+    with caplog.at_level(logging.WARNING, logger="voicehost.api.auth"):
+        bind_host("0.0.0.0", auth_enabled=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "authentication is OFF: no API keys are configured (VOICEHOST_API_KEYS or "
+        "VOICEHOST_API_KEYS_FILE); binding 127.0.0.1 instead of 0.0.0.0 so that only this "
+        "machine can reach it"
+    ]
+
+
+@pytest.mark.unit
+def test_a_server_redacts_keys_from_aiohttps_access_log(caplog):
+    redact_access_log()
+    redact_access_log()  # twice is once
+    access = logging.getLogger("aiohttp.access")
+    assert sum(isinstance(f, RedactKeys) for f in access.filters) == 1
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        access.info('"%s" %d', "GET /v1/audio/speech/ws?api_key=vh_s3cret HTTP/1.1", 101)
+    assert caplog.records[-1].getMessage() == (
+        '"GET /v1/audio/speech/ws?api_key=<redacted> HTTP/1.1" 101'
+    )
 
 
 @pytest.mark.unit

@@ -274,3 +274,19 @@ def test_emotive_tags_tokenize_as_before(dev_tokenizer):
     assert orpheus.plain_text_ids(dev_tokenizer, text) == dev_tokenizer.encode(
         text, add_special_tokens=False
     )
+
+
+@pytest.mark.unit
+def test_plain_text_ids_leave_out_the_bos_a_llama_3_tokenizer_adds(dev_model):
+    """The prompt holds one BOS, its own: a tokenizer set up like Llama-3's adds another."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(dev_model.model)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", orpheus.BEGIN_OF_TEXT)]
+    )
+    assert tokenizer.encode("Say hi")[0] == orpheus.BEGIN_OF_TEXT
+    assert orpheus.plain_text_ids(tokenizer, "Say hi") == tokenizer.encode("Say hi")[1:]
+    prompt = orpheus.encode_prompt(orpheus.plain_text(tokenizer), "Say hi", "tara")
+    assert prompt.count(orpheus.BEGIN_OF_TEXT) == 1

@@ -386,6 +386,7 @@ NORMALISED_EDGES = [
     ("at 7:01", "at seven oh one"),
     ("at 7:09", "at seven oh nine"),
     ("at 7:10", "at seven ten"),
+    ("at 10:30", "at ten thirty"),
     ("at 5 AM", "at five a m"),
     ("at 5 Pm", "at five p m"),
     ("at 09 am", "at nine a m"),
@@ -441,6 +442,7 @@ NORMALISED_EDGES = [
     ("1,000,000", "one million"),
     ("12,345.678", "twelve thousand three hundred and forty-five point six seven eight"),
     ("the 1,234th", "the one thousand two hundred and thirty-fourth"),
+    ("the 100th", "the one hundredth"),
     ("1.2.3", "one point two point three"),
     (
         "192.168.0.1",
@@ -531,6 +533,8 @@ def test_split_text_keeps_the_max_chars_it_is_given():
     segments = split_text(text, max_chars=100)
     assert_partition(segments, text)
     assert lengths(segments) == [69, 70, 70, 70, 71]  # two sentences each, never three
+    long = ("word " * 30 + "end. ") * 2  # sentences of 155 characters: cut at a space
+    assert lengths(split_text(long, max_chars=100)) == [99, 55, 100, 56]
 
 
 def test_nothing_in_gives_no_segment():
@@ -564,6 +568,26 @@ def test_a_hard_cut_at_max_chars_moves_only_before_a_tag_that_spans_it(text, pie
     assert lengths(segments) == cut
 
 
+def test_an_ordinal_of_more_than_15_digits_is_read_digit_by_digit():
+    assert normalize("the 123456789012345th").endswith("three hundred and forty-fifth")
+    spoken = normalize("the 1234567890123456th")
+    assert spoken.startswith("the one two three four five six seven eight nine zero one")
+    assert "sixth" not in spoken
+
+
+def test_a_run_of_spaces_is_no_segment_of_its_own():
+    segments = segment("One.  " + "x" * 150, max_chars=100)
+    assert_partition(segments, "One.  " + "x" * 150)
+    assert lengths(segments) == [4, 100, 52]
+
+
+def test_a_tag_that_never_closes_is_cut_at_the_limit_once_a_space_shows_it_is_no_tag():
+    text = "y" * 95 + "<laugh more words"
+    segments = segment(text, list(text), max_chars=100)
+    assert_partition(segments, text)
+    assert lengths(segments) == [100, 12]
+
+
 def test_a_hard_cut_comes_out_as_soon_as_the_text_past_the_limit_is_known():
     segmenter = TextSegmenter(max_chars=100)
     assert lengths(segmenter.push("y" * 95 + "<" + "a" * 40 + " more")) == [100]
@@ -575,6 +599,7 @@ def test_a_hard_cut_comes_out_as_soon_as_the_text_past_the_limit_is_known():
         ("One. Two. Three.", 9, ["One. Two.", " Three."]),  # exactly target_chars: merged
         ("One. Two. Three. Four.", 10, ["One. Two.", " Three.", " Four."]),
         ("One. Two three four.", 10, ["One.", " Two three four."]),  # the last one too long
+        ("A. Eee ff gg. Eee ff gg. H. A.", 17, ["A. Eee ff gg.", " Eee ff gg. H. A."]),
     ],
 )
 def test_sentences_merge_while_they_fit_in_target_chars(text, target, merged):
