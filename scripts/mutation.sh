@@ -10,7 +10,7 @@
 #
 # A survivor's diff (its name is printed at the end), from the scratch copy:
 #   cd /tmp/voicehost-mutation && /path/to/repo/.venv/bin/python -m mutmut show <name>
-# Needs mutmut and cosmic-ray (pip install -e '.[test]'). About 45 minutes on 2 busy cores.
+# Needs mutmut and cosmic-ray (pip install -e '.[test]'). 25-45 minutes on 2 busy cores.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
