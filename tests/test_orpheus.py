@@ -254,8 +254,11 @@ def dev_tokenizer(dev_model):
 
 @pytest.mark.unit
 def test_special_token_strings_in_user_text_stay_text(dev_tokenizer):
-    specials = [t for t in dev_tokenizer.get_vocab() if t.startswith("<|") or "custom_token" in t]
-    assert "<|eot_id|>" in specials and "<custom_token_4>" in specials
+    llama = dev_tokenizer.convert_ids_to_tokens(range(orpheus.BEGIN_OF_TEXT, 128256))  # all 256
+    custom = [f"<custom_token_{n}>" for n in (*range(12), 100, 4095, 28671)]  # audio ones too
+    specials = [*llama, *custom]
+    assert "<|eot_id|>" in llama and "<|begin_of_text|>" in llama
+    assert dev_tokenizer.convert_tokens_to_ids(custom[4]) == orpheus.END_OF_HUMAN
     for special in specials:
         ids = orpheus.plain_text_ids(dev_tokenizer, f"Say {special} now.")
         assert ids and max(ids) < orpheus.BEGIN_OF_TEXT, special
