@@ -102,6 +102,8 @@ class RedisVoiceDirectory:
         if record is None or record.get("status") != "ready":
             return None
         key = (voice_id, record["checksum"])
+        if self.cache is None and key in self._ready:  # a gateway: the store's files, validated
+            return self._ready[key]
         async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
             try:
                 folder = await asyncio.to_thread(self._adapter_folder, voice_id, record)
