@@ -30,7 +30,15 @@ import aiohttp
 
 from voicehost.bench.levels import percentile
 from voicehost.cluster.ring import WorkerRing, choose_worker
-from voicehost.devserver import dev_env, free_port, launch, stop, voicehost_command, wait_ready
+from voicehost.devserver import (
+    dev_env,
+    engine_core_env,
+    free_port,
+    launch,
+    stop,
+    voicehost_command,
+    wait_ready,
+)
 
 TEXT = "Hello there, how are you today?"
 
@@ -71,7 +79,7 @@ def start_cluster(folder: Path) -> tuple[str, str, list[subprocess.Popen]]:
     )
     worker = launch(
         voicehost_command("worker", "--dev", "--port", str(worker_port), "--worker-id", "bench"),
-        env,
+        {**env, **engine_core_env()},
         folder / "worker.log",
     )
     gateway = launch(

@@ -62,6 +62,28 @@ def start_shared_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.Ear
     return helpers.EarlyServer(tmp_path_factory.mktemp("server"), **SERVER_ENV)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit tests first, so the dev servers boot while they run: the modules with unit tests
+    only, then the others with each module's unit tests before the rest. Tests marked
+    ``paced`` come last, when no server is booting beside them. A module's tests stay together
+    (its module fixtures start once) and otherwise in the order they were written."""
+
+    def is_unit(item: pytest.Item) -> bool:
+        return item.get_closest_marker("unit") is not None
+
+    modules = {item.module: index for index, item in reversed(list(enumerate(items)))}
+    servers_in = {item.module for item in items if not is_unit(item)}
+
+    def order(item: pytest.Item) -> tuple[int, int, bool]:
+        if item.get_closest_marker("paced") is not None:
+            group = 2
+        else:
+            group = 1 if item.module in servers_in else 0
+        return group, modules[item.module] if group else 0, not is_unit(item)
+
+    items.sort(key=order)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the dev servers the selected tests will ask for (the shared one and the modules'
     own), so that they boot side by side and while the tests before their first user run."""

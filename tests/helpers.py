@@ -26,7 +26,14 @@ import redis
 from voicehost import devserver, orpheus
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths
-from voicehost.devserver import DevServer, free_port, http_status, stop, voicehost_command
+from voicehost.devserver import (
+    DevServer,
+    engine_core_env,
+    free_port,
+    http_status,
+    stop,
+    voicehost_command,
+)
 
 __all__ = [
     "DEV_DIR",
@@ -40,6 +47,7 @@ __all__ = [
     "dev_env",
     "dev_server",
     "early_server",
+    "engine_core_env",
     "eventually",
     "free_port",
     "http_status",

@@ -216,15 +216,15 @@ async def test_sse_stream_carries_base64_audio_then_done(http, server):
 
 async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request(http, server):
     text = "A long sentence that keeps the engine busy for a good while. " * 4
-    # Find a seed whose full stream lasts a while, so an abort is what ends it early.
-    for seed in range(20):
+    # The seed whose stream runs longest, and how long it takes here in full: a dropped
+    # client must free the engine well before that (the time is this machine's own).
+    full_times = {}
+    for seed in range(3):
         started = time.monotonic()
         await speak(http, server, "dev-b", text, seed=seed, fmt="pcm")
-        full = time.monotonic() - started
-        if full > 4:
-            break
-    else:
-        pytest.fail("no seed gave a stream longer than 4 s")
+        full_times[seed] = time.monotonic() - started
+    seed = max(full_times, key=full_times.__getitem__)
+    full = full_times[seed]
     async with aiohttp.ClientSession() as own:
         response = await own.post(
             server.url + SPEECH, json={"input": text, "voice": "dev-b", "seed": seed}
@@ -236,7 +236,10 @@ async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request(htt
     while await metric(http, server, "voicehost_engine_unfinished_requests") > 0:
         assert time.monotonic() - dropped < 1.5, "the engine request outlived its client"
         await asyncio.sleep(0.05)
-    assert time.monotonic() - dropped < full - 1
+    freed = time.monotonic() - dropped
+    assert freed < full / 2, (
+        f"freed {freed:.2f} s after the drop; the whole stream takes {full:.2f} s"
+    )
 
 
 async def test_seeded_requests_whose_prompts_overflow_one_engine_step_keep_the_engine_alive(

@@ -19,6 +19,7 @@ from helpers import (
     alive,
     audio_form,
     dev_env,
+    engine_core_env,
     eventually,
     free_port,
     http_status,
@@ -92,7 +93,7 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
 @pytest.fixture(scope="module")
 def cluster(dev_model, tmp_path_factory):
     """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
-    one worker and drain the other. The second worker's engine runs on the second core (vLLM
+    one worker and drain the other. Each worker's engine computes on a core of its own (vLLM
     binds every engine to the first by default), so the two start and generate side by side."""
     root = tmp_path_factory.mktemp("cluster")
     redis_server = RedisServer(free_port(), root)
@@ -104,8 +105,7 @@ def cluster(dev_model, tmp_path_factory):
         log = root / f"{name}.log"
         command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
         command += ["--worker-id", name]
-        own = {"VLLM_CPU_OMP_THREADS_BIND": "1"} if name == "w2" and os.cpu_count() > 1 else {}
-        process = launch(command, {**env, **own}, log)
+        process = launch(command, {**env, **engine_core_env()}, log)
         workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
     gateway = start_gateway(root, env, "gateway", "1")
     nodes = [gateway, *workers.values()]

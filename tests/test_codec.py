@@ -250,6 +250,7 @@ def test_chunks_follow_the_generation_speed_and_the_listener_never_runs_dry(code
     assert decoder.decoded / len(frames) < 1.7
 
 
+@pytest.mark.paced
 def test_a_lone_stream_never_waits_for_the_batch_window(codec):
     frames = random_frames(4, seed=13)
 

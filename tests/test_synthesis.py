@@ -29,6 +29,7 @@ async def stalling_engine(frames, stall_after: int, stall_seconds: float, speed:
         yield frame.tokens()
 
 
+@pytest.mark.paced
 def test_frames_held_for_a_bigger_window_play_before_the_listener_runs_dry_in_a_stall(codec):
     """Generated at 3x, then the engine stalls for 3 s: every decodable frame is handed out
     while the listener still has audio queued, and the rest of the stream plays after."""

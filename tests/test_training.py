@@ -307,3 +307,42 @@ def test_training_resumes_from_its_checkpoint(dev_model, tmp_path):
     assert resumed.epochs_done == 2 and resumed.steps == 2 * first.steps
     assert resumed.eval_loss[:2] == first.eval_loss
     assert resumed.train_loss[: first.steps] == first.train_loss
+
+
+@pytest.mark.unit
+def test_the_loss_is_the_models_own_over_labelled_positions_only(dev_model):
+    import torch
+
+    from lora_training.train import batches, cpu_autocast, lora_model, token_loss
+
+    rows = [
+        {
+            "input_ids": [1, 2, 3, 128266, 128300, 128400],
+            "labels": [-100] * 3 + [128266, 128300, 128400],
+        },
+        {"input_ids": [4, 5, 128270, 128280], "labels": [-100, -100, 128270, 128280]},  # padded
+    ]
+    [batch] = batches(rows, [0, 1], 2, orpheus.PAD)
+    model = lora_model(dev_model.model, TrainSettings(), torch.device("cpu"))
+    with torch.no_grad():
+        total, count = token_loss(model, batch)
+        assert count == 5  # the labels after the first token; no prompt, no padding
+        reference = model(**batch).loss  # transformers' mean over the shifted labels
+        torch.testing.assert_close(total / count, reference, rtol=1e-5, atol=1e-5)
+        if cpu_autocast(torch.device("cpu")):  # bf16 products: the same loss to bf16 precision
+            fast, _ = token_loss(model, batch, bf16=True)
+            torch.testing.assert_close(fast / count, reference, rtol=2e-2, atol=0.0)
+
+
+@pytest.mark.unit
+def test_training_uses_every_core_whatever_the_codec_left(dev_model, tmp_path):
+    import os
+
+    import torch
+
+    from lora_training.train import train
+
+    rows = [{"input_ids": [1, 2, 128266 + i], "labels": [-100, 2, 128266 + i]} for i in range(4)]
+    SnacCodec.load(dev_model.codec, device="cpu")  # sets torch to half the cores, for serving
+    train(dev_model.model, rows, TrainSettings(epochs=1), tmp_path, orpheus.PAD, progress=False)
+    assert torch.get_num_threads() == len(os.sched_getaffinity(0))

@@ -10,6 +10,7 @@ start-up fails or it stalls. ``dev_server`` wraps the three around ``voicehost s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -61,6 +62,21 @@ def dev_env(**extra: str) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         **extra,
     }
+
+
+# vLLM's CPU engine binds its compute threads to the first core of the machine unless told
+# otherwise (it keeps the others for its front end), so dev engines started side by side
+# would all compute on core 0 while the rest stay idle.
+_engine_starts = itertools.count()
+
+
+def engine_core_env() -> dict[str, str]:
+    """The CPU binding of the next dev engine this process starts: one core each, in turn
+    over the cores this process may use. Empty when the environment already sets one."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[next(_engine_starts) % len(cores)])}
 
 
 def launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -143,7 +159,8 @@ def start_dev_server(root: Path, **env: str) -> DevServer:
     log = root / "server.log"
     port = free_port()
     command = voicehost_command("serve", "--dev", "--port", str(port), "--adapters", str(adapters))
-    process = launch(command, dev_env(VOICEHOST_JOBS_DIR=str(root / "jobs"), **env), log)
+    env = {**engine_core_env(), "VOICEHOST_JOBS_DIR": str(root / "jobs"), **env}
+    process = launch(command, dev_env(**env), log)
     return DevServer(f"http://127.0.0.1:{port}", adapters, log, process)
 
 
