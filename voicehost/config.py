@@ -47,6 +47,19 @@ class Settings(BaseSettings):
     max_adapter_mb: float = Field(256.0, description="Largest uploaded adapter file (413).")
     min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
+    eval_min_similarity: float = Field(
+        0.75, description="A clone's least mean speaker similarity to its references to go live."
+    )
+    eval_min_gain: float = Field(
+        0.02, description="How much closer than the closest built-in voice a clone must be."
+    )
+    eval_max_wer: float = Field(
+        0.3, description="A clone's highest word error rate to go live (when ASR measures it)."
+    )
+    eval_report_only: bool | None = Field(
+        None,
+        description="Evaluate clones without holding any (default: only with the dev model).",
+    )
 
     # HTTP
     host: str = Field("127.0.0.1", description="Address to bind.")
