@@ -4,6 +4,8 @@ the gateway's word, and a real ``voicehost serve --dev`` with keys of two tenant
 import asyncio
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 
@@ -15,15 +17,18 @@ from helpers import (
     EarlyServer,
     RedisServer,
     adapter_form,
+    alive,
     dev_env,
     early_server,
     eventually,
     free_port,
     launch,
+    process_tree,
     say_over_socket,
     start_early,
     stop,
     wait_ready,
+    wait_until,
 )
 
 from lora_training.recipe import VoiceJob
@@ -669,11 +674,18 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 
 
 @pytest.fixture(scope="module")
-def keyed(dev_model, tmp_path_factory):
+def keyed_server(dev_model, tmp_path_factory):
     """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics.
-    Its own: the shared server is open, and keys cannot be added to a running server."""
+    Its own: the shared server is open, and keys cannot be added to a running server. The last
+    test here kills it (stopping a dead server at the module's end is a no-op)."""
     with early_server("keyed", tmp_path_factory) as server:  # /readyz answers without a key
-        yield server.url, server.adapters.parent
+        yield server
+
+
+@pytest.fixture(scope="module")
+def keyed(keyed_server):
+    """The keyed server's URL and root folder."""
+    return keyed_server.url, keyed_server.adapters.parent
 
 
 @start_early("keyed")
@@ -929,3 +941,18 @@ async def test_at_the_gateway_another_tenants_voice_and_job_are_404(gateway, htt
         assert response.status == 200
     async with http.delete(f"{url}/v1/voices/ga-voice", headers=bearer("key-a")) as response:
         assert response.status == 204
+
+
+# --- last: it kills the keyed server -----------------------------------------------------------
+
+
+def test_kill_9_of_serve_alone_leaves_no_process_of_its_tree(keyed_server):
+    """vLLM's EngineCore and its CPU worker end with ``voicehost serve`` even when SIGKILL (to
+    the server's pid, not its process group) gave it no chance to shut them down."""
+    process = keyed_server.process
+    tree = process_tree(process.pid)
+    assert len(tree) >= 3, tree  # the server, vLLM's EngineCore and its CPU worker at least
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    gone = wait_until(lambda: not alive(tree), 15)
+    print(f"{len(tree)} processes of serve's tree were gone {gone:.2f} s after kill -9")
