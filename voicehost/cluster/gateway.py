@@ -325,6 +325,16 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
                 max_msg_size=MAX_MESSAGE_BYTES,
                 headers=_worker_headers(request, principal, config.voice),
             )
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status != 429:
+                raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
+            # a key at its quota (in the whole cluster) is the caller's doing, not the worker's
+            retry = (exc.headers or {}).get("Retry-After", "1")
+            raise ApiError(
+                429,
+                "quota_exceeded",
+                f"this API key already holds its most streams in the cluster; retry in {retry} s",
+            ) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
         gateway.in_flight[worker.worker_id] += 1
