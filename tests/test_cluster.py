@@ -1,5 +1,6 @@
 """Cluster mode with real parts: a Redis server of its own, two dev-model workers and gateways,
-over real HTTP. The tests run in order; the last ones kill and drain the workers."""
+over real HTTP, with API keys (an admin's for most tests) and a per-key stream quota. The tests
+run in order; the last ones kill and drain the workers."""
 
 import asyncio
 import json
@@ -32,11 +33,20 @@ from helpers import (
 )
 
 from voicehost.devcorpus import build_corpus
+from voicehost.keys import hash_key
 
 HEARTBEAT = 1.0  # the defaults: two engines on 2 busy cores can starve a worker for 2 s
 TTL = 5.0
 POLL = 0.5
 SLACK = 1.0  # scheduling on a busy 2-core machine
+TOKEN = "internal-token-for-cluster-tests"  # a keyed gateway forwards callers with it
+ADMIN_KEY = "key-cluster-admin"  # every test's caller but the quota's
+QUOTA_KEY = "key-cluster-quota"  # the quota test's alone: no other test's stream counts against it
+KEY_MAX_STREAMS = 4  # per key in the whole cluster; the other tests open at most 3 streams at once
+KEYS = [
+    {"id": "ops", "tenant": "ops", "scopes": ["admin"], "sha256": hash_key(ADMIN_KEY)},
+    {"id": "quota", "tenant": "q", "scopes": ["synthesize"], "sha256": hash_key(QUOTA_KEY)},
+]
 LONG_TEXT = (
     "This is a long sentence that keeps the worker busy for a while, so that the stream is "
     "still running when something happens to the cluster around it. " * 3
@@ -70,7 +80,14 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         VOICEHOST_MEMBERSHIP_POLL_SECONDS=str(POLL),
         VOICEHOST_CLONE_EPOCHS="1",
         VOICEHOST_MIN_SPEECH_SECONDS="10",
+        VOICEHOST_API_KEYS=json.dumps(KEYS),
+        VOICEHOST_INTERNAL_TOKEN=TOKEN,
+        VOICEHOST_KEY_MAX_STREAMS=str(KEY_MAX_STREAMS),
     )
+
+
+def bearer(key: str = ADMIN_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def start_gateway(root: Path, env: dict[str, str], name: str, hash_seed: str) -> Node:
@@ -86,7 +103,9 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
     import urllib.request
 
     url = (gateway or cluster.gateway).url + "/v1/cluster"
-    with urllib.request.urlopen(url, timeout=2) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=bearer()), timeout=2
+    ) as response:
         return {w["id"] for w in json.loads(response.read())["workers"]}
 
 
@@ -125,7 +144,7 @@ def cluster(dev_model, tmp_path_factory):
 @pytest.fixture
 async def http():
     timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=bearer()) as session:
         yield session
 
 
@@ -364,6 +383,62 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
         assert r.status == 204
 
 
+async def test_a_keys_stream_quota_holds_for_the_whole_cluster(cluster, http):
+    """``VOICEHOST_KEY_MAX_STREAMS`` counts a key's streams on every worker (leases in Redis):
+    with the key's streams split between w1 and w2, fewer than the quota on each, its next
+    stream is refused by whichever worker it reaches, over HTTP (429, ``Retry-After``) and on a
+    socket (``quota_exceeded``); once one of them ends, the next is admitted."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice_of = {w: next(v for v in VOICES if owner[v] == w) for w in ("w1", "w2")}
+    url = cluster.gateway.url
+    leases = cluster.redis.client()
+    half = KEY_MAX_STREAMS // 2
+    held: list[aiohttp.ClientWebSocketResponse] = []
+
+    async def speak_as_quota_key(voice: str) -> aiohttp.ClientResponse:
+        body = {"input": "Hi.", "voice": voice, "response_format": "pcm"}
+        response = await http.post(url + "/v1/audio/speech", json=body, headers=bearer(QUOTA_KEY))
+        await response.read()
+        return response
+
+    try:
+        for worker in ["w1"] * half + ["w2"] * (KEY_MAX_STREAMS - half):
+            ws = await http.ws_connect(url + "/v1/audio/speech/ws", headers=bearer(QUOTA_KEY))
+            held.append(ws)  # an open socket holds its stream (and its lease) until it closes
+            await ws.send_json({"type": "config", "voice": voice_of[worker]})
+            event = json.loads((await ws.receive(timeout=30)).data)
+            assert event["type"] == "ready", event  # admitted by the worker
+        async with http.get(url + "/v1/cluster") as response:
+            placed = {w["id"]: w["gateway_in_flight"] for w in (await response.json())["workers"]}
+        assert placed == {"w1": half, "w2": KEY_MAX_STREAMS - half}  # each below the quota
+        assert leases.zcard("vh:lease:quota") == KEY_MAX_STREAMS
+        for worker, voice in voice_of.items():
+            refused = await speak_as_quota_key(voice)
+            assert refused.status == 429, (worker, (await refused.read())[:200])
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.headers["X-Voicehost-Worker"] == worker  # the worker's own answer
+            assert (await refused.json())["error"]["code"] == "quota_exceeded"
+        async with http.ws_connect(url + "/v1/audio/speech/ws", headers=bearer(QUOTA_KEY)) as ws:
+            await ws.send_json({"type": "config", "voice": voice_of["w2"]})
+            event = json.loads((await ws.receive(timeout=30)).data)
+            assert event["type"] == "error" and event["error"]["code"] == "quota_exceeded", event
+        async with http.post(
+            url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice_of["w2"]}
+        ) as response:
+            assert response.status == 200  # another key (the admin's) is not held back
+            await response.read()
+        await held.pop(0).close()  # one of w1's ends: its lease is given back
+        freed = await eventually(lambda: leases.zcard("vh:lease:quota") == KEY_MAX_STREAMS - 1, 5)
+        print(f"the lease was given back {freed:.2f} s after its socket closed")
+        admitted = await speak_as_quota_key(voice_of["w2"])
+        assert admitted.status == 200, await admitted.text()
+        assert admitted.headers["X-Voicehost-Worker"] == "w2"
+    finally:
+        for ws in held:
+            await ws.close()
+    await eventually(lambda: not leases.exists("vh:lease:quota"), 5)
+
+
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
     owner = await owners(http, cluster.gateway, VOICES)
     victim_voices = [v for v in VOICES if owner[v] == "w1"][:2]  # within w1's load bound
@@ -419,7 +494,7 @@ async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
     drain = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "voicehost", "drain", "--url", w2.url, "--timeout", "30"],
         stderr=asyncio.subprocess.PIPE,
-        env=os.environ,
+        env={**os.environ, "VOICEHOST_INTERNAL_TOKEN": TOKEN},
     )
     _, stderr = await drain.communicate()
     assert drain.returncode == 0, stderr
