@@ -11,9 +11,10 @@ import pytest
 import redis.asyncio
 
 from voicehost.adapter_validation import AdapterRules, assign_tenant
-from voicehost.cluster.adapters import SharedDirStore
+from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.state import voice_key
 from voicehost.cluster.voices import RedisVoiceDirectory
+from voicehost.voices import NotHeld
 
 
 @pytest.fixture
@@ -25,11 +26,11 @@ async def directory(redis_server, tmp_path):
     await client.aclose()
 
 
-async def register(directory, dev_model, tmp_path, voice_id, tenant=None, version=1):
+async def register(directory, dev_model, tmp_path, voice_id, tenant=None, version=1, **extra):
     staged = tmp_path / "staging" / voice_id
     shutil.copytree(dev_model.adapters / "dev-a", staged)
     manifest = json.loads((staged / "voice.json").read_text())
-    (staged / "voice.json").write_text(json.dumps({**manifest, "version": version}))
+    (staged / "voice.json").write_text(json.dumps({**manifest, "version": version, **extra}))
     assign_tenant(staged, tenant)
     return await directory.add(voice_id, staged)
 
@@ -71,3 +72,44 @@ async def test_a_voice_that_cannot_be_restored_is_counted_missing(directory, dev
     assert await directory.reconcile() == 1
     assert directory.missing() == 1
     assert await directory.find("broken") is None
+
+
+async def test_a_held_voice_is_held_in_its_record_and_published_once_for_every_process(
+    directory, dev_model, tmp_path
+):
+    """The record carries the status: a worker whose cached copy of the files still says held
+    serves the voice as ready once it is published, and a rebuilt record has the store's."""
+    worker = RedisVoiceDirectory(
+        directory.redis,
+        directory.store,
+        ["tara"],
+        directory.rules,
+        cache=AdapterCache(tmp_path / "cache", 1 << 30, directory.store),
+        owner="worker",
+    )
+    await register(directory, dev_model, tmp_path, "held-voice", tenant="A", status="held")
+    await register(directory, dev_model, tmp_path, "still-held", status="held")
+    assert (await directory.redis.hgetall(voice_key("held-voice")))["status"] == "held"
+    assert (await worker.find("held-voice")).status == "held"  # cached: its files say held
+    usable, _ = await directory.list_voices()
+    assert {v.voice_id: v.status for v in usable}["held-voice"] == "held"
+
+    published = {"reason": "heard it", "by": "key-a", "at": "2026-12-01T10:00:00+00:00"}
+    voice = await directory.publish("held-voice", published)
+    assert voice.status == "ready" and voice.tenant == "A"
+    record = await directory.redis.hgetall(voice_key("held-voice"))
+    assert record["status"] == "ready" and record["checksum"] == voice.checksum
+    assert json.loads(record["manifest"])["published"] == published
+    assert (await worker.find("held-voice")).status == "ready"
+    (stored,) = (tmp_path / "shared" / "adapters" / "held-voice").iterdir()
+    assert json.loads((stored / "voice.json").read_text())["status"] == "ready"
+    with pytest.raises(NotHeld):
+        await worker.publish("held-voice", published)
+    with pytest.raises(NotHeld):
+        await directory.publish("tara", published)
+    assert await directory.publish("nobody", published) is None
+
+    await directory.redis.flushall()
+    assert await directory.reconcile() == 0
+    assert (await directory.find("held-voice")).status == "ready"
+    assert (await directory.find("still-held")).status == "held"

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
-from voicehost.voices import Voice
+from voicehost.voices import Voice, VoiceStatus
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MANIFEST = "voice.json"
 TENANT = "tenant"  # the manifest key naming the voice's tenant (absent: a shared voice)
+STATUS = "status"  # the manifest key saying whether a voice is ready or held (absent: ready)
+STATUSES: tuple[str, ...] = get_args(VoiceStatus)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # First bytes of what torch.load would unpickle: a pickle (protocol 2-5) or a torch zip archive.
 PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
@@ -130,6 +135,8 @@ def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = Non
     tenant = manifest.get(TENANT, None)
     if tenant is not None and (not isinstance(tenant, str) or not tenant):
         raise InvalidAdapter(f"{MANIFEST}: tenant must be a non-empty string")
+    if manifest.get(STATUS, "ready") not in STATUSES:  # a typo must not make a held voice ready
+        raise InvalidAdapter(f"{MANIFEST}: status must be one of {', '.join(STATUSES)}")
     _check_config(config, manifest, rules)
     rank = int(config["r"])
     _check_weights(weights_path, rank, rules.shape)
@@ -140,6 +147,7 @@ def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = Non
         adapter_path=path,
         checksum=weights_checksum(path),
         tenant=tenant,
+        status=manifest.get(STATUS, "ready"),
     )
 
 
@@ -149,6 +157,11 @@ def voice_tenant(manifest: dict) -> str | None:
     return tenant if isinstance(tenant, str) and tenant else None
 
 
+def voice_status(manifest: dict) -> VoiceStatus:
+    """Whether a voice's manifest says it is ready or held (validation refuses anything else)."""
+    return "held" if manifest.get(STATUS) == "held" else "ready"
+
+
 def assign_tenant(folder: Path, tenant: str | None) -> None:
     """Record (or, with ``None``, remove) the tenant in a staged voice folder's manifest."""
     path = folder / MANIFEST
@@ -156,7 +169,22 @@ def assign_tenant(folder: Path, tenant: str | None) -> None:
     manifest.pop(TENANT, None)
     if tenant is not None:
         manifest[TENANT] = tenant
-    path.write_text(json.dumps(manifest, indent=2))
+    write_manifest(folder, manifest)
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Replace ``folder``'s ``voice.json`` atomically: a reader (a rescan, a copy into the
+    cluster's store) sees the old file or the new one, never part of one. The weights, and so
+    the checksum that names the adapter, are untouched."""
+    staging = folder / f".{MANIFEST}.{uuid.uuid4().hex}"
+    try:
+        with staging.open("w") as out:
+            out.write(json.dumps(manifest, indent=2))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staging, folder / MANIFEST)
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def weights_checksum(folder: Path) -> str:

@@ -65,14 +65,19 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def can_see(principal: Principal | None, tenant: str | None) -> bool:
+def can_see(principal: Principal | None, tenant: str | None, *, held: bool = False) -> bool:
     """Whether a voice or job of ``tenant`` exists for ``principal`` (``None`` tenant: shared;
-    ``None`` principal: the service runs open, or the gateway spoke for an open gateway)."""
+    ``None`` principal: the service runs open, or the gateway spoke for an open gateway). A
+    ``held`` voice (not yet published) exists only for those who may manage it: its tenant and
+    admins (a shared held voice: admins only)."""
+    if held:
+        return can_manage(principal, tenant)
     return principal is None or tenant is None or principal.admin or principal.tenant == tenant
 
 
 def can_manage(principal: Principal | None, tenant: str | None) -> bool:
-    """Whether ``principal`` may delete it: its own, or anything for an admin (or open mode)."""
+    """Whether ``principal`` may delete or publish it: its own, or anything for an admin (or
+    open mode)."""
     return (
         principal is None or principal.admin or (tenant is not None and principal.tenant == tenant)
     )

@@ -15,12 +15,16 @@ from pathlib import Path
 
 from voicehost.adapter_validation import (
     MANIFEST,
+    STATUS,
     AdapterRules,
     InvalidAdapter,
+    read_json_object,
     validate_adapter,
+    voice_status,
+    write_manifest,
 )
 from voicehost.ids import is_voice_id
-from voicehost.voices import BrokenAdapter, ReadOnlyVoice, Voice, VoiceExists
+from voicehost.voices import BrokenAdapter, NotHeld, ReadOnlyVoice, Voice, VoiceExists
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +161,27 @@ class FolderVoiceDirectory:
         if voice.adapter_path is None or not (voice.adapter_path / MANIFEST).exists():
             return {}
         return json.loads(await asyncio.to_thread((voice.adapter_path / MANIFEST).read_text))
+
+    async def publish(self, voice_id: str, published: dict[str, object]) -> Voice | None:
+        return await asyncio.to_thread(self._publish, voice_id, published)
+
+    def _publish(self, voice_id: str, published: dict[str, object]) -> Voice | None:
+        """Under the scan lock, so two publishes of one voice cannot both find it held."""
+        if voice_id in self.builtin and voice_id not in self.adapters:
+            raise NotHeld(f"voice {voice_id!r} is a built-in voice")
+        with self._lock:
+            voice = self.adapters.get(voice_id)
+            if voice is None or voice.adapter_path is None:
+                return None
+            folder = voice.adapter_path
+            path = folder / MANIFEST
+            manifest = read_json_object(path) if path.exists() else {}
+            if voice_status(manifest) != "held":
+                raise NotHeld(f"voice {voice_id!r} is not held")
+            write_manifest(folder, {**manifest, STATUS: "ready", "published": published})
+            self._seen.pop(folder, None)  # load it again now, not at the next scan
+            self._load(folder)
+            return self.adapters.get(voice_id)
 
     def voices(self) -> list[Voice]:
         """Every usable voice, sorted by id."""

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from voicehost.adapter_validation import AdapterRules
 
 PromptStyle = Literal["plain", "named"]
+# held: a clone that measured below the evaluation gate; only its tenant and admins reach it,
+# to listen, until one of them publishes it (``VoiceDirectory.publish``).
+VoiceStatus = Literal["ready", "held"]
 
 
 class VoiceExists(ValueError):
@@ -21,6 +24,10 @@ class VoiceExists(ValueError):
 
 class ReadOnlyVoice(ValueError):
     """A voice this service may not delete (a built-in voice, or one it does not manage)."""
+
+
+class NotHeld(ValueError):
+    """Publishing a voice that is not held (it is ready already, or a built-in voice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,7 @@ class Voice:
     adapter_path: Path | None = None
     checksum: str | None = None  # of the adapter weights; a changed adapter is a new adapter
     tenant: str | None = None  # whose voice it is; None: shared with every tenant
+    status: VoiceStatus = "ready"
 
     def prompt_name(self) -> str | None:
         """The speaker name put before the text, or ``None`` for a plain prompt."""
@@ -57,7 +65,7 @@ class VoiceDirectory(Protocol):
     builtin: dict[str, Voice]
 
     async def find(self, voice_id: str) -> Voice | None:
-        """The voice, ready to synthesize with, or ``None``."""
+        """The voice, ready or held (who may reach a held one is the edge's rule), or ``None``."""
         ...
 
     def broken(self, voice_id: str) -> str | None:
@@ -74,7 +82,7 @@ class VoiceDirectory(Protocol):
         ...
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
-        """Usable voices (sorted by id) and unusable adapters."""
+        """Usable voices, ready or held (sorted by id), and unusable adapters."""
         ...
 
     async def exists(self, voice_id: str) -> bool: ...
@@ -90,4 +98,10 @@ class VoiceDirectory(Protocol):
 
     async def manifest(self, voice_id: str) -> dict | None:
         """The voice's ``voice.json`` (empty for a built-in voice), or ``None``."""
+        ...
+
+    async def publish(self, voice_id: str, published: dict[str, object]) -> Voice | None:
+        """Make a held voice ready, recording ``published`` (why, by whom, when) under that key
+        in its ``voice.json``; the adapter's weights, and so its checksum, stay as they are.
+        ``None`` if there is no such voice; raises ``NotHeld`` for one that is not held."""
         ...

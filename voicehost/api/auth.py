@@ -46,6 +46,7 @@ ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/voices"): frozenset({"voices"}),
     ("GET", "/v1/voices/{voice_id}"): frozenset({"voices"}),
     ("DELETE", "/v1/voices/{voice_id}"): frozenset({"voices"}),
+    ("POST", "/v1/voices/{voice_id}/publish"): frozenset({"voices"}),
     ("GET", "/v1/jobs/{job_id}"): frozenset({"voices"}),
     ("DELETE", "/v1/jobs/{job_id}"): frozenset({"voices"}),
     ("POST", "/v1/jobs/{job_id}/retry"): frozenset({"voices"}),

@@ -242,8 +242,9 @@ async def find_voice(
     directory: VoiceDirectory, voice_id: str, principal: Principal | None
 ) -> Voice:
     """The voice ``principal`` speaks with: 400 for an id that breaks the pattern (as on every
-    route), 404 if there is none (or it is another tenant's), 422 if its adapter is unusable
-    (told only to an admin or in open mode: its tenant is unknown)."""
+    route), 404 if there is none (or it is another tenant's, or a held voice it may not manage),
+    422 if its adapter is unusable (told only to an admin or in open mode: its tenant is
+    unknown). A held voice is spoken for its tenant and admins, to listen before publishing."""
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     voice = await directory.find(voice_id)
@@ -252,6 +253,6 @@ async def find_voice(
         if broken is not None and (principal is None or principal.admin):
             raise ApiError(422, "voice_unusable", f"voice {voice_id!r} is unusable: {broken}")
         raise voice_not_found(voice_id)
-    if not can_see(principal, voice.tenant):
+    if not can_see(principal, voice.tenant, held=voice.status == "held"):
         raise voice_not_found(voice_id)
     return voice

@@ -21,6 +21,7 @@ from voicehost.api.schemas import (
     CloneJobInfo,
     ErrorDetail,
     ErrorResponse,
+    PublishRequest,
     RealtimeConfig,
     RealtimeControl,
     RealtimeText,
@@ -41,6 +42,7 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (RealtimeConfig, "validation"),
     (RealtimeText, "validation"),
     (RealtimeControl, "validation"),
+    (PublishRequest, "validation"),
     (VoiceList, "serialization"),
     (VoiceDetail, "serialization"),
     (CloneJobInfo, "serialization"),
@@ -380,6 +382,41 @@ def voice_paths() -> Json:
                 },
                 tag="voices",
                 security=KEYED,
+            ),
+        },
+        "/v1/voices/{voice_id}/publish": {
+            "parameters": [voice_id],
+            "post": operation(
+                "Publish a held voice: make it ready anyway",
+                {
+                    "200": json_body(wrapped("voice", VoiceDetail), "The voice, ready now."),
+                    **errors(
+                        {
+                            400: "`invalid_voice_id`: not a voice id; `invalid_json` / "
+                            '`invalid_request`: the body is not `{"reason": "..."}`.',
+                            404: "`voice_not_found`: none, another tenant's, or a held voice "
+                            "the caller may not manage.",
+                            409: "`voice_not_held`: the voice is ready already (or built in).",
+                            413: "`body_too_large`: a JSON body over 1 MiB.",
+                            **redis,
+                        }
+                    ),
+                },
+                tag="voices",
+                security=KEYED,
+                description="A clone that measured below the evaluation gate is held: listed "
+                'with `status: "held"` and spoken only for its tenant and admins. Its tenant '
+                "or an admin may publish it; the reason, the key and the time are recorded in "
+                "its `voice.json` (`published`).",
+                body={
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": ref(PublishRequest),
+                            "example": {"reason": "Listened to it: it sounds like her."},
+                        }
+                    },
+                },
             ),
         },
         "/v1/jobs/{job_id}": {

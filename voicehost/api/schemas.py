@@ -91,12 +91,13 @@ class RealtimeControl(BaseModel):
 
 
 class VoiceInfo(BaseModel):
-    """One entry of ``GET /v1/audio/voices``."""
+    """One entry of ``GET /v1/audio/voices``: ``held`` is a clone that measured below the
+    evaluation gate, listed only to its tenant and admins, who may listen and publish it."""
 
     id: str
     name: str
     kind: Literal["builtin", "adapter"]
-    status: Literal["ready", "error"] = "ready"
+    status: Literal["ready", "held", "error"] = "ready"
     error: str | None = None
 
 
@@ -113,6 +114,19 @@ class ErrorResponse(BaseModel):
     """Every error the API returns: ``{"error": {"code", "message"}}``."""
 
     error: ErrorDetail
+
+
+class PublishRequest(BaseModel):
+    """``POST /v1/voices/{id}/publish``: make a held voice ready anyway, saying why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: StrictStr = Field(
+        min_length=1,
+        max_length=500,
+        pattern=r"\S",
+        description="Why it goes live despite its evaluation (recorded in its voice.json).",
+    )
 
 
 class VoiceDetail(BaseModel):

@@ -1,4 +1,5 @@
-"""Voice management over HTTP: clone from audio, register an adapter, jobs, manifests."""
+"""Voice management over HTTP: clone from audio, register an adapter, publish a held voice,
+jobs, manifests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -23,15 +25,22 @@ from voicehost.adapter_validation import (
     InvalidAdapter,
     assign_tenant,
     read_json_object,
+    voice_status,
     voice_tenant,
 )
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError, VoiceService, voice_not_found
-from voicehost.api.schemas import CloneJobInfo, VoiceDetail, VoiceInfo, VoiceList
+from voicehost.api.edge import SERVICE, ApiError, VoiceService, read_body, voice_not_found
+from voicehost.api.schemas import (
+    CloneJobInfo,
+    PublishRequest,
+    VoiceDetail,
+    VoiceInfo,
+    VoiceList,
+)
 from voicehost.cloning import FINISHED, CloneJob
 from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN, is_job_id, is_voice_id
 from voicehost.keys import Principal, can_manage, can_see, owner_tenant
-from voicehost.voices import ReadOnlyVoice, VoiceExists
+from voicehost.voices import NotHeld, ReadOnlyVoice, VoiceDirectory, VoiceExists
 
 CHUNK = 1 << 16
 MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
@@ -288,7 +297,9 @@ async def _voice_detail(
     runtime: VoiceService, voice_id: str, principal: Principal | None
 ) -> VoiceDetail:
     manifest = await runtime.voices.manifest(voice_id)
-    if manifest is None or not can_see(principal, voice_tenant(manifest)):
+    if manifest is None or not can_see(
+        principal, voice_tenant(manifest), held=voice_status(manifest) == "held"
+    ):
         raise voice_not_found(voice_id)
     builtin = runtime.voices.builtin.get(voice_id)
     if builtin is not None:
@@ -297,13 +308,12 @@ async def _voice_detail(
     return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=manifest)
 
 
-async def list_voices(request: web.Request) -> web.Response:
-    """Voices the caller can use: shared ones and its tenant's (all for an admin); unusable
-    adapters only to an admin or in open mode (their tenant is unknown)."""
-    directory = request.app[SERVICE].voices
-    principal = request_principal(request)
+async def voice_infos(directory: VoiceDirectory, principal: Principal | None) -> list[VoiceInfo]:
+    """The voices ``principal`` can use: shared ones and its tenant's (all for an admin), held
+    ones only to their tenant and admins; unusable adapters only to an admin or in open mode
+    (their tenant is unknown)."""
     usable, broken = await directory.list_voices()
-    usable = [v for v in usable if can_see(principal, v.tenant)]
+    usable = [v for v in usable if can_see(principal, v.tenant, held=v.status == "held")]
     if principal is not None and not principal.admin:
         broken = []
     voices = [
@@ -311,6 +321,7 @@ async def list_voices(request: web.Request) -> web.Response:
             id=v.voice_id,
             name=v.name,
             kind="builtin" if v.voice_id in directory.builtin else "adapter",
+            status=v.status,
         )
         for v in usable
     ]
@@ -318,6 +329,11 @@ async def list_voices(request: web.Request) -> web.Response:
         VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
         for b in broken
     ]
+    return voices
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    voices = await voice_infos(request.app[SERVICE].voices, request_principal(request))
     return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
 
 
@@ -342,6 +358,30 @@ async def delete_voice(request: web.Request) -> web.Response:
     if not removed:
         raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
     return web.Response(status=204)
+
+
+async def publish_voice(request: web.Request) -> web.Response:
+    """``POST /v1/voices/{id}/publish``: its tenant or an admin makes a held voice ready anyway;
+    why, by which key and when go into its ``voice.json`` as ``published``."""
+    runtime = request.app[SERVICE]
+    voice_id = _path_id(request, "voice_id")
+    body = await read_body(request, PublishRequest)
+    principal = request_principal(request)
+    # 404 for a voice it cannot see; a held voice is seen only by those who may manage it
+    await _voice_detail(runtime, voice_id, principal)
+    published = {
+        "reason": body.reason,
+        "by": principal.key_id if principal is not None else None,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    try:
+        voice = await runtime.voices.publish(voice_id, published)
+    except NotHeld as exc:
+        raise ApiError(409, "voice_not_held", str(exc)) from exc
+    if voice is None:  # deleted meanwhile
+        raise voice_not_found(voice_id)
+    detail = await _voice_detail(runtime, voice_id, principal)
+    return web.json_response({"voice": detail.model_dump()})
 
 
 def _job_info(job: CloneJob) -> CloneJobInfo:
@@ -395,6 +435,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/voices", create_voice)
     app.router.add_get("/v1/voices/{voice_id}", get_voice)
     app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
+    app.router.add_post("/v1/voices/{voice_id}/publish", publish_voice)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
     app.router.add_delete("/v1/jobs/{job_id}", cancel_job)
     app.router.add_post("/v1/jobs/{job_id}/retry", retry_job)

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from voicehost.adapter_validation import weights_checksum
+from voicehost.adapter_validation import weights_checksum, write_manifest
 from voicehost.ids import child, is_voice_id
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ class AdapterStore(Protocol):
         ...
 
     def delete(self, uri: str) -> None: ...
+
+    def write_manifest(self, uri: str, manifest: dict) -> None:
+        """Replace the adapter's ``voice.json`` (its weights, and so its URI, stay)."""
+        ...
 
     def published(self) -> dict[str, str]:
         """Every voice the store holds, with the URI of its newest adapter."""
@@ -100,6 +104,9 @@ class SharedDirStore:
 
     def download(self, uri: str, target: Path) -> None:
         shutil.copytree(self.folder(uri), target)
+
+    def write_manifest(self, uri: str, manifest: dict) -> None:
+        write_manifest(self.folder(uri), manifest)
 
     def published(self) -> dict[str, str]:
         found: dict[str, str] = {}

@@ -1,7 +1,9 @@
 """The voice directory of a cluster: records in Redis, adapter files in the shared store.
 
 A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, tenant, version and
-status.
+status (``publishing`` while it is claimed, then ``ready`` or ``held`` as its ``voice.json``
+says; the record's status is the one that counts, since a worker's cached copy of the files may
+predate a publish).
 Workers fetch the adapter into their local cache; gateways read it in the shared store. Both
 validate it (once per checksum) before they use it, so a broken adapter is refused alike (422).
 While Redis is down, records seen before still resolve.
@@ -16,15 +18,22 @@ import logging
 import time
 from collections.abc import Iterable
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from voicehost.adapter_validation import MANIFEST, AdapterRules, InvalidAdapter, validate_adapter
+from voicehost.adapter_validation import (
+    MANIFEST,
+    STATUS,
+    AdapterRules,
+    InvalidAdapter,
+    validate_adapter,
+)
 from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore
 from voicehost.cluster.state import VOICES, raise_if_cancelled, voice_key
-from voicehost.voices import BrokenAdapter, ReadOnlyVoice, Voice, VoiceExists
+from voicehost.voices import BrokenAdapter, NotHeld, ReadOnlyVoice, Voice, VoiceExists
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +42,16 @@ PUBLISH_CLAIM_SECONDS = 300
 # saw it can serve it while Redis is away (believed only with the internal token).
 RECORD_HEADER = "X-Voicehost-Voice-Record"
 FORWARDED_FIELDS = ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "status")
+LISTED = ("ready", "held")  # the statuses of a registered voice (not a claim being published)
+# Publish a held voice: its status and manifest change together, once (the status is checked
+# in the same step, so of two publishes only one finds it held). Returns the status it found.
+PUBLISH = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'held' then
+  redis.call('HSET', KEYS[1], 'status', 'ready', 'manifest', ARGV[1])
+end
+return status
+"""
 
 
 class RedisVoiceDirectory:
@@ -58,6 +77,7 @@ class RedisVoiceDirectory:
         self._broken: dict[str, str] = {}
         self._fetching: dict[tuple[str, str], asyncio.Lock] = {}
         self._missing = 0  # voices in the store without a record, at the last reconcile
+        self._publish = redis.register_script(PUBLISH)
 
     async def record(self, voice_id: str) -> dict[str, str] | None:
         """The voice's record; while Redis is unreachable, the last one seen (or the error)."""
@@ -99,11 +119,13 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin:
             return self.builtin[voice_id]
         record = await self.record(voice_id)
-        if record is None or record.get("status") != "ready":
+        if record is None or record.get("status") not in LISTED:
             return None
+        status = record["status"]
         key = (voice_id, record["checksum"])
-        if self.cache is None and key in self._ready:  # a gateway: the store's files, validated
-            return self._ready[key]
+        known = self._ready.get(key)
+        if self.cache is None and known is not None and known.status == status:
+            return known  # a gateway: the store's files, validated
         async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
             try:
                 folder = await asyncio.to_thread(self._adapter_folder, voice_id, record)
@@ -119,6 +141,8 @@ class RedisVoiceDirectory:
                 self._broken[voice_id] = str(exc)
                 log.error("voice %s is unusable here: %s", voice_id, exc)
                 return None
+        if voice.status != status:
+            voice = replace(voice, status=status)  # type: ignore[arg-type]
         self._broken.pop(voice_id, None)
         self._ready[key] = voice
         return voice
@@ -144,7 +168,7 @@ class RedisVoiceDirectory:
             for voice_id in ids:
                 pipe.hgetall(voice_key(voice_id))
             records = await pipe.execute()
-        ready = [r for r in records if r and r.get("status") == "ready"]
+        ready = [r for r in records if r and r.get("status") in LISTED]
         voices = [_record_voice(r) for r in ready if r["voice_id"] not in self._broken]
         broken = [
             BrokenAdapter(r["voice_id"], Path(r["uri"]), self._broken[r["voice_id"]])
@@ -191,7 +215,7 @@ class RedisVoiceDirectory:
             "version": str(json.loads(manifest).get("version", 1)),
             "created": str(time.time()),
             "manifest": manifest,
-            "status": "ready",
+            "status": voice.status,  # its voice.json's: a held clone stays held in the cluster
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(voice_key(voice.voice_id), mapping=record)
@@ -278,9 +302,33 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin:
             return {}
         record = await self.record(voice_id)
-        if record is None or record.get("status") != "ready":
+        if record is None or record.get("status") not in LISTED:
             return None
         return json.loads(record.get("manifest") or "{}")
+
+    async def publish(self, voice_id: str, published: dict[str, object]) -> Voice | None:
+        """The record first (what every process reads), then the store's ``voice.json`` (what
+        a rebuild of the record reads): a crash between leaves the store saying held, so a
+        lost record comes back held, never wrongly ready."""
+        if voice_id in self.builtin:
+            raise NotHeld(f"voice {voice_id!r} is a built-in voice")
+        record = await self.redis.hgetall(voice_key(voice_id))
+        if not record or record.get("status") not in LISTED:
+            return None
+        if record["status"] != "held":
+            raise NotHeld(f"voice {voice_id!r} is not held")
+        manifest = {
+            **json.loads(record.get("manifest") or "{}"),
+            STATUS: "ready",
+            "published": published,
+        }
+        found = await self._publish(keys=[voice_key(voice_id)], args=[json.dumps(manifest)])
+        if found not in LISTED:
+            return None  # deleted meanwhile
+        if found != "held":
+            raise NotHeld(f"voice {voice_id!r} is not held")
+        await asyncio.to_thread(self.store.write_manifest, record["uri"], manifest)
+        return await self.find(voice_id)
 
 
 def _manifest_text(folder: Path) -> str:
@@ -297,4 +345,5 @@ def _record_voice(record: dict[str, str]) -> Voice:
         None,
         record["checksum"],
         record.get("tenant") or None,
+        record["status"],  # type: ignore[arg-type]
     )
