@@ -389,6 +389,7 @@ async def test_a_keys_stream_quota_holds_for_the_whole_cluster(cluster, http):
     stream is refused by whichever worker it reaches, over HTTP (429, ``Retry-After``) and on a
     socket (``quota_exceeded``); once one of them ends, the next is admitted."""
     owner = await owners(http, cluster.gateway, VOICES)
+    assert set(owner.values()) == {"w1", "w2"}, owner
     voice_of = {w: next(v for v in VOICES if owner[v] == w) for w in ("w1", "w2")}
     url = cluster.gateway.url
     leases = cluster.redis.client()
