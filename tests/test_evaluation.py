@@ -1,0 +1,135 @@
+"""Measuring a voice against its speaker: error rates, the gate, and a whole evaluation of real
+(espeak-ng) speech with the real speaker encoder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lora_training.ingest import decode
+from voicehost.evaluation import (
+    EvalReport,
+    Sample,
+    Spread,
+    Thresholds,
+    char_error_rate,
+    edit_distance,
+    evaluate,
+    gate,
+    leading_silence_ms,
+    plot,
+    word_error_rate,
+)
+from voicehost.orpheus import SAMPLE_RATE
+from voicehost.speaker import load_encoder
+
+REFERENCE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me back when you have a moment.",
+    "The library closes early on Sundays.",
+    "Our train was delayed by almost an hour.",
+)
+SPEAKER = "en-us"  # espeak-ng voices stand in for people
+OTHERS = ("en-us+f2", "en-gb-scotland+f4")
+LEAD_S = 0.5
+
+
+def espeak(voice: str, text: str, folder: Path, lead_s: float = LEAD_S) -> np.ndarray:
+    """``text`` said by the espeak-ng ``voice`` after ``lead_s`` of silence, 24 kHz float."""
+    folder.mkdir(parents=True, exist_ok=True)
+    raw, padded = folder / "raw.wav", folder / f"{abs(hash((voice, text)))}.wav"
+    subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), str(padded), "pad", f"{lead_s:.3f}", "0"], check=True)
+    return decode(padded)
+
+
+@pytest.mark.unit
+def test_error_rates_count_word_and_character_edits_over_the_reference():
+    assert edit_distance("kitten", "sitting") == 3
+    assert word_error_rate("The cat sat on the mat.", "the cat sat on the mat") == 0.0
+    assert word_error_rate("the cat sat on the mat", "the cat sat on mat") == pytest.approx(1 / 6)
+    assert word_error_rate("a b", "a x b") == 0.5  # an inserted word
+    assert word_error_rate("a b c d", "a q c") == 0.5  # one substituted, one missing
+    assert word_error_rate("hello", "") == 1.0
+    assert char_error_rate("abcd", "abed") == 0.25
+
+
+def report(similarity: float, baseline: float | None, wer: float | None) -> EvalReport:
+    return EvalReport(
+        encoder="test-encoder",
+        voice="v",
+        sentences=["s"],
+        references=3,
+        similarity=Spread.of([similarity]),
+        baseline_voice=None if baseline is None else "tara",
+        baseline=None if baseline is None else Spread.of([baseline]),
+        gain=None if baseline is None else similarity - baseline,
+        ceiling=None,
+        leading_silence_ms={"p50": 0.0, "p95": 0.0},
+        real_time_factor={"mean": 0.5, "max": 0.5},
+        intelligibility={"measured": False} if wer is None else {"measured": True, "wer": wer},
+        seconds=1.0,
+    )
+
+
+@pytest.mark.unit
+def test_the_gate_names_every_figure_below_its_threshold_and_passes_one_at_it():
+    limits = Thresholds(min_similarity=0.75, min_gain=0.05, max_wer=0.2)
+    assert gate(report(0.75, 0.70, 0.2), limits) == []  # each exactly at its bound
+    reasons = gate(report(0.60, 0.58, 0.35), limits)
+    assert len(reasons) == 3
+    assert "0.600" in reasons[0] and "0.750" in reasons[0] and "test-encoder" in reasons[0]
+    assert "'tara'" in reasons[1] and "+0.020" in reasons[1]
+    assert "0.35" in reasons[2]
+    assert gate(report(0.80, None, None), limits) == []  # no baseline, no ASR: not judged
+    assert len(gate(report(0.80, 0.79, None), limits)) == 1
+
+
+@pytest.mark.unit
+def test_leading_silence_is_where_the_first_loud_window_starts():
+    quiet, loud = np.zeros(SAMPLE_RATE // 4), 0.5 * np.ones(SAMPLE_RATE // 10)
+    assert leading_silence_ms(np.concatenate([quiet, loud])) == pytest.approx(250, abs=10)
+    assert leading_silence_ms(quiet) == pytest.approx(250)  # never loud: all of it
+
+
+@pytest.mark.unit
+def test_an_evaluation_of_real_speech_finds_the_speaker_closer_than_other_voices(tmp_path):
+    """The speaker's own espeak voice against its references beats two other espeak voices;
+    every figure is filled in, and the report and its plot are written."""
+    encoder = load_encoder()
+    references = [espeak(SPEAKER, text, tmp_path / "refs") for text in REFERENCE_TEXTS]
+    sentences = ["Can you tell me the way to the post office?", "Seven people waited outside."]
+    spoken: list[tuple[str, str]] = []
+
+    async def speak(voice: str, sentence: str) -> Sample:
+        started = time.monotonic()
+        samples = await asyncio.to_thread(espeak, voice, sentence, tmp_path / "samples")
+        spoken.append((voice, sentence))
+        return Sample(voice, sentence, samples, time.monotonic() - started)
+
+    result = asyncio.run(
+        evaluate(speak, SPEAKER, references, encoder, sentences, baseline_voices=OTHERS)
+    )
+    assert result.encoder == encoder.name and result.references == 4
+    assert len(result.similarity.values) == 2 and result.baseline_voice in OTHERS
+    assert result.gain is not None and result.gain > 0.05, result.to_json()
+    assert result.similarity.p10 <= result.similarity.mean
+    assert result.ceiling is not None and len(result.ceiling.values) == 4
+    # the closest other voice is heard on every sentence, the rest on the first only
+    assert spoken.count((result.baseline_voice, sentences[1])) == 1
+    assert len(spoken) == 2 + len(OTHERS) + 1
+    assert result.leading_silence_ms["p50"] == pytest.approx(LEAD_S * 1000, abs=40)
+    assert 0 < result.real_time_factor["mean"] <= result.real_time_factor["max"]
+    assert result.intelligibility == {"measured": False, "reason": "no ASR backend is configured"}
+    summary = result.summary()
+    assert f"{result.similarity.mean:.3f}" in summary and result.baseline_voice in summary
+    assert "intelligibility not measured" in summary
+    json.dumps(result.to_json())  # JSON-ready as it is
+    plot(result, tmp_path / "eval.png")
+    assert (tmp_path / "eval.png").stat().st_size > 5000
