@@ -16,18 +16,21 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, suppress
+from contextlib import AsyncExitStack, aclosing, suppress
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
+from voicehost.admission import Refused
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     RUNTIME,
     ApiError,
     check_audio_options,
     error_event,
+    error_response,
     find_voice,
     load_json,
     speak_options,
@@ -36,7 +39,7 @@ from voicehost.api.edge import (
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio import AudioEncoder, content_type
 from voicehost.orpheus import SAMPLE_RATE
-from voicehost.runtime import Runtime
+from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
 from voicehost.text.segment import Segment, TextSegmenter
 from voicehost.voices import Voice
@@ -45,6 +48,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 17
 END = None  # what the segment queue holds after the last segment
+# The code of a refused upgrade, in a header too: a WebSocket client never reads the body.
+ERROR_CODE_HEADER = "X-Voicehost-Error-Code"
 
 
 class ProtocolError(Exception):
@@ -299,8 +304,10 @@ async def serve_socket(
 ) -> web.WebSocketResponse:
     """Upgrade to a WebSocket, read its config, then run ``work`` on it (a server's session, a
     gateway's relay). A bad config, or an ``ApiError`` from ``work`` (an unknown voice, no
-    worker), is refused with its code; any other failure ends the socket with an ``internal``
-    error event: once upgraded, nothing here answers in HTTP."""
+    worker), is refused with its code; a refusal that waiting may lift (``Refused``: every
+    worker full, a key at its quota; Redis away) with its code and ``retry_after``; any other
+    failure ends the socket with an ``internal`` error event: once upgraded, nothing here
+    answers in HTTP."""
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
     await ws.prepare(request)
     try:
@@ -309,6 +316,11 @@ async def serve_socket(
         await work(ws, config)
     except (ProtocolError, ApiError) as exc:
         await refuse(ws, exc.code, exc.message)
+    except Refused as exc:
+        await refuse(ws, exc.code, exc.message, exc.retry_after)
+    except RedisError as exc:
+        log.warning("redis unavailable on a realtime socket: %s", exc)
+        await refuse(ws, "redis_unavailable", "the cluster's Redis is unavailable", 1)
     except ConnectionError:
         pass  # the client left
     except Exception as exc:
@@ -321,23 +333,49 @@ async def serve_socket(
     return ws
 
 
-async def refuse(ws: web.WebSocketResponse, code: str, message: str) -> None:
-    """An ``error`` event, then a policy-violation close."""
+async def refuse(
+    ws: web.WebSocketResponse, code: str, message: str, retry_after: int | None = None
+) -> None:
+    """An ``error`` event, then a policy-violation close; with ``retry_after`` (seconds) in the
+    event, a try-again-later close (1013) instead."""
+    event = error_event(code, message)
+    close = WSCloseCode.POLICY_VIOLATION
+    if retry_after is not None:
+        event["retry_after"] = retry_after
+        close = WSCloseCode.TRY_AGAIN_LATER
     with suppress(ConnectionError):
-        await ws.send_str(json.dumps(error_event(code, message)))
-        await ws.close(code=1008, message=code.encode())
+        await ws.send_str(json.dumps(event))
+        await ws.close(code=close, message=code.encode())
 
 
 async def speech_ws(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above."""
+    """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above. Refused before the
+    upgrade (503 warming up or draining, 503 at capacity, 429 over the key's quota, each with
+    ``Retry-After``), its code in ``ERROR_CODE_HEADER`` as well (a gateway passes it on)."""
     runtime = request.app[RUNTIME]
-    synthesizer = runtime.require_synthesizer()  # 503 before the upgrade while warming up
     principal = request_principal(request)
+    async with AsyncExitStack() as admitted:
+        try:
+            synthesizer = runtime.require_synthesizer()
+            # a session holds one stream slot while it is open
+            await admitted.enter_async_context(runtime.admit(principal))
+        except NotReady as exc:
+            return refused_upgrade(Refused(503, "not_ready", str(exc), retry_after=1))
+        except Refused as exc:
+            runtime.metrics.errors.labels(exc.code).inc()
+            return refused_upgrade(exc)
 
-    async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
-        voice = await find_voice(runtime.voices, config.voice, principal)
-        await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
+        async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
+            voice = await find_voice(runtime.voices, config.voice, principal)
+            await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
 
-    # a session holds one stream slot while it is open; refused before the upgrade (503/429)
-    async with runtime.admit(principal):
         return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)
+
+
+def refused_upgrade(refusal: Refused) -> web.Response:
+    """The HTTP answer to an upgrade that cannot be admitted now, as the error middleware gives
+    any refusal, plus its code in ``ERROR_CODE_HEADER``."""
+    response = error_response(refusal.status, refusal.code, refusal.message)
+    response.headers["Retry-After"] = str(refusal.retry_after)
+    response.headers[ERROR_CODE_HEADER] = refusal.code
+    return response
