@@ -1,13 +1,16 @@
 """The gateway: the public API of a cluster, stateless, as many as you like.
 
-Speech requests are proxied to a worker chosen by the voice's place on the ring (bounded loads,
-hot voices replicated, sessions pinned), over one keep-alive client session. A request that fails
-before its first byte is retried once on the next worker; a stream cut mid-way ends with a
-terminal error (an SSE error event, or a response cut short without its last chunk), never a
-hang. Requests are checked, and voices looked up, by the same edge as ``voicehost serve``
-(``voicehost.api.edge``); voice and job routes are the same handlers, over the Redis voice
-directory and the shared store. Clients are authenticated here (``voicehost.api.auth``); a worker
-gets each request with the internal token and the caller, and checks the voice's tenant again.
+Speech requests and realtime sockets are proxied to a worker chosen by the voice's place on the
+ring (bounded loads, hot voices replicated, sessions pinned), over one keep-alive client session.
+One that fails or is refused before its first byte (a socket: its upgrade) is retried once on the
+next worker; one that each worker tried refused through no fault of its own gets their code and
+when to retry (503 with ``Retry-After``; on a socket, an error event with ``retry_after``); a
+stream cut mid-way ends with a terminal error (an SSE error event, or a response cut short
+without its last chunk), never a hang. Requests are checked, and voices looked up, by the same
+edge as ``voicehost serve`` (``voicehost.api.edge``); voice and job routes are the same handlers,
+over the Redis voice directory and the shared store. Clients are authenticated here
+(``voicehost.api.auth``); a worker gets each request with the internal token and the caller, and
+checks the voice's tenant again.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -36,7 +41,7 @@ from voicehost.api.edge import (
     read_body,
     registry_health,
 )
-from voicehost.api.realtime import MAX_MESSAGE_BYTES, serve_socket
+from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
 from voicehost.cloning import CloneJobs
@@ -55,14 +60,24 @@ SESSION_HEADER = "X-Session-Id"
 RETRYABLE = (502, 503, 504, 500)
 CONNECT_TIMEOUT_SECONDS = 2.0
 POOL_WAIT_SECONDS = 10.0
+Opened = TypeVar("Opened")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A worker's refusal through no fault of its own (503 with ``Retry-After``: at capacity,
+    draining, Redis away): its code, its message and when to retry; another worker, or the same
+    one later, can serve the stream."""
+
+    code: str
+    message: str
+    retry_after: int
 
 
 class UpstreamFailed(Exception):
-    """The chosen worker failed before its first byte. ``refusal``: it refused, through no fault
-    of its own (503 with ``Retry-After``: at capacity, Redis away), with this (code, message);
-    another worker, or a retry later, can serve the stream."""
+    """The chosen worker failed, or refused (``refusal``), before its first byte."""
 
-    def __init__(self, message: str, refusal: tuple[str, str] | None = None) -> None:
+    def __init__(self, message: str, refusal: Refusal | None = None) -> None:
         super().__init__(message)
         self.refusal = refusal
 
@@ -145,8 +160,74 @@ class Gateway:
             await self.pins.pin(session_id, chosen, remote=self.membership.redis_ok)
         return workers[chosen]
 
+    @contextmanager
+    def streaming(self, worker_id: str, voice_id: str) -> Iterator[None]:
+        """Count a stream of ``voice_id`` on ``worker_id`` for the ``with`` block (what bounded
+        loads and hot voices go by)."""
+        self.in_flight[worker_id] += 1
+        self.voice_streams[voice_id] += 1
+        try:
+            yield
+        finally:
+            self.in_flight[worker_id] -= 1
+            self.voice_streams[voice_id] -= 1
+            if self.voice_streams[voice_id] <= 0:
+                del self.voice_streams[voice_id]
+
 
 GATEWAY = web.AppKey("gateway", Gateway)
+
+
+@asynccontextmanager
+async def _on_a_worker(
+    gateway: Gateway,
+    voice_id: str,
+    session_id: str | None,
+    open_on: Callable[[WorkerInfo], Awaitable[Opened]],
+) -> AsyncIterator[Opened]:
+    """What ``open_on`` opens (a response's first bytes, a socket) on the worker the ring picks
+    for the voice, or else once more on the next one; that worker counts the stream for the
+    ``async with`` block. When none took it: ``Refused`` (503, the workers' code) if each one
+    tried refused, 502 ``upstream_failed`` if one failed, 503 ``no_workers`` with none."""
+    failed: set[str] = set()
+    errors: list[str] = []
+    refusals: list[Refusal] = []  # of the workers tried, those that refused
+    for _attempt in range(2):  # the first choice, then once on the next worker
+        worker = await gateway.pick(voice_id, session_id, frozenset(failed))
+        if worker is None:
+            break
+        with gateway.streaming(worker.worker_id, voice_id):
+            try:
+                opened = await open_on(worker)
+            except UpstreamFailed as exc:
+                gateway.metrics.errors.labels("upstream_before_first_byte").inc()
+                log.warning("worker failed before the first byte: %s", exc)
+                failed.add(worker.worker_id)
+                errors.append(str(exc))
+                if exc.refusal is not None:
+                    refusals.append(exc.refusal)
+                continue
+            yield opened
+            return
+    if not errors:
+        raise ApiError(503, "no_workers", "no worker is available; try again shortly")
+    if len(refusals) == len(errors):  # no worker failed: each refused, for now
+        retry = min(r.retry_after for r in refusals)
+        codes = {r.code for r in refusals}
+        if codes == {"at_capacity"}:
+            raise Refused(503, "at_capacity", "every worker tried is at capacity", retry)
+        code = codes.pop() if len(codes) == 1 else "unavailable"
+        message = "; ".join(dict.fromkeys(r.message for r in refusals))
+        raise Refused(503, code, message, retry)
+    raise ApiError(502, "upstream_failed", "; ".join(errors))
+
+
+def _retry_after(headers: Mapping[str, str]) -> int | None:
+    """A worker's ``Retry-After`` in seconds (1 if it is not a number), or None without one."""
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else 1
 
 
 async def _open_upstream(
@@ -170,8 +251,9 @@ async def _open_upstream(
         finally:
             upstream.release()
         refusal = None
-        if upstream.status == 503 and "Retry-After" in upstream.headers:
-            refusal = _error_of(text)
+        retry = _retry_after(upstream.headers)
+        if upstream.status == 503 and retry is not None:
+            refusal = Refusal(*_error_of(text), retry)
         raise UpstreamFailed(f"{worker.worker_id}: HTTP {upstream.status}: {text[:200]}", refusal)
     if upstream.status != 200:
         return upstream, b""
@@ -184,6 +266,41 @@ async def _open_upstream(
         upstream.release()
         raise UpstreamFailed(f"{worker.worker_id}: empty response")
     return upstream, first
+
+
+async def _open_upstream_socket(
+    gateway: Gateway, worker: WorkerInfo, headers: dict[str, str]
+) -> aiohttp.ClientWebSocketResponse:
+    """Open the realtime socket on the worker; ``UpstreamFailed`` if that fails (refused with
+    5xx, no connection), ``Refused`` for a key at its quota (429: in the whole cluster, so the
+    caller's doing, and no other worker would take it either)."""
+    assert gateway.client is not None
+    try:
+        return await gateway.client.ws_connect(
+            f"{worker.url}/v1/audio/speech/ws", max_msg_size=MAX_MESSAGE_BYTES, headers=headers
+        )
+    except aiohttp.WSServerHandshakeError as exc:
+        answer = exc.headers or {}
+        code = answer.get(ERROR_CODE_HEADER)  # the body of a refused upgrade is not readable
+        retry = _retry_after(answer)
+        if exc.status == 429:
+            retry = retry or 1
+            raise Refused(
+                429,
+                code or "quota_exceeded",
+                f"this API key already holds its most streams in the cluster; retry in {retry} s",
+                retry,
+            ) from exc
+        failure = f"{worker.worker_id}: upgrade refused with HTTP {exc.status} ({code or exc})"
+        if exc.status not in RETRYABLE:
+            raise ApiError(502, "upstream_failed", failure) from exc
+        refusal = None
+        if exc.status == 503 and retry is not None:
+            code = code or "unavailable"
+            refusal = Refusal(code, f"{worker.worker_id} refused the stream: {code}", retry)
+        raise UpstreamFailed(failure, refusal) from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise UpstreamFailed(f"{worker.worker_id}: {type(exc).__name__}: {exc}") from exc
 
 
 def _error_of(text: str) -> tuple[str, str]:
@@ -217,42 +334,11 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     forwarded = _worker_headers(request, principal, body.voice)
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
-    failed: set[str] = set()
-    errors: list[str] = []
-    refusals: list[tuple[str, str]] = []  # of the workers tried, those that refused
-    for _attempt in range(2):  # the first choice, then once on the next worker
-        worker = await gateway.pick(body.voice, session_id, frozenset(failed))
-        if worker is None:
-            break
-        gateway.in_flight[worker.worker_id] += 1
-        gateway.voice_streams[body.voice] += 1
-        try:
-            try:
-                upstream, first = await _open_upstream(gateway, worker, raw, forwarded)
-            except UpstreamFailed as exc:
-                gateway.metrics.errors.labels("upstream_before_first_byte").inc()
-                log.warning("worker failed before the first byte: %s", exc)
-                failed.add(worker.worker_id)
-                errors.append(str(exc))
-                if exc.refusal is not None:
-                    refusals.append(exc.refusal)
-                continue
-            return await _relay(request, upstream, first, body.stream_format == "sse")
-        finally:
-            gateway.in_flight[worker.worker_id] -= 1
-            gateway.voice_streams[body.voice] -= 1
-            if gateway.voice_streams[body.voice] <= 0:
-                del gateway.voice_streams[body.voice]
-    if not errors:
-        raise ApiError(503, "no_workers", "no worker is available; try again shortly")
-    if len(refusals) == len(errors):  # no worker failed: each refused, for now
-        codes = {code for code, _ in refusals}
-        if codes == {"at_capacity"}:
-            raise Refused(503, "at_capacity", "every worker tried is at capacity", retry_after=1)
-        code = codes.pop() if len(codes) == 1 else "unavailable"
-        message = "; ".join(dict.fromkeys(message for _, message in refusals))
-        raise Refused(503, code, message, retry_after=1)
-    raise ApiError(502, "upstream_failed", "; ".join(errors))
+    opening = _on_a_worker(
+        gateway, body.voice, session_id, lambda w: _open_upstream(gateway, w, raw, forwarded)
+    )
+    async with opening as (upstream, first):
+        return await _relay(request, upstream, first, body.stream_format == "sse")
 
 
 async def _relay(
@@ -307,43 +393,24 @@ async def _end_cut_stream(
 
 
 async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
-    """Relay a realtime socket to the worker its voice routes to (read from the config)."""
+    """Relay a realtime socket to the worker its voice routes to (read from the config), chosen
+    as for ``proxy_speech``: the next one if that one fails or refuses the upgrade."""
     gateway = request.app[GATEWAY]
-    assert gateway.client is not None
-    client = gateway.client
     principal = request_principal(request)
 
     async def relay(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
         await find_voice(gateway.voices, config.voice, principal)
-        session = request.headers.get(SESSION_HEADER)
-        worker = await gateway.pick(config.voice, session, frozenset())
-        if worker is None:
-            raise ApiError(503, "no_workers", "no worker is available; try again shortly")
-        try:
-            upstream = await client.ws_connect(
-                f"{worker.url}/v1/audio/speech/ws",
-                max_msg_size=MAX_MESSAGE_BYTES,
-                headers=_worker_headers(request, principal, config.voice),
-            )
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status != 429:
-                raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
-            # a key at its quota (in the whole cluster) is the caller's doing, not the worker's
-            retry = (exc.headers or {}).get("Retry-After", "1")
-            raise ApiError(
-                429,
-                "quota_exceeded",
-                f"this API key already holds its most streams in the cluster; retry in {retry} s",
-            ) from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(502, "upstream_failed", f"{worker.worker_id}: {exc}") from exc
-        gateway.in_flight[worker.worker_id] += 1
-        try:
-            await upstream.send_str(config.model_dump_json())
-            await _relay_sockets(ws, upstream)
-        finally:
-            gateway.in_flight[worker.worker_id] -= 1
-            await upstream.close()
+        headers = _worker_headers(request, principal, config.voice)
+        session_id = request.headers.get(SESSION_HEADER)
+        opening = _on_a_worker(
+            gateway, config.voice, session_id, lambda w: _open_upstream_socket(gateway, w, headers)
+        )
+        async with opening as upstream:
+            try:
+                await upstream.send_str(config.model_dump_json())
+                await _relay_sockets(ws, upstream)
+            finally:
+                await upstream.close()
 
     return await serve_socket(request, gateway.settings.ws_idle_timeout_seconds, relay)
 
