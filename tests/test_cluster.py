@@ -1,6 +1,6 @@
 """Cluster mode with real parts: a Redis server of its own, two dev-model workers and gateways,
-over real HTTP, with API keys (an admin's for most tests) and a per-key stream quota. The tests
-run in order; the last ones kill and drain the workers."""
+over real HTTP, with API keys (an admin's for most tests), a per-key stream quota and a small
+capacity per worker. The tests run in order; the last ones kill and drain the workers."""
 
 import asyncio
 import json
@@ -42,10 +42,13 @@ SLACK = 1.0  # scheduling on a busy 2-core machine
 TOKEN = "internal-token-for-cluster-tests"  # a keyed gateway forwards callers with it
 ADMIN_KEY = "key-cluster-admin"  # every test's caller but the quota's
 QUOTA_KEY = "key-cluster-quota"  # the quota test's alone: no other test's stream counts against it
+BUSY_KEY = "key-cluster-busy"  # fills a worker to its capacity: the at-capacity tests' alone
 KEY_MAX_STREAMS = 4  # per key in the whole cluster; the other tests open at most 3 streams at once
+WORKER_CAPACITY = KEY_MAX_STREAMS  # streams a worker admits: the busy key alone fills one
 KEYS = [
     {"id": "ops", "tenant": "ops", "scopes": ["admin"], "sha256": hash_key(ADMIN_KEY)},
     {"id": "quota", "tenant": "q", "scopes": ["synthesize"], "sha256": hash_key(QUOTA_KEY)},
+    {"id": "busy", "tenant": "busy", "scopes": ["synthesize"], "sha256": hash_key(BUSY_KEY)},
 ]
 LONG_TEXT = (
     "This is a long sentence that keeps the worker busy for a while, so that the stream is "
@@ -83,6 +86,7 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         VOICEHOST_API_KEYS=json.dumps(KEYS),
         VOICEHOST_INTERNAL_TOKEN=TOKEN,
         VOICEHOST_KEY_MAX_STREAMS=str(KEY_MAX_STREAMS),
+        VOICEHOST_WORKER_CAPACITY=str(WORKER_CAPACITY),
     )
 
 
@@ -160,6 +164,37 @@ async def speak(http, url: str, voice: str, text: str = "Hello there.", session=
     async with http.post(url + "/v1/audio/speech", json=body, headers=headers) as response:
         payload = await response.read()
         return response.status, response.headers.get("X-Voicehost-Worker"), payload
+
+
+async def fill(http, worker: Node, voice: str, held: list[aiohttp.ClientWebSocketResponse]) -> None:
+    """Take every stream slot of ``worker`` with sockets opened on it directly (so no gateway
+    counts them), with the busy key, each admitted (``ready``); they are added to ``held``."""
+    for _ in range(WORKER_CAPACITY):
+        ws = await http.ws_connect(worker.url + "/v1/audio/speech/ws", headers=bearer(BUSY_KEY))
+        held.append(ws)
+        await ws.send_json({"type": "config", "voice": voice})
+        event = json.loads((await ws.receive(timeout=30)).data)
+        assert event["type"] == "ready", event
+    body = {"input": "Hi.", "voice": voice}
+    async with http.post(worker.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 503, await response.text()  # full: refused at once
+        assert (await response.json())["error"]["code"] == "at_capacity"
+
+
+async def release(cluster: Cluster, held: list[aiohttp.ClientWebSocketResponse]) -> None:
+    """Close the busy key's sockets; return once their workers have let them go (their leases
+    go just before their stream slots)."""
+    for ws in held:
+        await ws.close()
+    await eventually(lambda: not cluster.redis.client().exists("vh:lease:busy"), 5)
+
+
+async def refusal_on_socket(gateway: Node, http, voice: str) -> tuple[dict, aiohttp.WSMessage]:
+    """The first event, and the close, of a socket through ``gateway`` whose config is refused."""
+    async with http.ws_connect(gateway.url + "/v1/audio/speech/ws") as ws:
+        await ws.send_json({"type": "config", "voice": voice})
+        event = json.loads((await ws.receive(timeout=30)).data)
+        return event, await ws.receive(timeout=30)
 
 
 VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe", "dev-a", "dev-b", "dev-c"]
@@ -327,7 +362,11 @@ async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_retur
             assert response.status == 503 and response.headers["Retry-After"] == "1"
             assert (await response.json())["error"]["code"] == "redis_unavailable"
         assert members(cluster) == {"w1", "w2"}  # routing on the last membership
-        await asyncio.sleep(3)  # several polls of every loop while Redis is away
+        (event, _), _ = await asyncio.gather(  # the same on a socket
+            refusal_on_socket(cluster.gateway, http, "unseen"),
+            asyncio.sleep(3),  # several polls of every loop while Redis is away
+        )
+        assert (event["error"]["code"], event.get("retry_after")) == ("redis_unavailable", 1)
     finally:
         cluster.redis.start()
     client = cluster.redis.client()
@@ -440,6 +479,38 @@ async def test_a_keys_stream_quota_holds_for_the_whole_cluster(cluster, http):
     await eventually(lambda: not leases.exists("vh:lease:quota"), 5)
 
 
+async def test_a_socket_a_full_worker_refuses_is_opened_on_the_next_one(cluster, http):
+    """A worker at its capacity refuses a socket's upgrade with 503 and ``Retry-After``, through
+    no fault of its own: the gateway opens the socket on the ring's next worker, as it sends an
+    HTTP request there (it used to give the socket an ``upstream_failed`` event)."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice = next((v for v in VOICES if owner[v] == "w1"), None)
+    assert voice is not None, f"w1 owns none of the voices: {owner}"
+    held: list[aiohttp.ClientWebSocketResponse] = []
+    try:
+        await fill(http, cluster.workers["w1"], voice, held)
+        async with http.ws_connect(cluster.gateway.url + "/v1/audio/speech/ws") as ws:
+            await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+            event = json.loads((await ws.receive(timeout=30)).data)
+            assert event["type"] == "ready", event
+            async with http.get(cluster.gateway.url + "/v1/cluster") as response:
+                workers = (await response.json())["workers"]
+            assert {w["id"]: w["gateway_in_flight"] for w in workers} == {"w1": 0, "w2": 1}
+            await ws.send_json({"type": "text", "text": "Hi."})
+            await ws.send_json({"type": "end"})
+            events, audio = [], 0
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    audio += len(message.data)
+                else:
+                    events.append(json.loads(message.data)["type"])
+        assert events == ["segment.started", "segment.done", "done"] and audio > 0
+        status, served_by, _ = await speak(http, cluster.gateway.url, voice, "Hi.")
+        assert (status, served_by) == (200, "w2")  # the HTTP path does the same
+    finally:
+        await release(cluster, held)
+
+
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
     owner = await owners(http, cluster.gateway, VOICES)
     victim_voices = [v for v in VOICES if owner[v] == "w1"][:2]  # within w1's load bound
@@ -490,6 +561,26 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     )
 
 
+async def test_a_socket_no_worker_can_take_gets_the_workers_code_and_when_to_retry(cluster, http):
+    """With w2 alone in the ring and full, a socket gets the worker's own code (``at_capacity``)
+    and ``retry_after``, closed with 1013 (try again later), as HTTP gets 503 with
+    ``Retry-After``; not ``upstream_failed``."""
+    assert members(cluster) == {"w2"}, "the test before kills w1"
+    held: list[aiohttp.ClientWebSocketResponse] = []
+    try:
+        await fill(http, cluster.workers["w2"], "tara", held)
+        event, closing = await refusal_on_socket(cluster.gateway, http, "tara")
+        assert event["type"] == "error" and event["error"]["code"] == "at_capacity", event
+        assert event["retry_after"] == 1, event
+        assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1013)
+        body = {"input": "Hi.", "voice": "tara"}
+        async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body) as response:
+            assert response.status == 503 and response.headers["Retry-After"] == "1"
+            assert (await response.json())["error"]["code"] == "at_capacity"
+    finally:
+        await release(cluster, held)
+
+
 async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
     w2 = cluster.workers["w2"]
     drain = await asyncio.create_subprocess_exec(
@@ -504,6 +595,31 @@ async def test_drain_takes_a_worker_out_of_the_ring(cluster, http):
     assert http_status(cluster.gateway.url + "/readyz") == 503
     status, _, _ = await speak(http, cluster.gateway.url, "tara")
     assert status == 503
+
+
+async def test_a_socket_routed_to_a_draining_worker_gets_its_code_and_when_to_retry(cluster, http):
+    """Until its next membership poll a gateway still routes to a worker that has just drained
+    (here its member record is written back, and the gateway routes there until the test removes
+    it): the worker refuses the upgrade (503 ``not_ready``, ``Retry-After``), and the socket gets
+    that code and ``retry_after``, as HTTP gets the 503; not ``upstream_failed``."""
+    w2 = cluster.workers["w2"]
+    client = cluster.redis.client()
+    assert http_status(w2.url + "/readyz") == 503, "the test before drains w2"
+    record = {"url": w2.url, "active_streams": 0, "loaded_adapters": 0, "capacity": WORKER_CAPACITY}
+    client.hset("vh:member:w2", mapping=record)
+    client.zadd("vh:members", {"w2": int(time.time() * 1000)})
+    try:
+        wait_until(lambda: members(cluster) == {"w2"}, POLL + SLACK)
+        event, closing = await refusal_on_socket(cluster.gateway, http, "tara")
+        assert event["type"] == "error" and event["error"]["code"] == "not_ready", event
+        assert event["retry_after"] == 1, event
+        assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1013)
+        status, _, payload = await speak(http, cluster.gateway.url, "tara")
+        assert status == 503 and json.loads(payload)["error"]["code"] == "not_ready"
+    finally:
+        client.delete("vh:member:w2")
+        client.zrem("vh:members", "w2")
+    wait_until(lambda: members(cluster) == set(), POLL + SLACK)
 
 
 async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command(redis_server):
