@@ -1,22 +1,38 @@
 """Export: a trained LoRA as ``adapters/<voice_id>/``, ready for the server to pick up.
 
-The folder holds the PEFT adapter (safetensors), ``voice.json`` and ``loss.png``. It is written
-next to its final place and renamed into it, so a server never sees half a voice.
+The folder holds the PEFT adapter (safetensors), ``voice.json``, ``loss.png`` and
+``references/``: the clips held out of training (24 kHz 16-bit WAV, listed in ``voice.json``'s
+``data.references``), the speaker's own voice for evaluating the clone. It is written next to its
+final place and renamed into it, so a server never sees half a voice.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+import wave
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lora_training.train import TrainHistory
+from voicehost.audio import to_pcm16
+from voicehost.orpheus import SAMPLE_RATE
 
 MANIFEST_VERSION = 1
+REFERENCES = "references"
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A clip held out of training: the speaker as they really sound."""
+
+    source: str  # the uploaded file (``name#k``: a piece of a long recording)
+    text: str
+    samples: np.ndarray  # float32, 24 kHz, loudness-normalised and trimmed
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +44,21 @@ class VoiceData:
     leading_before_ms: dict[str, float]
     leading_after_ms: dict[str, float]
     rejected: list[dict[str, str]]
+    quality: dict[str, object] | None = None  # lora_training.quality.DataReport.to_json()
+    references: list[Reference] = field(default_factory=list)
+
+
+def reference_entries(references: list[Reference]) -> list[dict[str, object]]:
+    """``voice.json``'s list of the reference files (relative to the voice folder)."""
+    return [
+        {
+            "file": f"{REFERENCES}/ref-{i:02d}.wav",
+            "source": ref.source,
+            "text": ref.text,
+            "seconds": round(ref.samples.size / SAMPLE_RATE, 3),
+        }
+        for i, ref in enumerate(references)
+    ]
 
 
 def manifest(
@@ -52,6 +83,8 @@ def manifest(
                 "after": data.leading_after_ms,
             },
             "rejected": data.rejected,
+            "references": reference_entries(data.references),
+            "quality": data.quality,
         },
         "train": {
             "eval_loss": [round(x, 5) for x in history.eval_loss],
@@ -83,14 +116,34 @@ def plot_losses(history: TrainHistory, out: Path) -> None:
     plt.close(figure)
 
 
+def write_wav(path: Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(to_pcm16(samples))
+
+
+def read_references(folder: Path) -> list[np.ndarray]:
+    """The reference clips of an exported voice (float32, 24 kHz), in ``voice.json``'s order."""
+    entries = json.loads((folder / "voice.json").read_text())["data"].get("references", [])
+    clips = []
+    for entry in entries:
+        with wave.open(str(folder / entry["file"]), "rb") as source:
+            pcm = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
+        clips.append((pcm / 32767.0).astype(np.float32))
+    return clips
+
+
 def export_voice(
     model: torch.nn.Module,
     out: Path,
     voice_manifest: dict[str, object],
     history: TrainHistory,
+    references: list[Reference] | None = None,
 ) -> Path:
     """Write the voice folder ``out`` in a hidden staging folder, then move it into place
-    (replacing an older one); returns it."""
+    (replacing an older one); returns it. ``references`` must be those the manifest lists."""
     staging = out.with_name(f".{out.name}.exporting")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
@@ -100,6 +153,10 @@ def export_voice(
     config_path.write_text(json.dumps(config, indent=2))
     (staging / "voice.json").write_text(json.dumps(voice_manifest, indent=2))
     plot_losses(history, staging / "loss.png")
+    if references:
+        (staging / REFERENCES).mkdir()
+        for entry, ref in zip(reference_entries(references), references, strict=True):
+            write_wav(staging / str(entry["file"]), ref.samples)
     (staging / "README.md").unlink(missing_ok=True)
     if out.exists():
         shutil.rmtree(out)

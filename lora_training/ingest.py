@@ -55,7 +55,8 @@ class Recording:
     """One decoded source file."""
 
     source: Path
-    samples: np.ndarray  # float32, mono, 24 kHz
+    samples: np.ndarray  # float32, mono, 24 kHz, loudness-normalised
+    gain: float = 1.0  # what normalising multiplied the decoded samples by
 
     @property
     def seconds(self) -> float:
@@ -245,21 +246,28 @@ def decode(path: Path, max_seconds: float | None = None) -> np.ndarray:
     return samples
 
 
-def normalise_loudness(samples: np.ndarray, target_lufs: float = TARGET_LUFS) -> np.ndarray:
-    """Scale to ``target_lufs`` integrated loudness (ITU-R BS.1770), without clipping."""
+def loudness_gain(samples: np.ndarray, target_lufs: float = TARGET_LUFS) -> float:
+    """The factor that brings ``samples`` to ``target_lufs`` integrated loudness (ITU-R BS.1770)
+    without clipping: 1 for a clip too short to measure, or digital silence."""
     import pyloudnorm
 
     meter = pyloudnorm.Meter(SAMPLE_RATE)
     if samples.size < SAMPLE_RATE // 2:  # the meter needs 400 ms blocks
-        return samples
+        return 1.0
     loudness = meter.integrated_loudness(samples.astype(np.float64))
     if not np.isfinite(loudness):  # digital silence
-        return samples
+        return 1.0
     gain = 10 ** (min(target_lufs - loudness, MAX_GAIN_DB) / 20)
     peak = float(np.abs(samples).max()) * gain
     if peak > 0.99:
         gain *= 0.99 / peak
-    return (samples * gain).astype(np.float32)
+    return float(gain)
+
+
+def normalise_loudness(samples: np.ndarray, target_lufs: float = TARGET_LUFS) -> np.ndarray:
+    """Scale to ``target_lufs`` integrated loudness (ITU-R BS.1770), without clipping."""
+    gain = loudness_gain(samples, target_lufs)
+    return samples if gain == 1.0 else (samples * gain).astype(np.float32)
 
 
 def ingest(
@@ -275,5 +283,6 @@ def ingest(
             log.warning("skipping %s: %s", path, exc)
             rejected.append(Rejected(path, str(exc)))
             continue
-        recordings.append(Recording(path, normalise_loudness(samples)))
+        gain = loudness_gain(samples)
+        recordings.append(Recording(path, (samples * gain).astype(np.float32), gain))
     return recordings, rejected

@@ -1,7 +1,8 @@
 """The training recipe: audio files in, a servable voice folder out.
 
-Composes the components top to bottom: ingest -> transcripts -> segment -> trim -> tokenise ->
-train -> export. ``voicehost train`` and the REST clone jobs both run this.
+Composes the components top to bottom: ingest -> transcripts -> segment -> trim -> quality
+(the data report; clips of other speakers left out; references held out) -> tokenise -> train ->
+export. ``voicehost train`` and the REST clone jobs both run this.
 """
 
 from __future__ import annotations
@@ -9,27 +10,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from lora_training import segment as segmenting
-from lora_training.export import VoiceData, export_voice, manifest
+from lora_training.export import Reference, VoiceData, export_voice, manifest
 from lora_training.ingest import Rejected, ingest
+from lora_training.quality import MIN_SIMILARITY, DataReport, SourceClip, assess, encoder_with_cache
 from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
 from lora_training.transcripts import SpeechRecognizer, find_transcripts, require_transcripts
-from lora_training.trim import TrimSettings, percentiles_ms, trim
+from lora_training.trim import TrimmedClip, TrimSettings, percentiles_ms, trim
 from voicehost import orpheus
 from voicehost.orpheus import PAD, SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 MIN_SPEECH_SECONDS = 30.0
+MIN_REFERENCES = 3  # clips held out of training as the speaker's references...
+REFERENCE_SHARE = 0.1  # ... or this share of the clips, if more
 
 
 class NotEnoughSpeech(ValueError):
-    """Less usable speech than a voice needs."""
+    """Less usable speech than a voice needs (``report``: the data report, when measured)."""
+
+    def __init__(self, message: str, report: DataReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class VoiceJob:
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
     replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
+    speaker_encoder: str | None = None  # voicehost.speaker.load_encoder's spec
+    speaker_min_similarity: float = MIN_SIMILARITY  # clips of a voice less alike are left out
 
 
 def job_to_json(job: VoiceJob) -> dict[str, object]:
@@ -75,54 +85,110 @@ def job_from_json(data: dict) -> VoiceJob:
 
 @dataclass
 class PreparedData:
-    utterances: list[Utterance]
+    utterances: list[Utterance]  # what training gets
     rejected: list[Rejected]
     leading_before_ms: list[float]
     leading_after_ms: list[float]
+    references: list[Reference] = field(default_factory=list)  # held out of training
+    report: DataReport | None = None  # None when prepared without measuring
 
     @property
     def seconds(self) -> float:
         return sum(u.samples.size for u in self.utterances) / SAMPLE_RATE
 
 
-def prepare(job: VoiceJob, recognizer: SpeechRecognizer | None = None) -> PreparedData:
-    """Decode, transcribe, segment and trim; raises when there is not enough usable speech."""
+def held_out(count: int) -> list[int]:
+    """Which of ``count`` clips are kept out of training as references: ``MIN_REFERENCES`` or a
+    ``REFERENCE_SHARE``, whichever is more (never half or more), spread evenly over them."""
+    wanted = min(max(MIN_REFERENCES, round(REFERENCE_SHARE * count)), (count - 1) // 2)
+    return [int((i + 0.5) * count / wanted) for i in range(wanted)] if wanted > 0 else []
+
+
+def prepare(
+    job: VoiceJob, recognizer: SpeechRecognizer | None = None, measure: bool = True
+) -> PreparedData:
+    """Decode, transcribe, segment and trim; measure the data (``measure``: the data report,
+    which leaves clips of other speakers out); hold references out; raises when training
+    would get too little usable speech."""
     recordings, rejected = ingest(job.audio, job.max_file_seconds)
     texts = find_transcripts([r.source for r in recordings], job.transcripts)
     short = [r for r in recordings if r.seconds <= segmenting.MAX_CLIP_SECONDS]
     require_transcripts([r.source for r in short], texts, recognizer)
-    clips: list[tuple[str, object]] = []
+    texted: list[tuple[str, SourceClip, TrimmedClip | None]] = []
     for recording in recordings:
+        name = recording.source.name
         if recording.seconds <= segmenting.MAX_CLIP_SECONDS:
             text = texts.get(recording.source) or recognizer.transcribe(recording.samples)
-            clips.append((text, recording.samples))
+            pieces = [(text, name, recording.samples)]
+        else:
+            try:
+                split = segmenting.split_recording(recording.samples, recognizer)
+            except segmenting.NeedsRecognizer as exc:
+                rejected.append(Rejected(recording.source, str(exc)))
+                continue
+            pieces = [(text, f"{name}#{k + 1}", piece) for k, (text, piece) in enumerate(split)]
+        for text, piece_name, samples in pieces:
+            trimmed = trim(samples, job.trim)
+            speech = None if trimmed is None else trimmed.samples
+            clip = SourceClip(piece_name, samples, recording.gain, speech)
+            texted.append((text, clip, trimmed))
+    report = None
+    if measure:
+        encoder = encoder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
+        clips = [clip for _, clip, _ in texted]
+        report = assess(clips, encoder, job.speaker_min_similarity)
+        report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
+    usable = [
+        i
+        for i, (_, _, trimmed) in enumerate(texted)
+        if trimmed is not None and (report is None or not report.clips[i].excluded)
+    ]
+    references = {usable[k] for k in held_out(len(usable))}
+    prepared = PreparedData([], rejected, [], [], report=report)
+    for i in usable:
+        text, clip, trimmed = texted[i]
+        assert trimmed is not None
+        if i in references:
+            prepared.references.append(Reference(clip.name, text, trimmed.samples))
             continue
-        try:
-            clips += segmenting.split_recording(recording.samples, recognizer)
-        except segmenting.NeedsRecognizer as exc:
-            rejected.append(Rejected(recording.source, str(exc)))
-    prepared = PreparedData([], rejected, [], [])
-    for text, samples in clips:
-        trimmed = trim(samples, job.trim)
-        if trimmed is None:
-            continue
-        kept = trimmed if job.trim_leading_silence else None
-        prepared.utterances.append(Utterance(text, kept.samples if kept else samples))
+        kept = trimmed.samples if job.trim_leading_silence else clip.samples
+        prepared.utterances.append(Utterance(text, kept))
         prepared.leading_before_ms.append(trimmed.leading_before_ms)
         prepared.leading_after_ms.append(
-            kept.leading_after_ms if kept else trimmed.leading_before_ms
+            trimmed.leading_after_ms if job.trim_leading_silence else trimmed.leading_before_ms
         )
     if prepared.seconds < job.min_speech_seconds:
         skipped = "; ".join(f"{r.source.name}: {r.reason}" for r in rejected[:5])
+        left_out = len(report.excluded) if report else 0
         raise NotEnoughSpeech(
             f"found {prepared.seconds:.1f} s of usable speech in {len(prepared.utterances)} clips; "
             f"a voice needs at least {job.min_speech_seconds:.0f} s"
-            + (f" (skipped {skipped})" if skipped else "")
+            + (f" ({len(references)} clips held out as references" if references else "")
+            + (f", {left_out} left out as another speaker" if left_out else "")
+            + (")" if references else "")
+            + (f" (skipped {skipped})" if skipped else ""),
+            report,
         )
     return prepared
 
 
-Report = Callable[[str, float, list[float]], None]  # (stage, fraction done, eval losses)
+class Report(Protocol):
+    """Hears each stage of ``train_voice``: (stage, fraction done, eval losses) and, once
+    prepare ends, the data report (``data``, as JSON)."""
+
+    def __call__(
+        self,
+        stage: str,
+        fraction: float,
+        eval_loss: list[float],
+        data: dict[str, object] | None = None,
+    ) -> None: ...
+
+
+def _ignore(
+    stage: str, fraction: float, eval_loss: list[float], data: dict[str, object] | None = None
+) -> None:
+    return None
 
 
 def train_voice(
@@ -133,17 +199,33 @@ def train_voice(
 ) -> Path:
     """Run the whole recipe; returns the exported voice folder.
 
-    ``report`` hears each stage (preparing, training, exporting) and the training progress.
+    ``report`` hears each stage (preparing, training, exporting), the data report as soon as
+    prepare ends (before training starts; also when it finds too little speech) and the
+    training progress.
     """
-    report = report or (lambda stage, fraction, losses: None)
+    report = report or _ignore
     report("preparing", 0.0, [])
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from voicehost.codec import SnacCodec
 
-    prepared = prepare(job, recognizer)
-    log.info("%d clips, %.1f s of speech", len(prepared.utterances), prepared.seconds)
+    try:
+        prepared = prepare(job, recognizer)
+    except NotEnoughSpeech as exc:
+        if exc.report is not None:
+            report("preparing", 1.0, [], exc.report.to_json())
+        raise
+    assert prepared.report is not None
+    report("preparing", 1.0, [], prepared.report.to_json())
+    for warning in prepared.report.warnings:
+        log.warning("%s", warning)
+    log.info(
+        "%d clips, %.1f s of speech; %d held out as references",
+        len(prepared.utterances),
+        prepared.seconds,
+        len(prepared.references),
+    )
     tokenizer = AutoTokenizer.from_pretrained(job.base_model)
     codec = SnacCodec.load(job.codec, device="cpu")
     voice_name = job.voice_id if job.prompt_style == "named" else None
@@ -179,6 +261,8 @@ def train_voice(
         leading_before_ms=percentiles_ms(prepared.leading_before_ms),
         leading_after_ms=percentiles_ms(prepared.leading_after_ms),
         rejected=[{"file": r.source.name, "reason": r.reason} for r in prepared.rejected],
+        quality=prepared.report.to_json(),
+        references=prepared.references,
     )
     voice_manifest = manifest(
         job.voice_id,
@@ -192,4 +276,4 @@ def train_voice(
     out = job.adapters_dir / job.voice_id
     if out.exists() and not job.replace_existing:
         raise FileExistsError(f"voice {job.voice_id!r} was created while this job ran")
-    return export_voice(model, out, voice_manifest, history)
+    return export_voice(model, out, voice_manifest, history, prepared.references)

@@ -1,7 +1,8 @@
 """Run one clone job in its own process: ``python -m lora_training.worker JOB_DIR``.
 
 The server writes ``JOB_DIR/spec.json``; this process trains, reports into ``progress.json``
-(written atomically) and, if it fails, leaves the reason in ``error.txt``. Training never
+(written atomically; from the end of prepare on it carries the data report, ``data``) and, if it
+fails, leaves the reason in ``error.txt``. Training never
 shares a process with the engine, so it cannot stall live streams.
 """
 
@@ -23,12 +24,39 @@ ERROR = "error.txt"
 SPEC = "spec.json"
 
 
-def write_progress(job_dir: Path, stage: str, fraction: float, eval_loss: list[float]) -> None:
+def write_progress(
+    job_dir: Path,
+    stage: str,
+    fraction: float,
+    eval_loss: list[float],
+    data: dict[str, object] | None = None,
+) -> None:
     state = {"stage": stage, "progress": round(fraction, 4), "eval_loss": eval_loss}
     state["updated"] = time.time()
+    if data is not None:
+        state["data"] = data
     tmp = job_dir / f"{PROGRESS}.tmp"
     tmp.write_text(json.dumps(state))
     tmp.replace(job_dir / PROGRESS)
+
+
+class ProgressFile:
+    """``train_voice``'s report, written to ``progress.json``; the data report, once heard, is
+    kept in every later write."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+        self.data: dict[str, object] | None = None
+
+    def __call__(
+        self,
+        stage: str,
+        fraction: float,
+        eval_loss: list[float],
+        data: dict[str, object] | None = None,
+    ) -> None:
+        self.data = data if data is not None else self.data
+        write_progress(self.job_dir, stage, fraction, eval_loss, self.data)
 
 
 def main(argv: list[str]) -> int:
@@ -45,11 +73,7 @@ def main(argv: list[str]) -> int:
     job = job_from_json(json.loads((job_dir / SPEC).read_text()))
     (job_dir / ERROR).unlink(missing_ok=True)
     try:
-        train_voice(
-            job,
-            progress=False,
-            report=lambda stage, fraction, losses: write_progress(job_dir, stage, fraction, losses),
-        )
+        train_voice(job, progress=False, report=ProgressFile(job_dir))
     except Exception as exc:
         logging.exception("clone job failed")
         (job_dir / ERROR).write_text(f"{type(exc).__name__}: {exc}")

@@ -16,8 +16,8 @@ from voicehost.devcorpus import build_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """16 clips, about 40 s of speech: above the 30 s a clone needs, and each clone job trains
-    on all of it (test_training's voice takes the whole 36)."""
+    """16 clips, about 40 s of speech: 3 are held out as references, and the 13 left (32 s) are
+    above the 30 s a clone needs (test_training's voice takes the whole 36)."""
     return build_corpus(tmp_path_factory.mktemp("clone-corpus"), count=16)
 
 
@@ -55,11 +55,15 @@ async def test_cloning_from_audio_makes_a_voice_that_speaks(http, server, corpus
     job, seen = await wait_for_job(http, server, job["id"], {"done", "failed"})
     assert job["status"] == "done", job
     assert any(s["status"] == "training" for s in seen)
+    # the data report is in the job from the end of prepare on, before training starts
+    training = next(s for s in seen if s["status"] == "training")
+    assert len(training["data"]["clips"]) == len(corpus.good) and training["data"]["warnings"]
+    assert job["data"] == training["data"]
     assert len(job["eval_loss"]) == 2
     async with http.get(f"{server.url}/v1/voices/clone-test") as response:
         voice = (await response.json())["voice"]
     assert voice["name"] == "Clone Test"
-    assert voice["manifest"]["data"]["clips"] == len(corpus.good)
+    assert voice["manifest"]["data"]["clips"] == len(corpus.good) - 3  # 3 held-out references
     body = {"input": "Hello there.", "voice": "clone-test", "response_format": "pcm"}
     async with http.post(server.url + "/v1/audio/speech", json=body) as response:
         assert response.status == 200

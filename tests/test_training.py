@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lora_training import segment
+from lora_training.export import read_references
 from lora_training.ingest import decode, ingest
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare, train_voice
 from lora_training.tokenise import build_dataset, drop_repeated_frames
@@ -174,7 +175,8 @@ def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, dev_
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert manifest["voice_id"] == "espeak" and manifest["base_model"] == "voicehost-dev"
     data = manifest["data"]
-    assert data["clips"] == 36 and 1.0 < data["minutes"] < 3.0
+    # 36 clips, 4 of them held out as the speaker's references (at least 3, about 10%)
+    assert data["clips"] == 32 and 1.0 < data["minutes"] < 3.0
     assert data["leading_silence_ms"]["before"]["p50"] >= 300
     assert data["leading_silence_ms"]["after"]["p95"] <= 60
     assert {"created", "version", "prompt_style", "name"} <= set(manifest)
@@ -183,6 +185,25 @@ def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, dev_
         "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
     )
     assert validate_adapter(trained_voice, rules).voice_id == "espeak"
+
+
+def test_the_exported_voice_holds_its_references_and_data_report(trained_voice, corpus):
+    data = json.loads((trained_voice / "voice.json").read_text())["data"]
+    references = data["references"]
+    assert len(references) == 4
+    for entry in references:
+        assert (trained_voice / entry["file"]).is_file()
+        assert entry["text"] == corpus.texts[Path(entry["source"]).stem]
+    clips = read_references(trained_voice)
+    assert [round(c.size / orpheus.SAMPLE_RATE, 3) for c in clips] == [
+        e["seconds"] for e in references
+    ]
+    report = data["quality"]
+    assert report["encoder"] == "resemblyzer-ge2e" and report["excluded"] == []
+    assert len(report["clips"]) == 36 and {r["file"] for r in report["rejected"]} == {
+        "broken.wav",
+        "notes.mp3",
+    }
 
 
 def test_train_command_writes_a_voice(small_corpus, dev_model, tmp_path):

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from lora_training.quality import add_arguments as add_check_data_arguments
 from voicehost.bench import DESCRIPTION as BENCH_DESCRIPTION
 from voicehost.bench import add_arguments as add_bench_arguments
 from voicehost.config import Settings
@@ -233,6 +234,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_data(args: argparse.Namespace) -> int:
+    from lora_training import quality
+
+    return quality.run(args)
+
+
 def _cluster_arguments(parser: argparse.ArgumentParser, dev_help: str, model_help: str) -> None:
     parser.add_argument("--dev", action="store_true", help=dev_help)
     parser.add_argument("--model", help=model_help)
@@ -332,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--min-speech-seconds", type=float, default=30.0)
     train.add_argument("--asr-model", type=Path, help="a local faster-whisper model folder")
     train.set_defaults(func=cmd_train)
+
+    check = commands.add_parser("check-data", help="the data report of audio, without training")
+    add_check_data_arguments(check)
+    check.set_defaults(func=cmd_check_data)
     return parser
 
 

@@ -55,6 +55,7 @@ class CloneJob:
     eval_loss: list[float] = field(default_factory=list)
     runner: str | None = None  # who runs the job's worker process right now
     tenant: str | None = None  # whose job it is (and whose the voice); None: no keys configured
+    data: dict[str, object] | None = None  # the data report, from the end of prepare on
 
 
 class JobQueue(Protocol):
@@ -179,6 +180,7 @@ class CloneJobs:
         job.status = "training" if progress["stage"] in ("training", "exporting") else "preparing"
         job.progress = progress["progress"]
         job.eval_loss = progress["eval_loss"]
+        job.data = progress.get("data", job.data)
         return job
 
     def jobs(self) -> list[CloneJob]:
@@ -211,6 +213,7 @@ class CloneJobs:
             return job
         previous = (job.status, job.error)
         job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
+        job.data = None
         self._save(job)
         try:
             await self.queue.put(job_id)

@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     max_adapter_mb: float = Field(256.0, description="Largest uploaded adapter file (413).")
     min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
+    speaker_encoder: str | None = Field(
+        None, description="Speaker encoder: resemblyzer, package.module:factory or a folder."
+    )
+    speaker_min_similarity: float = Field(
+        0.92, ge=-1.0, le=1.0, description="Clips of a voice this unlike the upload's are left out."
+    )
     eval_min_similarity: float = Field(
         0.75, description="A clone's least mean speaker similarity to its references to go live."
     )

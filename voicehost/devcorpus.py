@@ -66,13 +66,16 @@ def speak(
     fmt: str,
     words_per_minute: int = 175,
     squeeze_pauses: bool = False,
+    voice: str | None = None,
 ) -> None:
     """``text`` spoken by espeak-ng into ``out`` (format by its suffix) after ``lead_s`` seconds
     of digital silence. ``squeeze_pauses`` first cuts every pause espeak-ng fills with digital
     silence (between words, at commas, at both ends), so the added lead is the clip's only
-    silence."""
+    silence. ``voice``: an espeak-ng voice (``en+f3``: English, variant female 3)."""
     raw = out.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-s", str(words_per_minute), "-w", str(raw), text], check=True)
+    command = ["espeak-ng", "-s", str(words_per_minute), "-w", str(raw)]
+    command += ["-v", voice] if voice else []
+    subprocess.run([*command, text], check=True)
     if squeeze_pauses:
         squeezed = out.with_suffix(".squeezed.wav")
         # drop leading silence, then every run of 20 ms or more below 0.5% of full scale
@@ -84,13 +87,17 @@ def speak(
 
 
 def build_corpus(
-    folder: Path, count: int = len(SENTENCES), seed: int = 0, squeeze_pauses: bool = False
+    folder: Path,
+    count: int = len(SENTENCES),
+    seed: int = 0,
+    squeeze_pauses: bool = False,
+    voice: str | None = None,
 ) -> Corpus:
     """``count`` sentences, each with 0.3-1 s of leading silence, as wav, flac and ogg, with a
     ``metadata.csv``; plus a corrupt wav and a text file named like an mp3.
 
     Past the first ``len(SENTENCES)`` clips the sentences repeat, 25 words per minute slower each
-    round. ``squeeze_pauses``: see ``speak``."""
+    round. ``squeeze_pauses`` and ``voice``: see ``speak``."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     good, leads, rows, texts = [], {}, [], {}
@@ -100,7 +107,7 @@ def build_corpus(
         path = folder / f"clip{index:02d}.{fmt}"
         leads[path.stem] = rng.uniform(0.3, 1.0)
         rate = 175 - 25 * (index // len(SENTENCES))
-        speak(text, path, leads[path.stem], fmt, rate, squeeze_pauses)
+        speak(text, path, leads[path.stem], fmt, rate, squeeze_pauses, voice)
         good.append(path)
         rows.append(f"{path.stem}|{text}")
         texts[path.stem] = text

@@ -148,6 +148,11 @@ class CloneJobInfo(BaseModel):
     stage: str | None = None
     error: str | None = None
     eval_loss: list[float] = Field(default_factory=list)
+    data: dict[str, object] | None = Field(
+        None,
+        description="The data quality report, from the end of the preparing stage on: each "
+        "clip's figures, the clips left out (another speaker) and the warnings.",
+    )
     created: float
     updated: float
 

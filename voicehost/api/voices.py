@@ -241,9 +241,11 @@ async def _check_audio(
         ),
         min_speech_seconds=settings.min_speech_seconds,
         replace_existing=False,
+        speaker_encoder=settings.speaker_encoder,
+        speaker_min_similarity=settings.speaker_min_similarity,
     )
     try:
-        await asyncio.to_thread(prepare, spec)
+        await asyncio.to_thread(prepare, spec, measure=False)  # the worker measures the data
     except (NotEnoughSpeech, MissingTranscripts) as exc:
         raise ApiError(
             400,

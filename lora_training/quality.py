@@ -1,0 +1,479 @@
+"""Data quality: what an upload holds, measured before a voice is trained on it.
+
+Per clip: its duration, speech share (silero-vad), an SNR estimate (speech power over the power
+of its non-speech frames), the share of samples at full scale (clipping) and its loudness as
+uploaded (before normalisation), all on the clip as cut from its file, before trimming; and the
+similarity of its speech to the upload's own speaker (the centroid of the clips kept). For the
+upload: the minutes of usable speech and warnings in plain words.
+
+Clips of another speaker are left out of training (``other_speakers``): the clips are split in
+two groups by their embeddings, and a minority group whose own speaker (its centroid) is less
+than ``min_similarity`` like the rest's, and clearly further off than any group of that size
+within the rest, is another voice. One clip alone is judged by its own similarity, with a margin
+(a single clip's embedding also carries what it says). The default threshold is measured on
+espeak-ng speakers (``scripts/bench_eval.py``, docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from lora_training import segment as segmenting
+from lora_training.ingest import ingest
+from lora_training.transcripts import find_transcripts
+from lora_training.trim import trim
+from voicehost.orpheus import SAMPLE_RATE
+from voicehost.speaker import EmbeddingCache, SpeakerEncoder, centroid, load_encoder
+
+MIN_SIMILARITY = 0.92  # between two groups' speakers; see the benchmark
+LONE_CLIP_MARGIN = 0.10  # a lone clip's own similarity is compared with MIN_SIMILARITY - this
+LONE_CLIP_MADS = 4.0  # ... and must also be this many deviations below the upload's median
+WANTED_MINUTES = 5.0
+NOISY_SNR_DB = 20.0
+FULL_SCALE = 0.99  # |sample| at or above: clipped (resampling rings around a clipped plateau)
+CLIPPED_SHARE = 0.001
+SNR_CAP_DB = 80.0  # digital silence between words: no noise to measure
+FRAME_SECONDS = 0.02
+MIN_GROUP_CLIPS = 6  # fewer clips: no two groups to tell apart
+MIN_OTHER_CLIPS = 3  # a smaller group is judged clip by clip (two odd clips are no pattern)
+MAX_SEARCHED_GROUP = 12  # neighbour groups searched up to this size (clustering finds more)
+NEIGHBOUR_CANDIDATES = 3
+SPLIT_MARGIN = 0.02  # a group is another speaker only this much further off than the rest split
+
+
+@dataclass(frozen=True, slots=True)
+class SourceClip:
+    """One clip as cut from an uploaded file, before trimming."""
+
+    name: str  # the file's name; ``name#k`` for the k-th piece of a long recording
+    samples: np.ndarray  # float32, 24 kHz, loudness-normalised
+    gain: float  # the normalisation's factor: ``samples / gain`` is what was uploaded
+    speech: np.ndarray | None  # the trimmed clip; None: no speech in it
+
+
+@dataclass(frozen=True, slots=True)
+class ClipQuality:
+    file: str
+    seconds: float
+    speech_share: float
+    snr_db: float
+    clipped_share: float
+    loudness_lufs: float | None  # as uploaded; None: too short or digital silence
+    similarity: float | None  # to the upload's speaker; None: no speech
+    excluded: str | None = None  # why the clip is left out of training
+
+
+@dataclass
+class DataReport:
+    """The whole upload: every clip's figures, the usable speech and the warnings."""
+
+    encoder: str
+    min_similarity: float
+    clips: list[ClipQuality]
+    speech_minutes: float
+    warnings: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)  # files that did not decode
+
+    @property
+    def excluded(self) -> list[ClipQuality]:
+        return [c for c in self.clips if c.excluded]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "encoder": self.encoder,
+            "min_similarity": self.min_similarity,
+            "speech_minutes": round(self.speech_minutes, 3),
+            "warnings": self.warnings,
+            "excluded": [{"file": c.file, "reason": c.excluded} for c in self.excluded],
+            "rejected": self.rejected,
+            "clips": [_rounded(asdict(c)) for c in self.clips],
+        }
+
+
+def _rounded(values: dict[str, object]) -> dict[str, object]:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()}
+
+
+# -- per clip ------------------------------------------------------------------------------
+
+
+def frame_powers(samples: np.ndarray) -> np.ndarray:
+    size = int(FRAME_SECONDS * SAMPLE_RATE)
+    count = samples.size // size
+    frames = samples[: count * size].astype(np.float64).reshape(count, size)
+    return np.mean(frames**2, axis=1)
+
+
+def snr_db(samples: np.ndarray, regions: Sequence[tuple[int, int]]) -> float:
+    """Speech power over noise power, in dB: noise from the frames outside the speech regions
+    (the quietest tenth of all frames when fewer than ten are), capped at ``SNR_CAP_DB``."""
+    powers = frame_powers(samples)
+    if powers.size == 0:
+        return 0.0
+    size = int(FRAME_SECONDS * SAMPLE_RATE)
+    in_speech = np.zeros(powers.size, dtype=bool)
+    for start, end in regions:
+        in_speech[start // size : -(-end // size)] = True
+    noise = powers[~in_speech]
+    if noise.size < 10:
+        noise = np.sort(powers)[: max(1, powers.size // 10)]
+    speech = powers[in_speech] if in_speech.any() else powers
+    noise_power = float(np.median(noise))
+    signal = float(np.mean(speech)) - noise_power
+    if noise_power <= 0:
+        return SNR_CAP_DB
+    if signal <= 0:
+        return 0.0
+    return float(min(SNR_CAP_DB, 10 * np.log10(signal / noise_power)))
+
+
+def loudness_lufs(samples: np.ndarray) -> float | None:
+    import pyloudnorm
+
+    if samples.size < SAMPLE_RATE // 2:
+        return None
+    value = pyloudnorm.Meter(SAMPLE_RATE).integrated_loudness(samples.astype(np.float64))
+    return float(value) if np.isfinite(value) else None
+
+
+def measure_clip(clip: SourceClip) -> ClipQuality:
+    """A clip's figures, all but its speaker similarity."""
+    uploaded = clip.samples / clip.gain
+    regions = segmenting.speech_regions(clip.samples) if clip.samples.size else []
+    speech = sum(end - start for start, end in regions)
+    return ClipQuality(
+        file=clip.name,
+        seconds=clip.samples.size / SAMPLE_RATE,
+        speech_share=min(1.0, speech / max(1, clip.samples.size)),
+        snr_db=snr_db(clip.samples, regions),
+        clipped_share=float(np.mean(np.abs(uploaded) >= FULL_SCALE)) if uploaded.size else 0.0,
+        loudness_lufs=loudness_lufs(uploaded),
+        similarity=None,
+    )
+
+
+# -- the speaker -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerSplit:
+    """Which clips are the upload's speaker: the rest, each with its reason."""
+
+    speaker: np.ndarray  # the centroid of the clips kept
+    similarity: list[float]  # each clip's to ``speaker``
+    excluded: dict[int, str]
+
+
+def other_speakers(
+    embeddings: Sequence[np.ndarray], min_similarity: float = MIN_SIMILARITY
+) -> SpeakerSplit:
+    """Find the clips whose speaker differs from the rest (see the module docstring).
+
+    Up to three rounds, each on the clips still kept: split them in two (candidates from
+    agglomerative clustering and from each clip's nearest neighbours, ``_least_alike_split``),
+    refine each split by moving every clip to the group whose mean (without it) it is closer
+    to, and take the split whose groups are least alike; its smaller group (of
+    ``MIN_OTHER_CLIPS`` or more) is another speaker if the groups' centroids are under
+    ``min_similarity`` alike and at least ``SPLIT_MARGIN`` less alike than the most distinct
+    group of the same size within the larger group (a few clips of one speaker can sit apart
+    for what they say). Then a lone clip is another speaker if its similarity to the speaker
+    is both under ``min_similarity - LONE_CLIP_MARGIN`` and ``LONE_CLIP_MADS`` robust
+    deviations below the upload's median."""
+    vectors = np.stack(embeddings) if len(embeddings) else np.zeros((0, 1), np.float32)
+    kept = np.ones(len(vectors), dtype=bool)
+    excluded: dict[int, str] = {}
+    for _ in range(3):
+        indices = np.flatnonzero(kept)
+        if indices.size < MIN_GROUP_CLIPS:
+            break
+        split = _least_alike_split(vectors[indices])
+        if split is None:
+            break
+        alike, minority = split
+        rest = vectors[indices][~minority]
+        if alike >= min_similarity or alike > _own_spread(rest, int(minority.sum())):
+            break
+        for i in indices[minority]:
+            kept[i] = False
+            excluded[int(i)] = (
+                f"another speaker: {int(minority.sum())} clips sound alike and their voice is "
+                f"{alike:.2f} like the upload's speaker (under {min_similarity:.2f})"
+            )
+    speaker = centroid(list(vectors[kept])) if kept.any() else np.zeros(vectors.shape[1])
+    scores = vectors @ speaker if len(vectors) else np.zeros(0)
+    if kept.sum() >= MIN_GROUP_CLIPS:
+        middle = float(np.median(scores[kept]))
+        spread = 1.4826 * float(np.median(np.abs(scores[kept] - middle)))
+        bar = min(min_similarity - LONE_CLIP_MARGIN, middle - LONE_CLIP_MADS * spread)
+        for i in np.flatnonzero(kept & (scores < bar)):
+            kept[i] = False
+            excluded[int(i)] = (
+                f"another speaker: {scores[i]:.2f} like the upload's speaker (a lone clip: under "
+                f"{min_similarity - LONE_CLIP_MARGIN:.2f} and far below the other clips)"
+            )
+    return SpeakerSplit(speaker, [float(s) for s in scores], excluded)
+
+
+def _own_spread(vectors: np.ndarray, size: int) -> float:
+    """How far off a group of ``size`` clips of one speaker can be from the rest: the least
+    alike of the groups of each clip and its ``size - 1`` nearest, among ``vectors`` (one
+    speaker's clips, presumably), less ``SPLIT_MARGIN``; 1 when they are too few."""
+    if len(vectors) < max(MIN_GROUP_CLIPS, 2 * size):
+        return 1.0
+    least = min(_alike(vectors, group) for group in _neighbour_groups(vectors, size))
+    return least - SPLIT_MARGIN
+
+
+def _alike(vectors: np.ndarray, group: np.ndarray) -> float:
+    """How alike the speakers (centroids) of ``group`` and of the other clips are."""
+    return float(centroid(list(vectors[group])) @ centroid(list(vectors[~group])))
+
+
+def _neighbour_groups(vectors: np.ndarray, size: int) -> list[np.ndarray]:
+    """For each clip, the mask of it and its ``size - 1`` most similar clips."""
+    nearest = np.argsort(-(vectors @ vectors.T), axis=1, kind="stable")[:, :size]
+    groups = np.zeros((len(vectors), len(vectors)), dtype=bool)
+    np.put_along_axis(groups, nearest, True, axis=1)
+    return list(groups)
+
+
+def _least_alike_split(vectors: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """(similarity of the two groups' centroids, mask of the smaller group) of the candidate
+    split whose groups are least alike; None when none leaves ``MIN_OTHER_CLIPS`` in each.
+
+    Candidates: the two clusters of agglomerative clustering (average and complete linkage on
+    cosine distance, Ward on the unit vectors), and the ``NEIGHBOUR_CANDIDATES`` groups of a
+    clip and its nearest clips (``MIN_OTHER_CLIPS`` to ``MAX_SEARCHED_GROUP``) that stand
+    furthest from the rest (a few clips of another speaker, which clustering often merges
+    into the larger group); each refined (``_refined``)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    minorities = []
+    for method, metric in (("average", "cosine"), ("complete", "cosine"), ("ward", "euclidean")):
+        labels = fcluster(linkage(vectors, method=method, metric=metric), 2, "maxclust")
+        minorities.append(labels != np.bincount(labels).argmax())
+    largest = min(MAX_SEARCHED_GROUP, len(vectors) // 3)
+    groups = [
+        group
+        for size in range(MIN_OTHER_CLIPS, largest + 1)
+        for group in _neighbour_groups(vectors, size)
+    ]
+    groups.sort(key=lambda group: _mean_alike(vectors, group))
+    minorities += groups[:NEIGHBOUR_CANDIDATES]
+    best: tuple[float, np.ndarray] | None = None
+    for minority in minorities:
+        majority = _refined(vectors, ~minority)
+        if (~majority).sum() < MIN_OTHER_CLIPS:
+            continue
+        alike = _alike(vectors, ~majority)
+        if best is None or alike < best[0]:
+            best = (alike, ~majority)
+    return best
+
+
+def _mean_alike(vectors: np.ndarray, group: np.ndarray) -> float:
+    """``_alike`` with mean centroids: cheap, to rank many candidate groups."""
+    inside, outside = vectors[group].sum(axis=0), vectors[~group].sum(axis=0)
+    return float(inside @ outside / (np.linalg.norm(inside) * np.linalg.norm(outside) + 1e-12))
+
+
+def _refined(vectors: np.ndarray, majority: np.ndarray, rounds: int = 10) -> np.ndarray:
+    """Move each clip to the group whose mean, computed without it, it is closer to, until
+    nothing moves; the larger group stays ``True``."""
+    for _ in range(rounds):
+        if majority.all() or not majority.any():
+            return majority
+        near = []
+        for group in (majority, ~majority):
+            without = vectors[group].sum(axis=0)[None, :] - vectors * group[:, None]
+            norms = np.linalg.norm(without, axis=1)
+            cosine = np.einsum("ij,ij->i", vectors, without) / np.maximum(norms, 1e-12)
+            near.append(np.where(norms > 1e-9, cosine, -np.inf))  # a group of just this clip
+        moved = near[0] >= near[1]
+        if moved.sum() < (~moved).sum():
+            moved = ~moved
+        if (moved == majority).all():
+            break
+        majority = moved
+    return majority
+
+
+# -- the upload ------------------------------------------------------------------------------
+
+
+def assess(
+    clips: Sequence[SourceClip],
+    encoder: SpeakerEncoder,
+    min_similarity: float = MIN_SIMILARITY,
+) -> DataReport:
+    """Measure every clip, leave out the clips of other speakers, and word the warnings."""
+    measured = [measure_clip(clip) for clip in clips]
+    voiced = [i for i, clip in enumerate(clips) if clip.speech is not None]
+    embeddings = [encoder.embed(clips[i].speech, SAMPLE_RATE) for i in voiced]
+    split = other_speakers(embeddings, min_similarity)
+    similarity: dict[int, float] = dict(zip(voiced, split.similarity, strict=True))
+    excluded = {voiced[j]: reason for j, reason in split.excluded.items()}
+    report_clips = []
+    for i, quality in enumerate(measured):
+        reason = excluded.get(i) if i in similarity else "no speech found"
+        report_clips.append(
+            ClipQuality(**{**asdict(quality), "similarity": similarity.get(i), "excluded": reason})
+        )
+    kept_seconds = sum(
+        clip.speech.size / SAMPLE_RATE
+        for clip, quality in zip(clips, report_clips, strict=True)
+        if clip.speech is not None and not quality.excluded
+    )
+    report = DataReport(encoder.name, min_similarity, report_clips, kept_seconds / 60)
+    report.warnings = warnings_for(report)
+    return report
+
+
+def warnings_for(report: DataReport) -> list[str]:
+    """The report's findings in plain words."""
+    said: list[str] = []
+    kept = [c for c in report.clips if not c.excluded]
+    if report.speech_minutes < WANTED_MINUTES:
+        said.append(
+            f"Too little speech: {report.speech_minutes:.1f} minutes usable; a voice sounds like "
+            f"its speaker from about {WANTED_MINUTES:.0f} minutes of clean speech on."
+        )
+    noisy = [c for c in kept if c.snr_db < NOISY_SNR_DB]
+    if noisy:
+        median = float(np.median([c.snr_db for c in noisy]))
+        said.append(
+            f"Noisy: {len(noisy)} of {len(kept)} clips have background noise (signal-to-noise "
+            f"{median:.0f} dB, under {NOISY_SNR_DB:.0f}); the voice will learn the noise too, so "
+            "record somewhere quieter or closer to the microphone."
+        )
+    clipped = [c for c in kept if c.clipped_share > CLIPPED_SHARE]
+    if clipped:
+        worst = max(c.clipped_share for c in clipped)
+        said.append(
+            f"Clipped: {len(clipped)} of {len(kept)} clips were recorded too loud (up to "
+            f"{worst:.1%} of their samples at full scale) and are distorted; record at a lower "
+            "level."
+        )
+    others = [c.file for c in report.clips if c.excluded and c.excluded.startswith("another")]
+    if others:
+        said.append(
+            f"Mixed speakers: {len(others)} clips sound like someone else and are left out of "
+            f"training: {', '.join(others)}."
+        )
+    return said
+
+
+@cache
+def shared_encoder(spec: str | None = None) -> SpeakerEncoder:
+    """One loaded encoder per spec for the whole process."""
+    return load_encoder(spec)
+
+
+def encoder_with_cache(spec: str | None, folder: Path | None) -> EmbeddingCache:
+    return EmbeddingCache(shared_encoder(spec), folder)
+
+
+def check_data(
+    audio: list[Path],
+    transcripts: Path | None = None,
+    encoder: SpeakerEncoder | None = None,
+    min_similarity: float = MIN_SIMILARITY,
+    max_file_seconds: float | None = 3600.0,
+) -> DataReport:
+    """The data report of an upload, without training: every file as a clip (a recording over
+    15 s cut at its pauses, as training would; no transcript is needed to measure)."""
+    recordings, rejected = ingest(audio, max_file_seconds)
+    texts = find_transcripts([r.source for r in recordings], transcripts)
+    clips: list[SourceClip] = []
+    for recording in recordings:
+        pieces = [(recording.source.name, recording.samples)]
+        if recording.seconds > segmenting.MAX_CLIP_SECONDS:
+            groups = segmenting.group_regions(segmenting.speech_regions(recording.samples))
+            name, samples = recording.source.name, recording.samples
+            pieces = [(f"{name}#{k + 1}", samples[s:e]) for k, (s, e) in enumerate(groups)]
+        for name, samples in pieces:
+            trimmed = trim(samples)
+            speech = None if trimmed is None else trimmed.samples
+            clips.append(SourceClip(name, samples, recording.gain, speech))
+    report = assess(clips, encoder or shared_encoder(None), min_similarity)
+    report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
+    short = [r for r in recordings if r.seconds <= segmenting.MAX_CLIP_SECONDS]
+    untranscribed = [r.source.name for r in short if r.source not in texts]
+    if untranscribed:
+        report.warnings.append(
+            f"No transcript: {len(untranscribed)} clips have none (a metadata.csv or sidecar "
+            ".txt); training needs one for each, or an ASR model."
+        )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``voicehost check-data --audio PATH... [--transcripts F] [--json OUT]``."""
+    parser = argparse.ArgumentParser(
+        prog="voicehost check-data", description="Measure an upload's audio without training."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--audio", type=Path, nargs="+", required=True, help="files or folders")
+    parser.add_argument("--transcripts", type=Path, help="metadata.csv (file|text lines)")
+    parser.add_argument("--json", type=Path, help="write the report as JSON here")
+    parser.add_argument(
+        "--min-similarity",
+        type=float,
+        help=f"speaker consistency threshold (default: VOICEHOST_SPEAKER_MIN_SIMILARITY, "
+        f"{MIN_SIMILARITY})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from voicehost.config import Settings
+
+    settings = Settings()
+    threshold = args.min_similarity
+    if threshold is None:
+        threshold = settings.speaker_min_similarity
+    report = check_data(
+        args.audio, args.transcripts, shared_encoder(settings.speaker_encoder), threshold
+    )
+    print(describe(report))
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2))
+    return 0
+
+
+def describe(report: DataReport) -> str:
+    """The report as a table and its warnings, for a terminal."""
+    lines = [
+        f"{'clip':32s} {'s':>5s} {'speech':>6s} {'SNR dB':>6s} {'clip%':>6s} {'LUFS':>6s} "
+        f"{'speaker':>7s}  excluded"
+    ]
+    for c in report.clips:
+        lufs = "-" if c.loudness_lufs is None else f"{c.loudness_lufs:.1f}"
+        similar = "-" if c.similarity is None else f"{c.similarity:.3f}"
+        lines.append(
+            f"{c.file[:32]:32s} {c.seconds:5.1f} {c.speech_share:6.0%} {c.snr_db:6.1f} "
+            f"{c.clipped_share:6.2%} {lufs:>6s} {similar:>7s}  {c.excluded or ''}"
+        )
+    lines.append(
+        f"{report.speech_minutes:.2f} minutes of usable speech in "
+        f"{len(report.clips) - len(report.excluded)} of {len(report.clips)} clips "
+        f"(speaker similarity by {report.encoder})"
+    )
+    lines += [f"rejected {r['file']}: {r['reason']}" for r in report.rejected]
+    lines += [f"warning: {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The speaker encoder and the data report, on real (espeak-ng) speech: each clip's figures, the
+clips of another speaker left out, the warnings, and ``voicehost check-data``."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lora_training.ingest import ingest
+from lora_training.quality import check_data, other_speakers
+from lora_training.recipe import VoiceJob, prepare
+from voicehost.devcorpus import SENTENCES, build_corpus, speak
+from voicehost.speaker import (
+    EmbeddingCache,
+    centroid,
+    embed_off_loop,
+    load_encoder,
+    similarity,
+)
+
+pytestmark = pytest.mark.unit
+
+OTHER_VOICE = "en-us+f3"  # a woman's voice; the corpus speaks espeak-ng's default man's
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return load_encoder()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """16 clips of one speaker (about 40 s), three of another mixed in, saying other things."""
+    corpus = build_corpus(tmp_path_factory.mktemp("mixed"), count=16)
+    corpus.others = []
+    for index, text in enumerate(SENTENCES[20:23]):
+        path = corpus.folder / f"visitor{index}.wav"
+        speak(text, path, 0.4, "wav", voice=OTHER_VOICE)
+        corpus.others.append(path)
+    lines = [f"{p.stem}|{t}" for p, t in zip(corpus.others, SENTENCES[20:23], strict=True)]
+    with (corpus.folder / "metadata.csv").open("a") as table:
+        table.write("\n".join(lines) + "\n")
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def clips(corpus):
+    recordings, _ = ingest(corpus.good + corpus.others)
+    return {r.source.name: r.samples for r in recordings}
+
+
+def test_embeddings_are_unit_vectors_closer_within_a_speaker(encoder, clips):
+    embeddings = {name: encoder.embed(samples) for name, samples in clips.items()}
+    one = embeddings["clip00.wav"]
+    assert one.dtype == np.float32 and one.ndim == 1 and abs(np.linalg.norm(one) - 1) < 1e-5
+    same = similarity(one, embeddings["clip01.flac"])
+    other = similarity(one, embeddings["visitor0.wav"])
+    assert same > other + 0.1, (same, other)
+    speaker = centroid([e for name, e in embeddings.items() if name.startswith("clip")])
+    assert abs(np.linalg.norm(speaker) - 1) < 1e-5
+    assert similarity(speaker, one) > similarity(speaker, embeddings["visitor1.wav"])
+    # 16 kHz in: resampled, so the same speech embeds the same at any rate
+    import soxr
+
+    at_16k = soxr.resample(clips["clip00.wav"], 24000, 16000)
+    assert similarity(encoder.embed(at_16k, 16000), one) > 0.98
+
+
+def test_the_cache_embeds_each_clip_once_in_memory_and_on_disk(encoder, clips, tmp_path):
+    samples = clips["clip02.ogg"]
+    cache = EmbeddingCache(encoder, tmp_path)
+    first = cache.embed(samples)
+    assert cache.embed(samples) is first and cache.hits == 1
+    assert cache.name == encoder.name and len(list(tmp_path.glob("*.npy"))) == 1
+    again = EmbeddingCache(encoder, tmp_path)  # a new process: from disk
+    np.testing.assert_array_equal(again.embed(samples), first)
+    assert again.hits == 1
+    assert cache.key(samples) != cache.key(samples, 16000) != cache.key(samples[1:])
+    off_loop = asyncio.run(embed_off_loop(EmbeddingCache(encoder), samples, 24000))
+    np.testing.assert_allclose(off_loop, first, atol=1e-6)
+
+
+def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
+    folder = tmp_path / "my-ecapa"
+    folder.mkdir()
+    (folder / "speaker_encoder.py").write_text(
+        "import numpy as np\n"
+        "class Loudness:\n"
+        "    name = 'loudness-test'\n"
+        "    def embed(self, samples, sample_rate=24000):\n"
+        "        return np.array([1.0], dtype=np.float32)\n"
+        "def load(folder):\n"
+        "    return Loudness()\n"
+    )
+    assert load_encoder(str(folder)).name == "loudness-test"
+    assert load_encoder("voicehost.speaker:Resemblyzer").name == "resemblyzer-ge2e"
+    for spec in ("no.such.module:Factory", str(tmp_path), "voicehost.speaker:centroid", "x"):
+        with pytest.raises(ValueError):
+            load_encoder(spec)
+
+
+def test_clips_of_another_speaker_are_left_out_of_training_and_named(corpus, tmp_path):
+    job = VoiceJob(
+        audio=[corpus.folder],
+        voice_id="mixed",
+        base_model="unused",
+        base_model_name="unused",
+        codec="unused",
+        adapters_dir=tmp_path / "adapters",
+        work_dir=tmp_path / "work",
+    )
+    prepared = prepare(job)
+    report = prepared.report
+    visitors = {p.name for p in corpus.others}
+    assert {c.file for c in report.excluded} == visitors
+    for clip in report.excluded:
+        assert clip.excluded.startswith("another speaker") and clip.similarity < 0.9
+    assert all(c.similarity is not None for c in report.clips)
+    [mixed] = [w for w in report.warnings if w.startswith("Mixed speakers")]
+    assert all(name in mixed for name in visitors)
+    trained = {u.text for u in prepared.utterances} | {r.text for r in prepared.references}
+    assert trained == {corpus.texts[p.stem] for p in corpus.good}  # every genuine clip, no other
+    assert len(prepared.references) == 3 and len(prepared.utterances) == 13
+    assert report.encoder == "resemblyzer-ge2e"
+    assert report.to_json()["excluded"] == [
+        {"file": c.file, "reason": c.excluded} for c in report.excluded
+    ]
+
+
+def test_one_speakers_clips_are_all_kept():
+    rng = np.random.default_rng(0)
+    speaker = rng.normal(size=64)
+    clips = [speaker + rng.normal(scale=0.4, size=64) for _ in range(20)]
+    clips = [(c / np.linalg.norm(c)).astype(np.float32) for c in clips]
+    assert other_speakers(clips).excluded == {}
+
+
+def sox(*args: str) -> None:
+    subprocess.run(["sox", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def flawed(corpus, tmp_path_factory):
+    """Four clips as they are, with white noise mixed in, and 12 dB too loud (clipped)."""
+    root = tmp_path_factory.mktemp("flawed")
+    folders = {name: root / name for name in ("clean", "noisy", "clipped")}
+    for folder in folders.values():
+        folder.mkdir()
+    for path in corpus.good[:4]:
+        wav = f"{path.stem}.wav"
+        sox(str(path), str(folders["clean"] / wav))
+        sox(str(path), str(root / "noise.wav"), "synth", "whitenoise", "vol", "0.03")
+        sox(
+            "-m",
+            "-v",
+            "1",
+            str(path),
+            "-v",
+            "1",
+            str(root / "noise.wav"),
+            str(folders["noisy"] / wav),
+        )
+        sox(str(path), str(folders["clipped"] / wav), "gain", "12")
+    return folders
+
+
+def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, encoder):
+    def warnings(name):
+        report = check_data([flawed[name]], encoder=encoder)
+        return report, [w.split(":")[0] for w in report.warnings]
+
+    clean, said = warnings("clean")
+    assert said == ["Too little speech", "No transcript"], clean.warnings
+    assert clean.speech_minutes < 0.3 and all(c.snr_db > 40 for c in clean.clips)
+    noisy, said = warnings("noisy")
+    assert "Noisy" in said and "Clipped" not in said, noisy.warnings
+    assert all(c.snr_db < 20 for c in noisy.clips)
+    clipped, said = warnings("clipped")
+    assert "Clipped" in said and "Noisy" not in said, clipped.warnings
+    assert all(c.clipped_share > 0.001 for c in clipped.clips)
+    # loudness as uploaded: 12 dB up, before normalisation evens it out
+    for loud, plain in zip(clipped.clips, clean.clips, strict=True):
+        assert 8 < loud.loudness_lufs - plain.loudness_lufs < 12.5
+
+
+def test_check_data_command_writes_its_json(corpus, tmp_path):
+    out = tmp_path / "report.json"
+    command = [sys.executable, "-m", "voicehost", "check-data", "--audio", str(corpus.folder)]
+    result = subprocess.run([*command, "--json", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {c["file"] for c in report["excluded"]} == {p.name for p in corpus.others}
+    assert len(report["clips"]) == len(corpus.good) + len(corpus.others)
+    assert {r["file"] for r in report["rejected"]} == {"broken.wav", "notes.mp3"}
+    assert report["encoder"] == "resemblyzer-ge2e" and "Mixed speakers" in result.stdout
+
+
+def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_path, encoder):
+    recordings, _ = ingest(corpus.good[:8])
+    pause = np.zeros(12000, dtype=np.float32)
+    long = np.concatenate([piece for r in recordings for piece in (r.samples, pause)])
+    import wave
+
+    path = tmp_path / "long.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(24000)
+        out.writeframes((long * 32767).astype("<i2").tobytes())
+    report = check_data([path], encoder=encoder)
+    assert len(report.clips) >= 2 and all(c.file.startswith("long.wav#") for c in report.clips)
+    assert not report.excluded
