@@ -1,5 +1,5 @@
 """Measuring a voice against its speaker: error rates, the gate, and a whole evaluation of real
-(espeak-ng) speech with the real speaker encoder."""
+(espeak-ng) speech with the real speaker encoder; `voicehost eval` against the dev server."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lora_training.ingest import decode
+from voicehost.cli import main
 from voicehost.evaluation import (
     EvalReport,
     Sample,
@@ -133,3 +134,27 @@ def test_an_evaluation_of_real_speech_finds_the_speaker_closer_than_other_voices
     json.dumps(result.to_json())  # JSON-ready as it is
     plot(result, tmp_path / "eval.png")
     assert (tmp_path / "eval.png").stat().st_size > 5000
+
+
+def test_voicehost_eval_measures_a_builtin_voice_over_the_api(server, tmp_path, capsys):
+    references = tmp_path / "refs"
+    for text in REFERENCE_TEXTS[:3]:
+        espeak(SPEAKER, text, references)
+    (references / "raw.wav").unlink()
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("Hi there.\nSeven.\n")  # short: the dev model's audio is capped by it
+    out, figure = tmp_path / "eval.json", tmp_path / "eval.png"
+    command = ["eval", "--voice", "tara", "--url", server.url, "--reference", str(references)]
+    command += ["--sentences", str(sentences), "--baseline", "leah"]
+    assert main([*command, "--json", str(out), "--plot", str(figure)]) == 0  # in this process
+    printed = capsys.readouterr().out
+    written = json.loads(out.read_text())
+    assert written["voice"] == "tara" and written["baseline_voice"] == "leah"
+    assert written["references"] == 3 and len(written["similarity"]["values"]) == 2
+    assert written["intelligibility"]["measured"] is False
+    assert figure.stat().st_size > 5000
+    assert "similarity" in printed and written["encoder"] in printed
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert main([*command[:-4], "--sentences", str(empty)]) == 2
+    assert "holds no sentence" in capsys.readouterr().err

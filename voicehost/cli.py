@@ -1,9 +1,11 @@
-"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, bench, train."""
+"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, bench, train,
+check-data, eval."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -240,6 +242,55 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     return quality.run(args)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from lora_training.ingest import ingest
+    from lora_training.transcripts import FasterWhisper
+    from voicehost import evaluation
+    from voicehost.client import builtin_voices, http_speaker
+    from voicehost.speaker import load_encoder
+
+    recordings, rejected = ingest(args.reference)
+    for bad in rejected:
+        print(f"voicehost eval: skipping {bad.source}: {bad.reason}", file=sys.stderr)
+    if not recordings:
+        print("voicehost eval: no usable reference audio", file=sys.stderr)
+        return 2
+    sentences = list(evaluation.EVAL_SENTENCES)
+    if args.sentences is not None:
+        sentences = [s.strip() for s in args.sentences.read_text().splitlines() if s.strip()]
+        if not sentences:
+            print(f"voicehost eval: {args.sentences} holds no sentence", file=sys.stderr)
+            return 2
+    encoder = load_encoder(args.encoder or Settings().speaker_encoder)
+    recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    async def run() -> evaluation.EvalReport:
+        async with aiohttp.ClientSession(headers=headers) as session:
+            baseline = args.baseline
+            if baseline is None:
+                baseline = await builtin_voices(session, args.url)
+            speak = http_speaker(session, args.url, args.seed)
+            references = [r.samples for r in recordings]
+            return await evaluation.evaluate(
+                speak, args.voice, references, encoder, sentences, baseline, recognizer
+            )
+
+    try:
+        report = asyncio.run(run())
+    except (RuntimeError, OSError, aiohttp.ClientError) as exc:
+        print(f"voicehost eval: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if args.plot:
+        evaluation.plot(report, args.plot)
+    print(report.summary())
+    return 0
+
+
 def _cluster_arguments(parser: argparse.ArgumentParser, dev_help: str, model_help: str) -> None:
     parser.add_argument("--dev", action="store_true", help=dev_help)
     parser.add_argument("--model", help=model_help)
@@ -343,6 +394,26 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-data", help="the data report of audio, without training")
     add_check_data_arguments(check)
     check.set_defaults(func=cmd_check_data)
+
+    eval_ = commands.add_parser(
+        "eval", help="measure a voice against its speaker's audio, over a running server"
+    )
+    eval_.add_argument("--voice", required=True, help="a built-in or adapter voice")
+    eval_.add_argument(
+        "--reference", type=Path, nargs="+", required=True, help="the speaker: files or folders"
+    )
+    eval_.add_argument("--sentences", type=Path, help="a file of sentences, one per line")
+    eval_.add_argument("--url", default="http://127.0.0.1:8080")
+    eval_.add_argument("--api-key", help="a key with the synthesize scope")
+    eval_.add_argument(
+        "--baseline", nargs="+", help="voices to compare with (default: every built-in voice)"
+    )
+    eval_.add_argument("--json", type=Path, help="write the figures here")
+    eval_.add_argument("--plot", type=Path, help="draw each sample's similarity here (PNG)")
+    eval_.add_argument("--encoder", help="speaker encoder (default: VOICEHOST_SPEAKER_ENCODER)")
+    eval_.add_argument("--asr-model", type=Path, help="a local faster-whisper model folder")
+    eval_.add_argument("--seed", type=int, default=0, help="the sampling seed of each sentence")
+    eval_.set_defaults(func=cmd_eval)
     return parser
 
 
