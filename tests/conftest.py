@@ -53,6 +53,10 @@ SERVER_ENV = {
     # the dev model says at most 48 frames whatever the text: few, long segments keep tests short
     "VOICEHOST_SEGMENT_MAX_CHARS": "900",
     "VOICEHOST_SEGMENT_PREFETCH": "8",
+    # a clone is heard on 2 sentences against 1 built-in voice: the evaluation's every figure,
+    # at a third of its cost
+    "VOICEHOST_EVAL_SENTENCES": "2",
+    "VOICEHOST_EVAL_BASELINES": "1",
     "VOICEHOST_MAX_UPLOAD_MB": "20",
 }
 

@@ -87,6 +87,11 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         VOICEHOST_INTERNAL_TOKEN=TOKEN,
         VOICEHOST_KEY_MAX_STREAMS=str(KEY_MAX_STREAMS),
         VOICEHOST_WORKER_CAPACITY=str(WORKER_CAPACITY),
+        # the gate on, above anything a clone can measure: a clone here is held
+        VOICEHOST_EVAL_REPORT_ONLY="false",
+        VOICEHOST_EVAL_MIN_SIMILARITY="0.999",
+        VOICEHOST_EVAL_SENTENCES="2",
+        VOICEHOST_EVAL_BASELINES="1",
     )
 
 
@@ -312,8 +317,10 @@ async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server
         assert response.status == 204
 
 
-async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, http):
-    corpus = build_corpus(cluster.root / "corpus", count=6)  # about 15 s: above the 10 s set here
+async def test_a_clone_job_is_queued_in_redis_trained_by_a_worker_and_held_by_the_gate(
+    cluster, http
+):
+    corpus = build_corpus(cluster.root / "corpus", count=10)  # 25 s: 3 held out, 17 s to train
     form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
     async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
         assert response.status == 202, await response.text()
@@ -324,13 +331,38 @@ async def test_a_clone_job_is_queued_in_redis_and_trained_by_a_worker(cluster, h
         async with http.get(f"{cluster.gateway.url}/v1/jobs/{job['id']}") as response:
             job = (await response.json())["job"]
         seen.append(job["status"])
-        if job["status"] in ("done", "failed"):
+        if job["status"] in ("done", "held", "failed"):
             break
         await asyncio.sleep(1)
-    assert job["status"] == "done", job
-    assert "training" in seen
+    # measured by the worker that trained it, below VOICEHOST_EVAL_MIN_SIMILARITY=0.999: held
+    assert job["status"] == "held", job
+    assert "training" in seen and "evaluating" in seen
+    assert "speaker similarity" in job["held_reason"] and "0.999" in job["held_reason"]
+    assert job["eval"]["report_only"] is False and len(job["eval"]["similarity"]["values"]) == 2
     pending = cluster.redis.client().xpending("vh:jobs", "trainers")
     assert pending["pending"] == 0  # acknowledged
+    # held: its tenant (and admins) can list it and listen to it; another tenant cannot see it
+    async with http.get(cluster.gateway.url + "/v1/audio/voices") as response:
+        listed = {v["id"]: v for v in (await response.json())["voices"]}
+    assert listed["fleet-voice"]["status"] == "held"
+    status, _, audio = await speak(http, cluster.gateway.url, "fleet-voice")
+    assert status == 200 and audio
+    other = bearer(QUOTA_KEY)
+    async with http.get(cluster.gateway.url + "/v1/audio/voices", headers=other) as r:
+        assert r.status == 200
+        assert "fleet-voice" not in {v["id"] for v in (await r.json())["voices"]}
+    body = {"input": "Hi.", "voice": "fleet-voice", "response_format": "pcm"}
+    async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body, headers=other) as r:
+        assert r.status == 404
+    # published with a reason: ready for every process of the cluster
+    publish = cluster.gateway.url + "/v1/voices/fleet-voice/publish"
+    async with http.post(publish, json={"reason": "heard it: her"}) as response:
+        assert response.status == 200, await response.text()
+        manifest = (await response.json())["voice"]["manifest"]
+    assert manifest["status"] == "ready" and manifest["published"]["reason"] == "heard it: her"
+    async with http.get(cluster.gateway.url + "/v1/audio/voices") as response:
+        listed = {v["id"]: v for v in (await response.json())["voices"]}
+    assert listed["fleet-voice"]["status"] == "ready"
     status, _, audio = await speak(http, cluster.gateway.url, "fleet-voice")
     assert status == 200 and audio
 

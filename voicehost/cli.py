@@ -225,6 +225,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         trim_leading_silence=not args.keep_leading_silence,
         drop_repeated_frames=args.drop_repeated_frames,
         min_speech_seconds=args.min_speech_seconds,
+        speaker_encoder=settings.speaker_encoder,
+        speaker_min_similarity=settings.speaker_min_similarity,
     )
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
     try:

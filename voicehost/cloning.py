@@ -3,8 +3,10 @@
 Each job lives in ``<jobs_dir>/<job_id>/``: ``job.json`` (its state, owned by this process),
 ``spec.json`` (what the training worker runs), ``inputs/`` (the uploaded files, kept until the
 job is deleted so a failed job can be retried), and the worker's ``progress.json``/``error.txt``.
-The worker writes the voice into ``out/``; when it succeeds the voice is handed to the voice
-registry. Which job runs next comes from a ``JobQueue``: the jobs folder itself for one server
+The worker writes the voice into ``out/``; when it succeeds the voice is measured against the
+speaker (``evaluate``, through this process's engine; the job is ``evaluating``) and handed to
+the voice registry, ready (the job is ``done``) or held by the gate (``held``, with its
+reasons). Which job runs next comes from a ``JobQueue``: the jobs folder itself for one server
 (one job at a time, oldest first; on restart a job that was running is queued again and resumes
 from its last checkpoint), or a Redis stream shared by a cluster's workers
 (``voicehost.cluster.jobs``). A runner watches ``job.json`` while its worker runs, so a cancel
@@ -32,9 +34,11 @@ from voicehost.ids import child, is_job_id
 
 log = logging.getLogger(__name__)
 
-JobStatus = Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
-RUNNING: tuple[JobStatus, ...] = ("preparing", "training")
-FINISHED: tuple[JobStatus, ...] = ("done", "failed", "cancelled")
+JobStatus = Literal[
+    "queued", "preparing", "training", "evaluating", "done", "held", "failed", "cancelled"
+]
+RUNNING: tuple[JobStatus, ...] = ("preparing", "training", "evaluating")
+FINISHED: tuple[JobStatus, ...] = ("done", "held", "failed", "cancelled")
 OUTPUT = "out"
 CANCEL_POLL_SECONDS = 0.5
 KEEP_SECONDS = 10.0
@@ -56,6 +60,23 @@ class CloneJob:
     runner: str | None = None  # who runs the job's worker process right now
     tenant: str | None = None  # whose job it is (and whose the voice); None: no keys configured
     data: dict[str, object] | None = None  # the data report, from the end of prepare on
+    eval: dict[str, object] | None = None  # the evaluation, once the voice has been measured
+    held_reason: str | None = None  # why the gate held the voice (status "held")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A trained voice measured: ready or held, what fell short, and the figures (as written
+    into its ``voice.json``'s ``eval``)."""
+
+    status: Literal["ready", "held"]
+    reasons: list[str]
+    eval: dict[str, object]
+
+
+# Measure a trained voice (its id, its folder) before it is registered; the verdict is already
+# in its voice.json when this returns.
+Evaluate = Callable[[str, Path], Awaitable[Verdict]]
 
 
 class JobQueue(Protocol):
@@ -110,10 +131,12 @@ class CloneJobs:
         on_voice_ready: VoiceReady,
         queue: JobQueue | None = None,
         runner_id: str = "local",
+        evaluate: Evaluate | None = None,
     ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.on_voice_ready = on_voice_ready
+        self.evaluate = evaluate
         self.queue = queue or FolderQueue()
         self.runner_id = runner_id
         self._process: asyncio.subprocess.Process | None = None
@@ -176,8 +199,10 @@ class CloneJobs:
             progress = json.loads((self._dir(job_id) / PROGRESS).read_text())
         except (OSError, json.JSONDecodeError):
             return job
-        job.stage = progress["stage"]
-        job.status = "training" if progress["stage"] in ("training", "exporting") else "preparing"
+        if job.status != "evaluating":  # then the worker has ended: its progress is history
+            job.stage = progress["stage"]
+            training = progress["stage"] in ("training", "exporting")
+            job.status = "training" if training else "preparing"
         job.progress = progress["progress"]
         job.eval_loss = progress["eval_loss"]
         job.data = progress.get("data", job.data)
@@ -213,7 +238,7 @@ class CloneJobs:
             return job
         previous = (job.status, job.error)
         job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
-        job.data = None
+        job.data, job.eval, job.held_reason = None, None, None
         self._save(job)
         try:
             await self.queue.put(job_id)
@@ -284,7 +309,12 @@ class CloneJobs:
             self._save(job)
 
     def _finish(
-        self, job_id: str, status: JobStatus, error: str | None = None, even_if_queued: bool = False
+        self,
+        job_id: str,
+        status: JobStatus,
+        error: str | None = None,
+        even_if_queued: bool = False,
+        verdict: Verdict | None = None,
     ) -> None:
         """Record how a run ended, unless the job was cancelled (or re-queued) meanwhile."""
         job = self.get(job_id)
@@ -292,9 +322,21 @@ class CloneJobs:
         if job is None or job.status not in allowed:
             return
         job.status, job.error = status, error
-        if status == "done":
-            job.progress, job.stage = 1.0, "done"
+        if status in ("done", "held"):
+            job.progress, job.stage = 1.0, status
+        if verdict is not None:
+            job.eval = verdict.eval
+            job.held_reason = "; ".join(verdict.reasons) if verdict.status == "held" else None
         self._save(job)
+
+    def _evaluating(self, job_id: str) -> bool:
+        """Mark a job whose voice is being measured; False if it was cancelled meanwhile."""
+        job = self._load(job_id)
+        if job is None or job.status not in RUNNING:
+            return False
+        job.status, job.stage = "evaluating", "evaluating"
+        self._save(job)
+        return True
 
     async def _run(self, job: CloneJob, receipt: str) -> None:
         job_dir = self._dir(job.id)
@@ -307,14 +349,23 @@ class CloneJobs:
             self._process = None
             if code == 0:
                 folder = self.output_dir(job.id) / job.voice_id
+                verdict = None
                 try:
                     if job.tenant is not None:
                         await asyncio.to_thread(assign_tenant, folder, job.tenant)
+                    if self.evaluate is not None:
+                        if not self._evaluating(job.id):
+                            return
+                        verdict = await self.evaluate(job.voice_id, folder)
                     await self.on_voice_ready(job.voice_id, folder)
                 except ValueError as exc:  # VoiceExists, InvalidAdapter
                     self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
                     return
-                self._finish(job.id, "done")
+                except RuntimeError as exc:  # the engine is away: retry the job later
+                    self._finish(job.id, "failed", f"the trained voice was not evaluated: {exc}")
+                    return
+                held = verdict is not None and verdict.status == "held"
+                self._finish(job.id, "held" if held else "done", verdict=verdict)
                 await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
             else:
                 error = job_dir / ERROR

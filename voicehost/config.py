@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     eval_max_wer: float = Field(
         0.3, description="A clone's highest word error rate to go live (when ASR measures it)."
     )
+    eval_sentences: int = Field(
+        6, ge=1, le=6, description="Evaluation sentences a new clone is heard on (of the six)."
+    )
+    eval_baselines: int = Field(
+        3, ge=0, description="Built-in voices tried as a clone's baseline (0: no baseline)."
+    )
     eval_report_only: bool | None = Field(
         None,
         description="Evaluate clones without holding any (default: only with the dev model).",

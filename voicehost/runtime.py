@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
-from voicehost.adapter_validation import AdapterRules, ModelShape
+from voicehost.adapter_validation import MANIFEST, AdapterRules, ModelShape, read_json_object
 from voicehost.admission import Admission, WorkerLoad
-from voicehost.cloning import CloneJobs, JobQueue
+from voicehost.cloning import CloneJobs, JobQueue, Verdict
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
+from voicehost.speaker import SpeakerEncoder, load_encoder
 from voicehost.synthesis import Synthesizer
 from voicehost.voice_folders import FolderVoiceDirectory
 from voicehost.voices import VoiceDirectory, VoiceExists
@@ -92,7 +93,9 @@ class Runtime:
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
         self.metrics.watch_registry(self.voices.missing)
-        self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner)
+        self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner, self.evaluate_clone)
+        self._encoder: SpeakerEncoder | None = None
+        self._started = asyncio.Event()  # start-up has ended, ready or failed
         self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
         self.draining = False
         self.startup_error: str | None = None
@@ -116,6 +119,34 @@ class Runtime:
         if self.synthesizer is None:
             raise NotReady("the engine is warming up")
         return self.synthesizer
+
+    async def evaluate_clone(self, voice_id: str, folder: Path) -> Verdict:
+        """Measure a freshly trained voice in ``folder`` through this process's engine against
+        the clips its training held out, and write the verdict into its ``voice.json``
+        (``voicehost.candidate``); the clone job calls this before it registers the voice.
+        Waits for the engine if it is still warming up; ``NotReady`` if it cannot serve."""
+        from lora_training.export import read_references
+        from voicehost.candidate import EVAL_SENTENCES, evaluate_candidate, record_verdict
+
+        await self._started.wait()
+        references = await asyncio.to_thread(read_references, folder)
+        if self._encoder is None:
+            self._encoder = await asyncio.to_thread(load_encoder, self.settings.speaker_encoder)
+        s = self.settings
+        report = await evaluate_candidate(
+            self,
+            folder,
+            references,
+            self._encoder,
+            s,
+            voice_id=voice_id,
+            baselines=s.eval_baselines,
+            sentences=EVAL_SENTENCES[: s.eval_sentences],
+            samples_dir=folder / "samples",
+        )
+        status, reasons = await asyncio.to_thread(record_verdict, folder, report, s)
+        manifest = await asyncio.to_thread(read_json_object, folder / MANIFEST)
+        return Verdict(status, reasons, manifest["eval"])
 
     @property
     def active_streams(self) -> int:
@@ -165,6 +196,8 @@ class Runtime:
             self.startup_error = f"start-up failed: {type(exc).__name__}: {exc}"
             log.exception("start-up failed")
             return
+        finally:
+            self._started.set()
         if self.folder_voices is not None:
             interval = self.settings.adapter_scan_seconds
             self._tasks.append(asyncio.create_task(self.folder_voices.watch(interval)))

@@ -139,11 +139,14 @@ class VoiceDetail(BaseModel):
 
 
 class CloneJobInfo(BaseModel):
-    """A clone job: queued, preparing, training (with progress), done, failed or cancelled."""
+    """A clone job: queued, preparing, training (with progress), evaluating, then done, held
+    (the voice measured below the gate's thresholds), failed or cancelled."""
 
     id: str
     voice_id: str
-    status: Literal["queued", "preparing", "training", "done", "failed", "cancelled"]
+    status: Literal[
+        "queued", "preparing", "training", "evaluating", "done", "held", "failed", "cancelled"
+    ]
     progress: float = Field(description="0..1 of the training steps")
     stage: str | None = None
     error: str | None = None
@@ -153,6 +156,13 @@ class CloneJobInfo(BaseModel):
         description="The data quality report, from the end of the preparing stage on: each "
         "clip's figures, the clips left out (another speaker) and the warnings.",
     )
+    eval: dict[str, object] | None = Field(
+        None,
+        description="The evaluation of the trained voice (as in its voice.json): speaker "
+        "similarity to held-out references, the baseline voice, start of speech, real-time "
+        "factor, the findings, and whether the gate only reported.",
+    )
+    held_reason: str | None = Field(None, description="Why the gate held the voice.")
     created: float
     updated: float
 
