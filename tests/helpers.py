@@ -55,6 +55,7 @@ __all__ = [
     "metric",
     "process_tree",
     "random_frames",
+    "read_socket",
     "say_over_socket",
     "start_early",
     "stop",
@@ -276,6 +277,12 @@ async def say_over_socket(
     await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
     await ws.send_json({"type": "text", "text": text})
     await ws.send_json({"type": "end"})
+    return await read_socket(ws)
+
+
+async def read_socket(ws: aiohttp.ClientWebSocketResponse) -> tuple[list[str], int]:
+    """Read an open realtime socket to its close: the types of the events received, in
+    order, and the bytes of audio."""
     events, audio = [], 0
     async for message in ws:
         if message.type == aiohttp.WSMsgType.BINARY:

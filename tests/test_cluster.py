@@ -26,6 +26,7 @@ from helpers import (
     http_status,
     launch,
     process_tree,
+    read_socket,
     say_over_socket,
     stop,
     wait_ready,
@@ -530,12 +531,7 @@ async def test_a_socket_a_full_worker_refuses_is_opened_on_the_next_one(cluster,
             assert {w["id"]: w["gateway_in_flight"] for w in workers} == {"w1": 0, "w2": 1}
             await ws.send_json({"type": "text", "text": "Hi."})
             await ws.send_json({"type": "end"})
-            events, audio = [], 0
-            async for message in ws:
-                if message.type == aiohttp.WSMsgType.BINARY:
-                    audio += len(message.data)
-                else:
-                    events.append(json.loads(message.data)["type"])
+            events, audio = await read_socket(ws)
         assert events == ["segment.started", "segment.done", "done"] and audio > 0
         status, served_by, _ = await speak(http, cluster.gateway.url, voice, "Hi.")
         assert (status, served_by) == (200, "w2")  # the HTTP path does the same
