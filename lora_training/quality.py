@@ -269,12 +269,11 @@ def _least_alike_split(vectors: np.ndarray) -> tuple[float, np.ndarray] | None:
         for group in _neighbour_groups(vectors, size)
     ]
     groups.sort(key=lambda group: _mean_alike(vectors, group))
-    clustered = len(minorities)  # the candidates after these are groups of neighbours
     minorities += groups[:NEIGHBOUR_CANDIDATES]
     best: tuple[float, np.ndarray] | None = None
     for index, minority in enumerate(minorities):
         majority = _refined(vectors, ~minority)
-        if index >= clustered and (~majority).sum() < MIN_OTHER_CLIPS:
+        if index >= 3 and (~majority).sum() < MIN_OTHER_CLIPS:
             majority = ~minority  # refining dissolved a group of neighbours: judge it as found
         if (~majority).sum() < MIN_OTHER_CLIPS:
             continue
