@@ -46,7 +46,7 @@ MIN_GROUP_CLIPS = 6  # fewer clips: no two groups to tell apart
 MIN_OTHER_CLIPS = 3  # a smaller group is judged clip by clip (two odd clips are no pattern)
 MAX_SEARCHED_GROUP = 12  # neighbour groups searched up to this size (clustering finds more)
 NEIGHBOUR_CANDIDATES = 3
-SPLIT_MARGIN = 0.01  # a group is another speaker only this much further off than the rest split
+SPLIT_MARGIN = 0.02  # a group is another speaker only this much further off than the rest split
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +253,7 @@ def _least_alike_split(vectors: np.ndarray) -> tuple[float, np.ndarray] | None:
     cosine distance, Ward on the unit vectors), and the ``NEIGHBOUR_CANDIDATES`` groups of a
     clip and its nearest clips (``MIN_OTHER_CLIPS`` to ``MAX_SEARCHED_GROUP``) that stand
     furthest from the rest (a few clips of another speaker, which clustering often merges
-    into the larger group); each refined (``_refined``). A group of neighbours that refining
-    dissolves (each of its few clips is nearer the mean of the many than that of the other
-    few, as a few clips of a confusable voice often are) is judged as it was found."""
+    into the larger group); each refined (``_refined``)."""
     from scipy.cluster.hierarchy import fcluster, linkage
 
     minorities = []
@@ -271,10 +269,8 @@ def _least_alike_split(vectors: np.ndarray) -> tuple[float, np.ndarray] | None:
     groups.sort(key=lambda group: _mean_alike(vectors, group))
     minorities += groups[:NEIGHBOUR_CANDIDATES]
     best: tuple[float, np.ndarray] | None = None
-    for index, minority in enumerate(minorities):
+    for minority in minorities:
         majority = _refined(vectors, ~minority)
-        if index >= 3 and (~majority).sum() < MIN_OTHER_CLIPS:
-            majority = ~minority  # refining dissolved a group of neighbours: judge it as found
         if (~majority).sum() < MIN_OTHER_CLIPS:
             continue
         alike = _alike(vectors, ~majority)

@@ -30,10 +30,7 @@ Prints tables and, as the last line, one JSON object of every figure.
 Usage::
 
     python scripts/bench_eval.py [--work-dir DIR] [--genuine 30] [--injected 3] [--draws 4]
-        [--thresholds 0.88,0.9,0.92,0.94] [--time-clips 108] [--encoder SPEC] [--seed 0]
-        [--json OUT]
-
-``--seed`` draws other uploads (which sentences are genuine and which injected).
+        [--thresholds 0.88,0.9,0.92,0.94] [--time-clips 108] [--encoder SPEC] [--json OUT]
 
 The clips and their embeddings are cached in ``--work-dir``; a first run takes a few minutes.
 """
@@ -245,9 +242,7 @@ def filter_row(embeddings: dict, kinds: dict, threshold: float, args, injected: 
     for kind, pairs in kinds.items():
         draws = args.draws * (4 if kind == "clean" else 1)
         extra = 0 if kind == "clean" else injected
-        row[kind] = filter_rates(
-            embeddings, pairs, threshold, args.genuine, extra, draws, args.seed
-        )
+        row[kind] = filter_rates(embeddings, pairs, threshold, args.genuine, extra, draws)
     return row
 
 
@@ -268,7 +263,6 @@ def main() -> int:
     parser.add_argument("--thresholds", default="0.88,0.9,0.92,0.94")
     parser.add_argument("--time-clips", type=int, default=108)
     parser.add_argument("--encoder", help="a load_encoder spec (default: resemblyzer)")
-    parser.add_argument("--seed", type=int, default=0, help="the simulated uploads' draws")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
