@@ -155,21 +155,30 @@ async def test_an_idle_socket_is_closed(http, server):
 
 async def test_a_flushed_segment_is_spoken_to_its_end_however_long_the_client_waits(http, server):
     """A client that flushes and then only listens is not idle while its speech is generated
-    (the dev engine takes far longer than the test server's 3 s idle timeout to say it); the
-    idle timer starts once the socket has nothing more to say."""
+    (three segments, each hearing the one before, take the dev engine longer than the test
+    server's 3 s idle timeout to say); the idle timer starts once the socket has nothing more
+    to say."""
+    text = (
+        "Please read this sentence to me now. Then read this second one to me. "
+        "And then a third one, slowly."
+    )
     async with http.ws_connect(server.url + WS) as ws:
-        await ws.send_json({"type": "config", "voice": "dev-a", "seed": 3})
+        await ws.send_json({"type": "config", "voice": "dev-a", "seed": 3, "continuity": True})
         await receive_all(ws, until="ready")
-        await ws.send_json({"type": "text", "text": "Please read this sentence to me now."})
+        await ws.send_json({"type": "text", "text": text})
         await ws.send_json({"type": "flush"})
         started = time.monotonic()
-        received = await receive_all(ws, until="segment.done", wait_s=120)
+        received = []
+        for _ in range(3):
+            received += await receive_all(ws, until="segment.done", wait_s=120)
         spoken = time.monotonic() - started
         events = [payload for kind, payload in received if kind == "event"]
-        assert events[-1]["type"] == "segment.done", events
+        done = [e for e in events if e["type"] == "segment.done"]
+        assert len(done) == 3 and events[-1]["type"] == "segment.done", events
         audio = sum(len(payload) for kind, payload in received if kind == "audio")
-        assert audio == 2 * events[-1]["samples"] > 0
-        assert spoken > 3  # longer than the idle timeout: the socket stayed open throughout
+        assert audio == 2 * sum(e["samples"] for e in done) > 0
+        # longer than the idle timeout, so the socket stayed open for the generation itself
+        assert spoken > 3, f"the speech took {spoken:.1f} s: too short to show it"
         done = time.monotonic()
         rest = await receive_all(ws, wait_s=30)
         assert rest[-1][1]["error"]["code"] == "idle_timeout"
