@@ -194,13 +194,19 @@ def speech_paths() -> Json:
         for content in CONTENT_TYPES.values()
     }
     audio["text/event-stream"] = {
+        # one event of the stream (OpenAPI 3.2's itemSchema; 3.0/3.1 tools read schema so)
         "schema": {
-            "type": "string",
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "event": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+            },
             "description": 'With `stream_format: "sse"`: `data: {"type": "speech.audio.delta", '
             '"audio": "<base64>"}` events, then '
             '`data: {"type": "speech.audio.done", "samples": N}` (or, from a gateway whose '
             'worker failed mid-way, `data: {"type": "error", "error": {...}}`). Each event\'s '
-            "data is one of `x-events`.",
+            "data is one of `x-events`, as JSON.",
         },
         "x-events": SSE_EVENTS,
     }
