@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lora_training.train import TrainHistory
-from voicehost.audio import to_pcm16
+from voicehost.audio import write_wav
 from voicehost.orpheus import SAMPLE_RATE
 
 MANIFEST_VERSION = 1
@@ -114,14 +114,6 @@ def plot_losses(history: TrainHistory, out: Path) -> None:
     figure.tight_layout()
     figure.savefig(out, dpi=100)
     plt.close(figure)
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(to_pcm16(samples))
 
 
 def read_references(folder: Path) -> list[np.ndarray]:

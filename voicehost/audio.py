@@ -27,7 +27,9 @@ codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of
 from __future__ import annotations
 
 import struct
+import wave
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import av
 import numpy as np
@@ -90,6 +92,15 @@ def to_pcm16(samples: np.ndarray) -> bytes:
 
 def _pcm16(samples: np.ndarray) -> np.ndarray:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:
+    """Float samples (full scale 1.0) as a 16-bit mono WAV file at ``rate``."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(to_pcm16(samples))
 
 
 def wav_header(

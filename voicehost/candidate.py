@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import wave
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -31,6 +30,7 @@ from voicehost.adapter_validation import (
     validate_adapter,
     write_manifest,
 )
+from voicehost.audio import write_wav
 from voicehost.config import Settings
 from voicehost.evaluation import (
     EVAL_SENTENCES,
@@ -41,7 +41,6 @@ from voicehost.evaluation import (
     evaluate,
     gate,
 )
-from voicehost.orpheus import SAMPLE_RATE
 from voicehost.speaker import SpeakerEncoder
 from voicehost.synthesis import SpeakOptions, Synthesizer
 from voicehost.text.segment import Segment, split_text
@@ -206,13 +205,3 @@ def _rules(settings: Settings) -> AdapterRules:
 async def _each(segments: Sequence[Segment]) -> AsyncIterator[Segment]:
     for segment in segments:
         yield segment
-
-
-def write_wav(path: Path, samples: np.ndarray) -> None:
-    """24 kHz float samples as a 16-bit mono WAV file."""
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.tobytes())
