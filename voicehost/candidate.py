@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lora_training.transcripts import SpeechRecognizer
 from voicehost.adapter_validation import (
     MANIFEST,
     STATUS,
@@ -36,7 +37,6 @@ from voicehost.evaluation import (
     EVAL_SENTENCES,
     EvalReport,
     Sample,
-    SpeechRecognizer,
     Thresholds,
     evaluate,
     gate,

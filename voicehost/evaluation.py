@@ -27,10 +27,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from lora_training.transcripts import SpeechRecognizer
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.speaker import SpeakerEncoder, centroid, embed_off_loop, similarity
 from voicehost.speech_start import speech_start
@@ -47,12 +48,6 @@ EVAL_SENTENCES: tuple[str, ...] = (
 )
 
 SPEECH_THRESHOLD_DB = -45.0  # the runtime trim's default level (Settings.trim_threshold_db)
-
-
-class SpeechRecognizer(Protocol):
-    """An ASR backend: 24 kHz mono float samples -> text (``lora_training.transcripts``)."""
-
-    def transcribe(self, samples: np.ndarray) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
