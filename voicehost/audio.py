@@ -22,12 +22,21 @@ pcm and wav are the hot default path and never touch PyAV. Decoded durations: pc
 mulaw, alaw and opus give back exactly the samples sent (opus trims its priming and padding in
 the Ogg granule positions); mp3 and ADTS cannot say how much to trim, so a decoder returns
 codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of silence behind.
+
+Encoding runs off the event loop: an ``EncoderPool`` of threads (PyAV and soxr release the GIL
+while they work, so streams encode on every core) hands out one ``StreamEncoder`` per response.
+pcm and wav at the model's rate stay on the loop: converting to s16 costs less than a hop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import struct
+import threading
 import wave
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -270,3 +279,71 @@ class AudioEncoder:
         if self._muxer is None:
             return header + to_pcm16(samples)
         return self._muxer.push(samples, last)
+
+    @property
+    def costly(self) -> bool:
+        """Whether encoding costs more than a hop to a thread: a codec or a resampler."""
+        return self._muxer is not None or self._resampler is not None
+
+
+def default_encode_threads() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under ``taskset``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+class EncoderPool:
+    """The process's encoding threads: every stream's resampling and encoding runs here.
+
+    Each stream's ``StreamEncoder`` sends one call at a time and waits for it, so a stream has
+    at most one chunk in the pool (its queue is bounded by the streams admitted) and a stream
+    whose encoding falls behind waits for it, holding one thread, while the others go on.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads or default_encode_threads()
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="audio-encode")
+
+    def stream(self, fmt: str, sample_rate: int | None = None) -> StreamEncoder:
+        """The encoder of one response (``AudioEncoder``'s arguments and errors)."""
+        return StreamEncoder(AudioEncoder(fmt, sample_rate), self._executor)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class StreamEncoder:
+    """``AudioEncoder`` run on the pool: ``await encode(pcm)`` per chunk, ``await finish()``.
+
+    Await each call before making the next: then the chunks leave in order. A call whose
+    caller was cancelled still finishes in its thread before the next call starts (a lock held
+    while encoding), so the encoder is used by one thread at a time. Cheap formats (``costly``
+    false) are encoded on the loop, without a hop.
+    """
+
+    def __init__(self, encoder: AudioEncoder, executor: ThreadPoolExecutor) -> None:
+        self.encoder = encoder
+        self.fmt = encoder.fmt
+        self.sample_rate = encoder.sample_rate
+        self._executor = executor if encoder.costly else None
+        self._lock = threading.Lock()
+
+    async def encode(self, samples: np.ndarray) -> bytes:
+        """``AudioEncoder.encode`` off the loop: the bytes ready now, possibly b""."""
+        return await self._run(self.encoder.encode, samples)
+
+    async def finish(self) -> bytes:
+        """``AudioEncoder.finish`` off the loop: the rest of the stream."""
+        return await self._run(self.encoder.finish)
+
+    async def _run(self, call: Callable[..., bytes], *args: np.ndarray) -> bytes:
+        if self._executor is None:
+            return call(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._locked, call, *args)
+
+    def _locked(self, call: Callable[..., bytes], *args: np.ndarray) -> bytes:
+        with self._lock:
+            return call(*args)

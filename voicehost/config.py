@@ -191,6 +191,11 @@ class Settings(BaseSettings):
     )
     codec_noise: bool = Field(True, description="Keep SNAC's decoder noise (as trained).")
 
+    # Audio out
+    encode_threads: int | None = Field(
+        None, ge=1, description="Threads that resample and encode audio (auto: the cores)."
+    )
+
     @model_validator(mode="after")
     def _segments_fit_the_context(self) -> Settings:
         """A segment of ``segment_max_chars`` must fit: the speech it needs, its text and the

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from voicehost.adapter_validation import MANIFEST, AdapterRules, ModelShape, read_json_object
 from voicehost.admission import Admission, WorkerLoad
+from voicehost.audio import EncoderPool
 from voicehost.cloning import CloneJobs, JobQueue, Verdict
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
@@ -92,6 +93,7 @@ class Runtime:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
+        self.encoders = EncoderPool(settings.encode_threads)
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner, self.evaluate_clone)
         self._encoder: SpeakerEncoder | None = None
@@ -268,5 +270,6 @@ class Runtime:
             await self.scheduler.close()
         if self.codec is not None:
             self.codec.close()
+        self.encoders.close()
         if self.cluster is not None:
             await self.cluster.close()

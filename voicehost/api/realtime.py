@@ -37,7 +37,7 @@ from voicehost.api.edge import (
     validation_message,
 )
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
-from voicehost.audio import AudioEncoder, content_type
+from voicehost.audio import content_type
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
@@ -111,7 +111,7 @@ class RealtimeSession:
         self.synthesizer = synthesizer
         self.voice = voice
         self.options: SpeakOptions = speak_options(config, runtime.settings)
-        self.encoder = AudioEncoder(config.response_format, config.sample_rate)
+        self.encoder = runtime.encoders.stream(config.response_format, config.sample_rate)
         self.received = 0  # characters of text so far: segment spans count from the first
         self.segmenter = TextSegmenter(max_chars=runtime.settings.segment_max_chars)
         self.segmenter_base = 0  # where the current segmenter's offsets start
@@ -235,7 +235,7 @@ class RealtimeSession:
             async with aclosing(events):
                 async for event in events:
                     await self._forward(event)
-            await self._audio(self.encoder.finish())
+            await self._audio(await self.encoder.finish())
             await self.send({"type": "done"})
             await self.ws.close()
         except asyncio.CancelledError:
@@ -253,7 +253,7 @@ class RealtimeSession:
 
     async def _forward(self, event: SegmentStarted | np.ndarray | SegmentDone) -> None:
         if isinstance(event, np.ndarray):
-            await self._audio(self.encoder.encode(event))
+            await self._audio(await self.encoder.encode(event))
         elif isinstance(event, SegmentStarted):
             self.in_segment = True
             span = event.segment

@@ -28,7 +28,7 @@ from voicehost.api.edge import (
 )
 from voicehost.api.routes import public_app
 from voicehost.api.schemas import SpeechRequest
-from voicehost.audio import AudioEncoder, content_type
+from voicehost.audio import StreamEncoder, content_type
 from voicehost.config import Settings
 from voicehost.engine import InputTooLong
 from voicehost.orpheus import SAMPLE_RATE
@@ -80,29 +80,29 @@ async def respond(
             runtime.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
-        encoder = AudioEncoder(body.response_format, body.sample_rate)
+        encoder = runtime.encoders.stream(body.response_format, body.sample_rate)
         if body.stream_format == "sse":
             return await send_sse(request, encoder, first, chunks)
         return await send_audio(request, encoder, first, chunks)
 
 
 async def send_audio(
-    request: web.Request, encoder: AudioEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request, encoder: StreamEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt)})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    await response.write(encoder.encode(first))
+    await response.write(await encoder.encode(first))
     async for pcm in rest:
-        if data := encoder.encode(pcm):
+        if data := await encoder.encode(pcm):
             await response.write(data)
-    await response.write(encoder.finish())
+    await response.write(await encoder.finish())
     await response.write_eof()
     return response
 
 
 async def send_sse(
-    request: web.Request, encoder: AudioEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request, encoder: StreamEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -117,11 +117,11 @@ async def send_sse(
             await event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
     samples = first.size
-    await audio(encoder.encode(first))
+    await audio(await encoder.encode(first))
     async for pcm in rest:
         samples += pcm.size
-        await audio(encoder.encode(pcm))
-    await audio(encoder.finish())
+        await audio(await encoder.encode(pcm))
+    await audio(await encoder.finish())
     rate = encoder.sample_rate
     await event({"type": "speech.audio.done", "samples": round(samples * rate / SAMPLE_RATE)})
     await response.write_eof()

@@ -1,0 +1,135 @@
+"""EncoderPool: streams encoded on threads keep their chunks in order, and one stream's slow
+encoding holds up only that stream. Real encoders (PyAV, soxr) on a real thread pool."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import av
+import numpy as np
+import pytest
+
+from voicehost.audio import AudioEncoder, EncoderPool, StreamEncoder
+from voicehost.orpheus import SAMPLE_RATE
+
+pytestmark = pytest.mark.unit
+
+# (format, sample rate): every codec, and pcm resampled (which also runs on the pool)
+STREAMS = [("mp3", None), ("opus", None), ("aac", 16000), ("flac", None), ("mulaw", None)]
+STREAMS += [("pcm", 16000), ("mp3", 48000), ("opus", 16000)]
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """A tone gliding under noise, loud enough that every codec has work to do."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = 0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t * (1 + 0.2 * t))
+    return (tone + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def chunked(samples: np.ndarray, seed: int) -> list[np.ndarray]:
+    """Chunks of 1 to 8 frames of 2048 samples, as the synthesizer makes them."""
+    rng = np.random.default_rng(seed)
+    cuts = np.cumsum(rng.integers(1, 9, size=samples.size // 2048) * 2048)
+    return np.split(samples, cuts[cuts < samples.size])
+
+
+def sequential(fmt: str, rate: int | None, chunks: list[np.ndarray]) -> bytes:
+    encoder = AudioEncoder(fmt, rate)
+    return b"".join(encoder.encode(chunk) for chunk in chunks) + encoder.finish()
+
+
+def packets(fmt: str, data: bytes) -> list[bytes] | bytes:
+    """What must match between two encodings: the bytes, but for Ogg its packets (each Ogg
+    stream has a random serial number, in every page header and checksum)."""
+    if fmt != "opus":
+        return data
+    with av.open(io.BytesIO(data), "r") as container:
+        return [bytes(packet) for packet in container.demux() if packet.size]
+
+
+async def encode_all(encoder: StreamEncoder, chunks: list[np.ndarray], sent: list[int]) -> bytes:
+    out = []
+    for chunk in chunks:
+        sent.append(chunk.size)
+        out.append(await encoder.encode(chunk))
+    out.append(await encoder.finish())
+    return b"".join(out)
+
+
+def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding() -> None:
+    """Eight streams of 1.5 s each, every codec, encoded at once by 4 threads: each stream's bytes
+    are exactly what one encoder fed its chunks in order writes (a chunk encoded out of turn,
+    or by two threads at once, would change them)."""
+    chunks = [chunked(speechlike(1.5, seed), seed) for seed in range(len(STREAMS))]
+    pool = EncoderPool(4)
+
+    async def run() -> list[bytes]:
+        encoders = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
+        assert all(encoder.encoder.costly for encoder in encoders)  # all of them on the pool
+        return await asyncio.gather(
+            *(encode_all(e, c, []) for e, c in zip(encoders, chunks, strict=True))
+        )
+
+    try:
+        encoded = asyncio.run(run())
+    finally:
+        pool.close()
+    for (fmt, rate), stream_chunks, data in zip(STREAMS, chunks, encoded, strict=True):
+        expected = sequential(fmt, rate, stream_chunks)
+        assert packets(fmt, data) == packets(fmt, expected), (fmt, rate)
+
+
+def test_a_slow_encoder_slows_only_its_own_stream() -> None:
+    """Stream A's encoder is held (its lock taken, as a call left running by a cancelled caller
+    holds it): A waits with one chunk in the pool and takes no more, while stream B on the
+    same 2-thread pool encodes all of its chunks; released, A finishes with its bytes intact."""
+    a_chunks = chunked(speechlike(2.0, 1), 1)
+    b_chunks = chunked(speechlike(2.0, 2), 2)
+    pool = EncoderPool(2)
+
+    async def run() -> tuple[list[int], bytes, bytes]:
+        a, b = pool.stream("mp3"), pool.stream("opus")
+        a_sent: list[int] = []
+        a._lock.acquire()
+        try:
+            a_task = asyncio.create_task(encode_all(a, a_chunks, a_sent))
+            b_data = await encode_all(b, b_chunks, [])
+            assert not a_task.done()
+            held_sent = list(a_sent)
+        finally:
+            a._lock.release()
+        return held_sent, await a_task, b_data
+
+    try:
+        held_sent, a_data, b_data = asyncio.run(run())
+    finally:
+        pool.close()
+    assert held_sent == [a_chunks[0].size]  # backpressure: one chunk in the pool, no queue
+    assert packets("opus", b_data) == packets("opus", sequential("opus", None, b_chunks))
+    assert a_data == sequential("mp3", None, a_chunks)
+
+
+def test_encoding_runs_off_the_event_loop_and_pcm_stays_on_it() -> None:
+    """While a 6 s mp3 chunk encodes, the loop runs and sees the encoder's lock held by the
+    pool's thread; pcm at the model's rate is converted on the loop, with no thread."""
+    pool = EncoderPool(1)
+
+    async def run() -> tuple[bool, int]:
+        mp3 = pool.stream("mp3")
+        task = asyncio.create_task(mp3.encode(speechlike(6.0, 3)))
+        seen_held = False
+        while not task.done():
+            seen_held = seen_held or mp3._lock.locked()
+            await asyncio.sleep(0.001)
+        pcm = pool.stream("pcm")
+        assert not pcm.encoder.costly
+        return seen_held, len(await pcm.encode(np.zeros(2048, np.float32)))
+
+    try:
+        seen_held, pcm_bytes = asyncio.run(run())
+    finally:
+        pool.close()
+    assert seen_held
+    assert pcm_bytes == 2 * 2048
