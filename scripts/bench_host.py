@@ -1,0 +1,689 @@
+"""Host capacity per format: what one serving process's CPU carries once the GPU is not the limit.
+
+The real serving path of ``voicehost serve`` (``create_app``: middlewares, admission, the speech
+handler, ``SpeechEngine.audio_tokens``, the ``Synthesizer``, ``FrameAssembler``, the
+``DecodeScheduler`` and ``FrameDecoder``, the resampler and encoder of ``voicehost.audio``, HTTP
+writes to a real client on this machine) with two stand-ins, both in this script only:
+
+- the LLM: a token source (one "engine step" task, like vLLM's output handler) that gives each
+  stream one valid audio token per step, ``--rate`` steps a second (90 by default, about a GPU
+  step's pace), through ``SpeechEngine`` with the dev model's real tokenizer;
+- SNAC: an instant decoder returning speech (espeak-ng, cut to the call's shape) for every call
+  of the real ``SnacCodec`` (its batching, padding and code tensors run; only the network does
+  not), as on a GPU where SNAC runs on the device.
+
+Each server runs in a process of its own, pinned to ``--cores`` CPUs (``taskset``), its encoding
+threads as many; the client (this process) reads every stream, timestamps each chunk, counts the
+audio in it per format, and plays it against a clock (``voicehost.bench.playback``). Per format and
+stream count: the server's CPU per audio second (and so real-time streams per core), underruns,
+the event loop's lag p99 (a 5 ms ticker in the server), and, with ``--profile``, the loop thread's
+top entries (cProfile). ``--saturate``: streams at 10x real time, the audio seconds one process
+delivers per second on 1 and on 2 cores (the scaling goal). ``--probe``: time to first byte of
+a pcm request while N mp3 streams run. ``--baseline REV``: every figure also for the code of git
+revision REV (a worktree of it), side by side in the same run. ``--vllm``: what vLLM's own output
+handling costs per token in the serving process, with the dev model on the CPU engine at the
+highest token rate it reaches (greedy, a batch of streams).
+
+    python scripts/bench_host.py --baseline 2c7382d --json docs/host_bench.json
+
+The last line of output is one JSON object of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "The quick brown fox jumps over the lazy dog while the sun slowly sets. " * 4
+SPEECH_TEXT = (
+    "Production speech services send every stream through one process, and its CPU must keep "
+    "up with the accelerator. This sentence is only here to give the encoders real speech."
+)
+
+
+# --- the server side: the real app, the LLM and SNAC replaced --------------------------------
+
+
+class TokenSource:
+    """The engine's stand-in: every ``1 / steps`` seconds, each live request gets ``per_step``
+    audio tokens (a delta), as vLLM's output handler puts each step's outputs into every
+    request's collector; a consumer that lags gets the deltas merged, as vLLM merges them."""
+
+    def __init__(self, steps_per_second: float, per_step: int, frames: int) -> None:
+        self.interval = 1.0 / steps_per_second
+        self.per_step = per_step
+        self.frames = frames
+        self.live: dict[int, Collector] = {}
+        self.tokens = 0
+        self._task: asyncio.Task[None] | None = None
+        self._ids = 0
+
+    def generate(self, prompt: Any, params: Any, request_id: str, lora_request: Any = None):
+        from voicehost import orpheus
+
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        rng = np.random.default_rng(self._ids)
+        codes = rng.integers(0, orpheus.CODEBOOK_SIZE, size=(self.frames, 7))
+        positions = np.arange(7) * orpheus.CODEBOOK_SIZE + orpheus.AUDIO_TOKEN_BASE
+        tokens = [*(codes + positions).reshape(-1).tolist(), orpheus.END_OF_SPEECH]
+        tokens = tokens[: params.max_tokens]
+        self._ids += 1
+        collector = Collector(tokens)
+        self.live[self._ids] = collector
+        return self._outputs(self._ids, collector)
+
+    async def _outputs(self, key: int, collector: Collector) -> AsyncIterator[Any]:
+        try:
+            while True:
+                delta = await collector.get()
+                yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=delta)])
+                if collector.done:
+                    return
+        finally:
+            self.live.pop(key, None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_step = loop.time()
+        while True:
+            for collector in list(self.live.values()):
+                self.tokens += collector.step(self.per_step)
+            next_step += self.interval
+            await asyncio.sleep(max(0.0, next_step - loop.time()))
+
+    # what SpeechEngine and the runtime ask of an AsyncLLM
+    errored = False
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.live)
+
+    def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class Collector:
+    """One request's output queue (vLLM's ``RequestOutputCollector``): deltas merge while the
+    consumer has not taken them."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.sent = 0
+        self.pending: list[int] = []
+        self.done = False
+        self.ready = asyncio.Event()
+
+    def step(self, count: int) -> int:
+        if self.sent >= len(self.tokens):
+            return 0
+        new = self.tokens[self.sent : self.sent + count]
+        self.sent += len(new)
+        self.pending.extend(new)
+        self.ready.set()
+        return len(new)
+
+    async def get(self) -> list[int]:
+        await self.ready.wait()
+        self.ready.clear()
+        delta, self.pending = self.pending, []
+        self.done = self.sent >= len(self.tokens)
+        return delta
+
+
+def speech_bank(rows: int, frames: int) -> np.ndarray:
+    """``rows`` x 1 x ``frames`` * 2048 samples of espeak-ng speech at 24 kHz (each row from
+    another offset), or a gliding tone under noise where espeak-ng is missing."""
+    import soxr
+
+    from voicehost import orpheus
+
+    length = frames * orpheus.SAMPLES_PER_FRAME
+    audio = None
+    if shutil.which("espeak-ng"):
+        with tempfile.NamedTemporaryFile(suffix=".wav") as out:
+            subprocess.run(["espeak-ng", "-w", out.name, SPEECH_TEXT], check=True)
+            import wave
+
+            with wave.open(out.name) as wav:
+                rate = wav.getframerate()
+                pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+            audio = soxr.resample(pcm.astype(np.float32) / 32768, rate, orpheus.SAMPLE_RATE)
+    if audio is None or audio.size < length:
+        t = np.arange(length * 2) / orpheus.SAMPLE_RATE
+        rng = np.random.default_rng(0)
+        audio = 0.3 * np.sin(
+            2 * np.pi * 180 * t * (1 + 0.1 * np.sin(t))
+        ) + 0.03 * rng.standard_normal(t.size)
+    audio = np.tile(audio, 2 + length // audio.size).astype(np.float32)
+    step = max(1, (audio.size - length) // rows)
+    bank = np.stack([audio[r * step : r * step + length] for r in range(rows)])
+    return bank[:, np.newaxis, :]
+
+
+def instant_codec(max_rows: int = 256, max_frames: int = 48):
+    """The real ``SnacCodec`` whose network answers at once with speech of the call's shape."""
+    import torch
+
+    from voicehost import orpheus
+    from voicehost.codec import GPU_CALL_FRAMES, SnacCodec
+
+    bank = torch.from_numpy(speech_bank(max_rows, max_frames))
+
+    class InstantSnac(SnacCodec):
+        def _run_decoder(self, codes: list[torch.Tensor]) -> torch.Tensor:
+            rows, frames = codes[0].shape
+            if rows > bank.shape[0] or frames > max_frames:  # never at the default settings
+                return torch.zeros((rows, 1, frames * orpheus.SAMPLES_PER_FRAME))
+            return bank[:rows, :, : frames * orpheus.SAMPLES_PER_FRAME]
+
+    return InstantSnac(torch.nn.Identity(), torch.device("cpu"), GPU_CALL_FRAMES, buckets=False)
+
+
+class LoopLag:
+    """How late a 5 ms ticker on the event loop wakes up."""
+
+    TICK = 0.005
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.TICK)
+            self.lags.append(loop.time() - start - self.TICK)
+
+    def take(self) -> list[float]:
+        lags, self.lags = self.lags, []
+        return lags
+
+
+def serve(port: int, rate: float, per_step: int, frames: int) -> None:
+    """The bench's server: ``create_app`` with the stand-ins, plus ``/bench/*`` routes."""
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from voicehost.api.server import RUNTIME, create_app
+    from voicehost.codec import DecodeScheduler
+    from voicehost.config import Settings
+    from voicehost.devmodel import DevModelPaths, ensure_dev_model
+    from voicehost.engine import SpeechEngine
+    from voicehost.synthesis import Synthesizer
+
+    work = Path(tempfile.mkdtemp(prefix="bench-host-"))
+    paths = DevModelPaths(Settings().dev_dir)
+    ensure_dev_model(Settings().dev_dir)
+    settings = Settings(
+        model=str(paths.model),
+        port=port,
+        adapters_dir=work / "adapters",
+        jobs_dir=work / "jobs",
+        worker_capacity=4096,
+        max_num_seqs=4096,
+    )
+    app = create_app(settings)
+    runtime = app[RUNTIME]
+    source = TokenSource(rate, per_step, frames)
+    lag = LoopLag()
+    profile: dict[str, cProfile.Profile] = {}
+
+    async def load() -> None:
+        s = runtime.settings
+        tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
+        runtime.engine = SpeechEngine(source, tokenizer, s)  # type: ignore[arg-type]
+        runtime.codec = instant_codec()
+        runtime.scheduler = DecodeScheduler(
+            runtime.codec, s.codec_batch_window_ms, s.codec_max_batch
+        )
+        synthesizer = Synthesizer(
+            runtime.engine,
+            runtime.scheduler,
+            runtime.metrics,
+            s.lookahead_frames,
+            s.codec_max_chunk_frames,
+        )
+        await synthesizer.warm_up(next(iter(runtime.voices.builtin.values())))
+        runtime.synthesizer = synthesizer
+        asyncio.get_running_loop().create_task(lag.run())
+
+    runtime._load = load  # type: ignore[method-assign]
+
+    async def stats(request: web.Request) -> web.Response:
+        times = os.times()
+        lags = lag.take()
+        return web.json_response(
+            {
+                "cpu_s": times.user + times.system,
+                "lag_p99_ms": float(np.percentile(lags, 99) * 1000) if lags else None,
+                "lag_max_ms": float(max(lags) * 1000) if lags else None,
+                "tokens": source.tokens,
+                "encode_threads": getattr(getattr(runtime, "encoders", None), "threads", 0),
+            }
+        )
+
+    async def profile_start(request: web.Request) -> web.Response:
+        profile["p"] = cProfile.Profile()
+        profile["p"].enable()
+        return web.json_response({})
+
+    async def profile_stop(request: web.Request) -> web.Response:
+        profile["p"].disable()
+        out = io.StringIO()
+        pstats.Stats(profile["p"], stream=out).sort_stats("tottime").print_stats(18)
+        return web.json_response({"profile": out.getvalue()})
+
+    app.router.add_get("/bench/stats", stats)
+    app.router.add_post("/bench/profile/start", profile_start)
+    app.router.add_post("/bench/profile/stop", profile_stop)
+    from voicehost.api.server import serve as run_server
+
+    run_server(settings, app)
+
+
+# --- the client side --------------------------------------------------------------------------
+
+
+class AudioCounter:
+    """Samples (at the output rate) each chunk of a stream completes, for each format."""
+
+    def __init__(self, fmt: str, rate: int) -> None:
+        self.fmt = fmt
+        self.rate = rate
+        self.buffer = b""
+        self.skip = 44 if fmt == "wav" else 0
+        self.granule = 0
+        self.parser = None
+        if fmt in ("mp3", "aac"):
+            import av
+
+            self.parser = av.CodecContext.create(fmt, "r")
+            self.per_packet = 1024 if fmt == "aac" else (1152 if rate >= 32000 else 576)
+
+    def count(self, data: bytes) -> int:
+        if self.fmt in ("pcm", "wav"):
+            cut = min(self.skip, len(data))  # the wav header
+            self.skip -= cut
+            data = self.buffer + data[cut:]
+            whole = len(data) // 2 * 2
+            self.buffer = data[whole:]
+            return whole // 2
+        if self.parser is not None:
+            return len(self.parser.parse(data)) * self.per_packet
+        if self.fmt == "opus":  # Ogg pages: the last granule position says the samples so far
+            self.buffer += data
+            samples = 0
+            while len(self.buffer) >= 27 and self.buffer[:4] == b"OggS":
+                segments = self.buffer[26]
+                if len(self.buffer) < 27 + segments:
+                    break
+                size = 27 + segments + sum(self.buffer[27 : 27 + segments])
+                if len(self.buffer) < size:
+                    break
+                (granule,) = struct.unpack_from("<q", self.buffer, 6)
+                if granule > self.granule:
+                    samples += granule - self.granule
+                    self.granule = granule
+                self.buffer = self.buffer[size:]
+            return samples
+        return len(data)
+
+
+@dataclass
+class StreamTrace:
+    sent: float
+    ttfb_s: float | None = None
+    arrivals: list[tuple[float, int]] = field(default_factory=list)
+    error: str | None = None
+
+
+async def one_stream(session: Any, url: str, fmt: str, rate: int) -> StreamTrace:
+    trace = StreamTrace(time.perf_counter())
+    counter = AudioCounter(fmt, rate)
+    body = {"input": TEXT, "voice": "tara", "response_format": fmt}
+    try:
+        async with session.post(f"{url}/v1/audio/speech", json=body) as response:
+            if response.status != 200:
+                trace.error = f"{response.status} {await response.text()}"
+                return trace
+            async for data in response.content.iter_any():
+                now = time.perf_counter()
+                if trace.ttfb_s is None:
+                    trace.ttfb_s = now - trace.sent
+                trace.arrivals.append((now, counter.count(data)))
+    except Exception as exc:  # the figure says it failed
+        trace.error = f"{type(exc).__name__}: {exc}"
+    return trace
+
+
+def output_rate(fmt: str) -> int:
+    return 48000 if fmt == "opus" else 24000
+
+
+@dataclass
+class Level:
+    version: str
+    cores: int
+    fmt: str
+    streams: int
+    mode: str  # "realtime" or "saturate"
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_ms_per_audio_s: float = 0.0
+    streams_per_core: float = 0.0
+    delivered_rt_streams: float = 0.0  # audio seconds delivered per wall second
+    underrun_streams: int = 0
+    underruns: int = 0
+    stall_s: float = 0.0
+    lag_p99_ms: float | None = None
+    lag_max_ms: float | None = None
+    ttfb_p50_ms: float | None = None
+    probe_ttfb_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+async def get_json(session: Any, url: str, method: str = "GET") -> dict[str, Any]:
+    async with session.request(method, url) as response:
+        return await response.json()
+
+
+async def run_level(
+    url: str, level: Level, jitter_s: float, probes: int = 0
+) -> tuple[Level, str | None]:
+    import aiohttp
+
+    from voicehost.bench.playback import simulate_playback
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        before = await get_json(session, f"{url}/bench/stats")
+        started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(one_stream(session, url, level.fmt, output_rate(level.fmt)))
+            for _ in range(level.streams)
+        ]
+        probe_ttfb = []
+        if probes:
+            await asyncio.sleep(1.0)  # the streams are under way
+            for _ in range(probes):
+                probe = await one_stream(session, url, "pcm", 24000)
+                if probe.ttfb_s is not None:
+                    probe_ttfb.append(round(probe.ttfb_s * 1000, 1))
+                await asyncio.sleep(0.2)
+        traces = await asyncio.gather(*tasks)
+        level.wall_s = time.perf_counter() - started
+        after = await get_json(session, f"{url}/bench/stats")
+    rate = output_rate(level.fmt)
+    ttfbs = []
+    for trace in traces:
+        if trace.error:
+            level.errors += 1
+            print(f"  stream failed: {trace.error}", file=sys.stderr)
+            continue
+        samples = sum(n for _, n in trace.arrivals)
+        level.audio_s += samples / rate
+        playback = simulate_playback(trace.arrivals, rate, jitter_s)
+        level.underruns += playback.underruns
+        level.stall_s += playback.stall_s
+        level.underrun_streams += playback.underruns > 0
+        if trace.ttfb_s is not None:
+            ttfbs.append(trace.ttfb_s)
+    level.cpu_s = after["cpu_s"] - before["cpu_s"]
+    if level.audio_s:
+        level.cpu_ms_per_audio_s = round(level.cpu_s / level.audio_s * 1000, 3)
+        level.streams_per_core = round(level.audio_s / level.cpu_s, 1) if level.cpu_s else 0.0
+        level.delivered_rt_streams = round(level.audio_s / level.wall_s, 1)
+    level.lag_p99_ms = after["lag_p99_ms"]
+    level.lag_max_ms = after["lag_max_ms"]
+    level.ttfb_p50_ms = round(float(np.median(ttfbs)) * 1000, 1) if ttfbs else None
+    level.probe_ttfb_ms = probe_ttfb
+    level.stall_s = round(level.stall_s, 3)
+    return level, None
+
+
+async def profiled_level(url: str, level: Level, jitter_s: float) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        await get_json(session, f"{url}/bench/profile/start", "POST")
+    await run_level(url, level, jitter_s)
+    async with aiohttp.ClientSession() as session:
+        return (await get_json(session, f"{url}/bench/profile/stop", "POST"))["profile"]
+
+
+@contextlib.contextmanager
+def bench_server(
+    tree: Path, cores: list[int], rate: float, per_step: int, frames: int
+) -> Iterator[str]:
+    """A bench server running the code of ``tree`` on ``cores``; yields its URL."""
+    from voicehost.devserver import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "VOICEHOST_ENCODE_THREADS": str(len(cores)),
+        "OMP_NUM_THREADS": "1",
+    }
+    log = tempfile.NamedTemporaryFile(prefix="bench-host-", suffix=".log", delete=False)
+    command = [
+        "taskset",
+        "-c",
+        ",".join(map(str, cores)),
+        sys.executable,
+        str(Path(__file__).resolve()),
+    ]
+    command += ["--serve", str(port), "--rate", str(rate), "--per-step", str(per_step)]
+    command += ["--frames", str(frames)]
+    process = subprocess.Popen(command, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        from voicehost.devserver import http_status
+
+        deadline = time.monotonic() + 300
+        while http_status(f"{url}/readyz") != 200:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bench server failed: {Path(log.name).read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextlib.contextmanager
+def code_tree(revision: str | None) -> Iterator[Path]:
+    """This checkout, or a temporary git worktree of ``revision``."""
+    if revision is None:
+        yield ROOT
+        return
+    folder = Path(tempfile.mkdtemp(prefix="bench-host-baseline-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), revision],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield folder
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
+            check=False,
+            capture_output=True,
+        )
+
+
+# --- vLLM's own output handling -------------------------------------------------------------
+
+
+async def vllm_output_cost(streams: int, tokens: int) -> dict[str, float]:
+    """The serving process's CPU per generated token with the real CPU engine (dev model,
+    greedy, ``streams`` at once, ``tokens`` each, the stop token ignored): vLLM's output
+    handler (ZMQ, msgpack, output processing, the per-request queues) and a trivial consumer.
+    The engine core runs in its own process, not counted."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from voicehost.config import Settings
+    from voicehost.devmodel import DevModelPaths
+    from voicehost.engine import engine_args
+
+    settings = Settings(
+        model=str(DevModelPaths(Settings().dev_dir).model), max_num_seqs=max(streams, 1)
+    )
+    llm = AsyncLLM.from_engine_args(engine_args(settings))
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=tokens,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=False,
+    )
+
+    async def one(index: int) -> int:
+        count = 0
+        async for output in llm.generate(
+            {"prompt_token_ids": [128259, 128000, 100 + index, 128009, 128260, 128261, 128257]},
+            params,
+            f"bench-{index}-{time.monotonic_ns()}",
+        ):
+            count += len(output.outputs[0].token_ids)
+        return count
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(streams)))  # warm-up
+        idle_start = os.times()
+        await asyncio.sleep(3.0)
+        idle_end = os.times()
+        idle_cpu_per_s = (
+            idle_end.user + idle_end.system - idle_start.user - idle_start.system
+        ) / 3.0
+        start, wall = os.times(), time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(streams)))
+        end, wall = os.times(), time.perf_counter() - wall
+    finally:
+        llm.shutdown()
+    cpu = end.user + end.system - start.user - start.system
+    total = sum(counts)
+    return {
+        "streams": streams,
+        "tokens": total,
+        "tokens_per_s": round(total / wall, 1),
+        "cpu_us_per_token": round(cpu / total * 1e6, 1),
+        "idle_cpu_per_s": round(idle_cpu_per_s, 4),
+        "cpu_us_per_token_less_idle": round((cpu - idle_cpu_per_s * wall) / total * 1e6, 1),
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", default="pcm,mp3,opus")
+    parser.add_argument("--streams", default="1,16,64", help="comma list of stream counts")
+    parser.add_argument("--seconds", type=float, default=6.0, help="audio per stream")
+    parser.add_argument("--rate", type=float, default=90.0, help="tokens/s per stream")
+    parser.add_argument("--cores", default="2", help="comma list of core counts (1,2)")
+    parser.add_argument("--saturate", type=int, default=0, help="streams at 10x real time (0: off)")
+    parser.add_argument("--saturate-formats", default="mp3,opus")
+    parser.add_argument("--probe", type=int, default=0, help="mp3 streams beside the probes")
+    parser.add_argument("--profile", default="", help="FORMAT:STREAMS to profile, e.g. pcm:64")
+    parser.add_argument("--jitter-buffer-ms", type=float, default=100.0)
+    parser.add_argument("--baseline", help="git revision measured too, as 'before'")
+    parser.add_argument("--vllm", type=int, default=0, help="streams for the vLLM measurement")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--per-step", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--frames", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from voicehost import orpheus
+
+    if args.serve:
+        serve(args.serve, args.rate, args.per_step, args.frames)
+        return 0
+    frames = max(2, round(args.seconds / orpheus.FRAME_SECONDS))
+    formats = [f for f in args.formats.split(",") if f]
+    counts = [int(c) for c in args.streams.split(",") if c]
+    cores_available = sorted(os.sched_getaffinity(0))
+    core_counts = [int(c) for c in args.cores.split(",") if c]
+    jitter = args.jitter_buffer_ms / 1000
+    versions = [("after", None)] + ([("before", args.baseline)] if args.baseline else [])
+    levels: list[Level] = []
+    profiles: dict[str, str] = {}
+    for version, revision in versions:
+        with code_tree(revision) as tree:
+            for cores in core_counts:
+                pinned = cores_available[-cores:]
+                if args.saturate and version:
+                    # 10x real time per stream, 10 tokens a step: the process is the limit
+                    with bench_server(tree, pinned, args.rate, 10, frames) as url:
+                        for fmt in args.saturate_formats.split(","):
+                            level = Level(version, cores, fmt, args.saturate, "saturate")
+                            asyncio.run(run_level(url, level, jitter))
+                            levels.append(level)
+                            print(json.dumps(asdict(level)), flush=True)
+                if cores != max(core_counts):
+                    continue
+                with bench_server(tree, pinned, args.rate, 1, frames) as url:
+                    for fmt in formats:
+                        for count in counts:
+                            level = Level(version, cores, fmt, count, "realtime")
+                            asyncio.run(run_level(url, level, jitter))
+                            levels.append(level)
+                            print(json.dumps(asdict(level)), flush=True)
+                    if args.probe:
+                        level = Level(version, cores, "mp3", args.probe, "probe")
+                        asyncio.run(run_level(url, level, jitter, probes=5))
+                        levels.append(level)
+                        print(json.dumps(asdict(level)), flush=True)
+                    if args.profile:
+                        fmt, count = args.profile.split(":")
+                        level = Level(version, cores, fmt, int(count), "profile")
+                        profiles[version] = asyncio.run(profiled_level(url, level, jitter))
+                        print(profiles[version], flush=True)
+    vllm = asyncio.run(vllm_output_cost(args.vllm, 256)) if args.vllm else None
+    report = {
+        "rate_tokens_per_s": args.rate,
+        "seconds_per_stream": round(frames * orpheus.FRAME_SECONDS, 2),
+        "jitter_buffer_ms": args.jitter_buffer_ms,
+        "cores_available": len(cores_available),
+        "levels": [asdict(level) for level in levels],
+        "profiles": profiles,
+        "vllm_output_handling": vllm,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
