@@ -10,7 +10,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import DEV_DIR, RedisServer, Server, free_port
+from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port, playground_prompts
 
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 
@@ -127,3 +127,44 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
     module that needs no settings of its own uses it."""
     with helpers.early_server("server", tmp_path_factory) as server:
         yield server
+
+
+# --- a real browser ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fake_microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What Chromium's fake microphone says, over and over: espeak-ng reading the playground's
+    first prompts with its pauses squeezed out, so that every take is speech."""
+    from voicehost.devcorpus import speak
+
+    wav = tmp_path_factory.mktemp("microphone") / "prompts.wav"
+    speak(" ".join(playground_prompts()[:3]), wav, 0.0, "wav", squeeze_pauses=True)
+    return wav
+
+
+@pytest.fixture(scope="session")
+def chromium_executable() -> str:
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install chromium"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+async def chromium(chromium_executable: str, fake_microphone: Path):
+    """The system's headless Chromium (Debian's ``chromium``; no browser download), driven by
+    playwright, with a fake microphone that needs no permission prompt: one per module."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=chromium_executable,
+            args=[
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={fake_microphone}",
+            ],
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()

@@ -36,9 +36,12 @@ from voicehost.devserver import (
 )
 
 __all__ = [
+    "CHROMIUM",
     "DEV_DIR",
     "EARLY_SERVERS",
+    "PLAYGROUND_STATIC",
     "EarlyServer",
+    "PageWatch",
     "RedisServer",
     "Server",
     "adapter_form",
@@ -53,6 +56,7 @@ __all__ = [
     "http_status",
     "launch",
     "metric",
+    "playground_prompts",
     "process_tree",
     "random_frames",
     "read_socket",
@@ -339,3 +343,53 @@ def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return running
+
+
+# --- the playground in a browser -----------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+PLAYGROUND_STATIC = Path(__file__).resolve().parent.parent / "voicehost" / "api" / "static"
+
+
+def playground_prompts() -> list[str]:
+    """The sentences the playground's Clone view asks a speaker to read, in its order."""
+    source = (PLAYGROUND_STATIC / "clone.js").read_text()
+    block = source[source.index("PROMPTS = [") : source.index("];", source.index("PROMPTS = ["))]
+    return [json.loads(line.strip().rstrip(",")) for line in block.splitlines()[1:]]
+
+
+class PageWatch:
+    """What a page told its console, threw, or failed to load (a request that failed, an
+    answer of 400 or more), as it happens."""
+
+    def __init__(self, page) -> None:
+        self.console: list[str] = []
+        self.errors: list[str] = []
+        self.failed: list[str] = []
+        self.responses: list[tuple[int, str]] = []  # every answer: (status, method URL)
+        self.urls: list[str] = []  # every request's URL, the realtime socket's included
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
+        page.on("request", lambda r: self.urls.append(r.url))
+        page.on("websocket", lambda ws: self.urls.append(ws.url))
+        page.on(
+            "response", lambda r: self.responses.append((r.status, f"{r.request.method} {r.url}"))
+        )
+
+    def _console(self, message) -> None:
+        if message.type in ("error", "warning"):
+            self.console.append(f"{message.type}: {message.text}")
+
+    def bad_answers(self) -> list[tuple[int, str]]:
+        return [(status, what) for status, what in self.responses if status >= 400]
+
+    def problems(self) -> list[str]:
+        """Everything that went wrong so far: console errors and warnings, exceptions, failed
+        requests, answers of 400 or more."""
+        answers = [f"{status} {what}" for status, what in self.bad_answers()]
+        return [*self.console, *self.errors, *self.failed, *answers]
+
+    def clear(self) -> None:
+        for found in (self.console, self.errors, self.failed, self.responses, self.urls):
+            found.clear()

@@ -34,7 +34,10 @@ TENANT_HEADER = "X-Voicehost-Tenant"
 SCOPES_HEADER = "X-Voicehost-Scopes"
 FORWARDED_HEADERS = (KEY_ID_HEADER, TENANT_HEADER, SCOPES_HEADER)
 
-PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
+# and the playground's page and files (voicehost.api.playground.ROUTES): it asks for a key itself
+PUBLIC_ROUTES = frozenset(
+    {"/healthz", "/readyz", "/openapi.json", "/", "/playground", "/playground/{file}"}
+)
 INTERNAL_PREFIX = "/internal/"
 WS_ROUTE = "/v1/audio/speech/ws"  # browsers cannot set headers on a WebSocket: ?api_key= too
 # (method, route) -> the scopes of which a key needs one; every other route needs admin.

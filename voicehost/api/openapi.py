@@ -84,6 +84,7 @@ SECURITY_SCHEMES: Json = {
         "description": "On the WebSocket route only (browsers cannot set its headers).",
     },
 }
+TEXT: Json = {"type": "string"}
 # No entry: open (a server without keys); any one of the others when keys are configured.
 KEYED: list[Json] = [{}, {"bearerAuth": []}, {"apiKeyHeader": []}]
 
@@ -512,6 +513,34 @@ def service_paths() -> Json:
                 tag="service",
             )
         },
+        **playground_paths(),
+    }
+
+
+def playground_paths() -> Json:
+    """The web playground (``voicehost.api.playground``): open, it asks for a key itself."""
+    page = operation(
+        "The web playground: speak, clone, voices (a client of this API, in the browser)",
+        {"200": {"description": "The page.", "content": {"text/html": {"schema": TEXT}}}},
+        tag="playground",
+    )
+    typed = {"text/html", "text/css", "text/javascript", "image/svg+xml"}
+    page_file = operation(
+        "One of the playground's files (scripts, styles, images)",
+        {
+            "200": {
+                "description": "The file, with its content type.",
+                "content": {media: {"schema": TEXT} for media in sorted(typed)},
+            },
+            **errors({404: "`not_found`: the playground has no such file."}, keyed=False),
+        },
+        tag="playground",
+        parameters=[path_param("file", "A file name, e.g. `app.js`.")],
+    )
+    return {
+        "/": {"get": page},
+        "/playground": {"get": page},
+        "/playground/{file}": {"get": page_file},
     }
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import voices
+from voicehost.api import playground, voices
 from voicehost.api.auth import AUTH, Authenticator, redact_access_log
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
@@ -56,4 +56,5 @@ def public_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    playground.add_routes(app)
     return app

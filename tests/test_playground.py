@@ -1,0 +1,276 @@
+"""The web playground: its files as served (types, the CSP, no inline script, no remote URL) and
+the page in a real headless Chromium against the shared dev server: it loads under its CSP with
+no console error and no failed request, lists the voices, plays a spoken sentence as it streams
+(every sample counted in the page's audio path), and speaks text as it is typed until the stop
+button barges in. The key and the recorded clone are in test_auth.py, on the keyed server.
+
+``PLAYGROUND_SCREENSHOTS=DIR`` saves a screenshot of each view there (docs/playground/)."""
+
+import os
+import re
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from helpers import PLAYGROUND_STATIC, PageWatch, metric
+from playwright.async_api import expect
+
+from voicehost.api import playground
+from voicehost.api.auth import AUTH, PUBLIC_ROUTES, Authenticator
+from voicehost.api.edge import auth_middleware
+from voicehost.keys import ApiKey, hash_key
+from voicehost.orpheus import SAMPLE_RATE
+
+SCREENSHOTS = os.environ.get("PLAYGROUND_SCREENSHOTS")
+SENTENCE = "Hello there."  # short: the dev model says about 2 s
+LIVE_TEXT = (
+    "Glue the sheet to the dark blue background, then tell the depth of the well. "
+    "These days a chicken leg is a rare dish, and rice is served in round bowls. "
+)
+
+
+# --- the files as served -------------------------------------------------------------------------
+
+
+class Page(HTMLParser):
+    """What an HTML page loads, and anything inline in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[str] = []
+        self.inline: list[str] = []
+        self.in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        for name, value in attrs:
+            if name.startswith("on") or name == "style" or "javascript:" in (value or ""):
+                self.inline.append(f"<{tag} {name}={value!r}>")
+        if tag == "script":
+            self.in_script = True
+            if not found.get("src"):
+                self.inline.append("<script> without src")
+            else:
+                self.loads.append(found["src"])
+        if tag == "link" and found.get("href"):
+            self.loads.append(found["href"])
+        if tag == "style":
+            self.inline.append("<style>")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self.in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_script and data.strip():
+            self.inline.append(f"inline script: {data.strip()[:40]}")
+
+
+def modules_loaded(source: str) -> list[str]:
+    """The files a script loads: its imports and its worklet modules."""
+    found = re.findall(r"""from\s+"\./([^"]+)";""", source)
+    found += re.findall(r"""addModule\("/playground/([^"]+)"\)""", source)
+    return found
+
+
+@pytest.fixture
+async def page_client():
+    app = web.Application()
+    playground.add_routes(app)
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+@pytest.mark.unit
+async def test_the_page_and_every_file_it_loads_are_served_with_their_type_and_the_csp(
+    page_client,
+):
+    html = await (await page_client.get("/")).text()
+    parser = Page()
+    parser.feed(html)
+    pending = [src.removeprefix("/playground/") for src in parser.loads]
+    assert "app.js" in pending and "style.css" in pending and "icon.svg" in pending
+    seen = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        response = await page_client.get(f"/playground/{name}")
+        assert response.status == 200, name
+        suffix = Path(name).suffix
+        assert response.headers["Content-Type"] == playground.CONTENT_TYPES[suffix], name
+        assert response.headers["Content-Security-Policy"] == playground.CONTENT_SECURITY_POLICY
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        if suffix == ".js":
+            pending += modules_loaded(await response.text())
+    # every script of the page is loaded by it, and nothing else is served
+    assert seen == set(playground.FILES) - {"index.html"}
+    for path in ("/", "/playground", "/playground/index.html"):
+        response = await page_client.get(path)
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert await response.text() == html
+    policy = dict(d.split(" ", 1) for d in playground.CONTENT_SECURITY_POLICY.split("; "))
+    for directive in ("script-src", "style-src", "connect-src", "img-src", "worker-src"):
+        assert policy[directive] == "'self'", directive
+    assert policy["default-src"] == "'none'" and policy["media-src"] == "'self' blob:"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name", ["missing.js", "..%2Fplayground.py", "..%2F..%2Fconfig.py", ".hidden", "app.js.bak"]
+)
+async def test_a_file_the_playground_does_not_have_is_404_in_the_error_shape(page_client, name):
+    response = await page_client.get(f"/playground/{name}")
+    assert response.status == 404
+    if "%2F" not in name:  # one with a slash is no file name: the router's own 404
+        assert (await response.json())["error"]["code"] == "not_found"
+
+
+@pytest.mark.unit
+def test_the_page_has_no_inline_script_or_style_and_names_no_other_host():
+    parser = Page()
+    parser.feed((PLAYGROUND_STATIC / "index.html").read_text())
+    assert parser.inline == []
+    for path in PLAYGROUND_STATIC.iterdir():
+        text = path.read_text()
+        urls = set(re.findall(r"[a-z]+://[^\s\"'`)]+", text)) - {"http://www.w3.org/2000/svg"}
+        assert urls == set(), path.name  # no CDN, no other host: many installs are offline
+        if path.suffix == ".js":
+            for unsafe in ("innerHTML", "outerHTML", "insertAdjacentHTML", "eval(", "Function("):
+                assert unsafe not in text, (path.name, unsafe)
+    # the key goes into one URL only: the realtime socket's documented api_key parameter
+    for path in PLAYGROUND_STATIC.glob("*.js"):
+        uses = re.findall(r"[\"']api_key[\"']", path.read_text())  # as a string
+        assert len(uses) == (1 if path.name == "api.js" else 0), path.name
+
+
+@pytest.mark.unit
+async def test_with_keys_configured_the_page_is_open_and_the_api_is_not():
+    assert set(playground.ROUTES) <= PUBLIC_ROUTES
+    key = ApiKey(id="k", tenant="t", scopes=["synthesize"], sha256=hash_key("secret-key"))
+
+    async def voices(request):
+        return web.json_response({"voices": []})
+
+    app = web.Application(middlewares=[auth_middleware])
+    app[AUTH] = Authenticator([key], None)
+    app.router.add_get("/v1/audio/voices", voices)
+    playground.add_routes(app)
+    async with TestClient(TestServer(app)) as client:
+        for path in ("/", "/playground", "/playground/app.js"):
+            assert (await client.get(path)).status == 200, path
+        assert (await client.get("/v1/audio/voices")).status == 401
+        headers = {"Authorization": "Bearer secret-key"}
+        assert (await client.get("/v1/audio/voices", headers=headers)).status == 200
+
+
+# --- the page in a browser -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def browser_page(chromium, server):
+    """One page of the playground on the shared server, for the module's tests in order."""
+    context = await chromium.new_context(viewport={"width": 1100, "height": 900})
+    page = await context.new_page()
+    watch = PageWatch(page)
+    response = await page.goto(server.url + "/")
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=30_000)
+    yield page, watch, response
+    await context.close()
+
+
+async def screenshot(page, name: str) -> None:
+    if SCREENSHOTS:
+        await page.screenshot(path=f"{SCREENSHOTS}/{name}.png", full_page=True)  # makes the folder
+
+
+async def test_the_page_loads_under_its_csp_with_no_console_error_and_lists_the_voices(
+    browser_page, server
+):
+    page, watch, response = browser_page
+    assert response.headers["content-security-policy"] == playground.CONTENT_SECURITY_POLICY
+    assert watch.problems() == []
+    voices = await page.locator("#speak-voice option").evaluate_all("os => os.map(o => o.value)")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.url + "/v1/audio/voices") as listing:
+            listed = [v["id"] for v in (await listing.json())["voices"]]
+    assert sorted(voices) == sorted(listed) and "dev-a" in voices
+    assert await page.locator("#tab-key").is_hidden()  # auth is off: no key to ask for
+    await page.locator("#tab-voices").click()
+    rows = page.locator("#voices-list tr")
+    await expect(rows).to_have_count(len(listed))
+    assert await page.locator("#voices-list tr[data-voice=dev-a] td").first.text_content() == (
+        "adapter"
+    )
+    await screenshot(page, "voices")
+    # the policy holds: a script the page did not load from its origin does not run
+    await page.evaluate(
+        "() => { const s = document.createElement('script');"
+        " s.textContent = 'document.body.dataset.injected = 1'; document.body.append(s); }"
+    )
+    assert await page.locator("body").get_attribute("data-injected") is None
+    assert any("Content Security Policy" in line for line in watch.console)
+    watch.clear()
+    # keyboard: the tabs move with the arrow keys
+    await page.locator("#tab-voices").focus()
+    await page.keyboard.press("ArrowLeft")
+    assert await page.locator("#tab-clone").get_attribute("aria-selected") == "true"
+    await screenshot(page, "clone")
+    await page.keyboard.press("ArrowLeft")
+    await expect(page.locator("#view-speak")).to_be_visible()
+
+
+async def test_speaking_a_sentence_plays_every_sample_as_it_streams(browser_page, server):
+    page, watch, _ = browser_page
+    async with aiohttp.ClientSession() as http:
+        before = await metric(http, server, "voicehost_audio_seconds_total")
+        await page.locator("#speak-voice").select_option("dev-a")
+        await page.locator("#speak-text").fill(SENTENCE)
+        started = time.monotonic()
+        await page.locator("#speak-play").click()
+        await expect(page.locator("#speak-status")).to_have_attribute(
+            "data-kind", "ok", timeout=60_000
+        )
+        took = time.monotonic() - started
+        after = await metric(http, server, "voicehost_audio_seconds_total")
+    samples = int(await page.locator("#speak-samples").text_content())
+    ttfa = await page.locator("#speak-ttfa").text_content()
+    print(f"the page's player received {samples} samples in {took:.1f} s; first audio {ttfa}")
+    # the worklet received every sample the server made for this request
+    assert samples > 0 and samples == round((after - before) * SAMPLE_RATE)
+    assert re.fullmatch(r"\d+ ms", ttfa) and int(ttfa.split()[0]) < took * 1000
+    assert re.fullmatch(r"\d+\.\d\d", await page.locator("#speak-rtf").text_content())
+    # and played them: the AudioContext runs (headless too)
+    await expect(page.locator("#speak-samples")).not_to_have_attribute("data-played", "0")
+    assert watch.problems() == []
+    await screenshot(page, "speak")
+
+
+async def test_type_as_you_go_speaks_and_stop_barges_in_until_no_engine_request_is_left(
+    browser_page, server
+):
+    page, watch, _ = browser_page
+    unfinished = "voicehost_engine_unfinished_requests"
+    await page.locator("#live-text").click()
+    await page.keyboard.type(LIVE_TEXT)
+    await expect(page.locator("#live-samples")).not_to_have_text("0", timeout=60_000)
+    async with aiohttp.ClientSession() as http:
+        generating = await metric(http, server, unfinished)
+        await page.locator("#live-stop").click()
+        stopped = time.monotonic()
+        await expect(page.locator("#live-status")).to_have_text(re.compile("^Stopped"))
+        while (left := await metric(http, server, unfinished)) > 0:
+            assert time.monotonic() - stopped < 10, f"{left} engine requests still running"
+        drained = time.monotonic() - stopped
+    print(f"{generating:.0f} engine requests when stopped; none {drained:.2f} s later")
+    assert generating >= 1, "the speech ended before the stop: nothing to barge in on"
+    heard = await page.locator("#live-samples").text_content()
+    assert re.fullmatch(r"\d+ ms", await page.locator("#live-ttfa").text_content())
+    await page.wait_for_timeout(300)
+    assert await page.locator("#live-samples").text_content() == heard  # no audio after stop
+    assert watch.problems() == []

@@ -1,0 +1,89 @@
+"""The web playground: the page at ``/`` and ``/playground``, its files at ``/playground/NAME``.
+
+The files are the package's ``static/`` folder (HTML, CSS and plain JavaScript modules, no build
+step) and work against the public API only, so the page is also a reference client. Every
+answer carries a Content-Security-Policy that lets the page load scripts, styles and
+connections from its own origin alone (no inline script, no other host: many installs have no
+internet), and ``nosniff`` with the right content type.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from aiohttp import web
+
+from voicehost.api.edge import error_response
+
+STATIC = Path(__file__).with_name("static")
+PAGE = "index.html"
+FILE_ROUTE = "/playground/{file}"
+ROUTES = ("/", "/playground", FILE_ROUTE)  # open: the page asks for a key itself
+FILE_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*(\.[a-z0-9]+)+")
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+# 'self' covers the realtime socket (ws: of this origin, CSP 3); blob: is audio the page made
+# itself (recorded takes, a downloaded file to play), never another origin.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "img-src 'self'",
+        "media-src 'self' blob:",
+        "worker-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def page_files() -> dict[str, Path]:
+    """The files the playground serves, by name: those of ``STATIC`` with a known type."""
+    return {
+        path.name: path
+        for path in sorted(STATIC.iterdir())
+        if path.is_file() and path.suffix in CONTENT_TYPES and FILE_PATTERN.fullmatch(path.name)
+    }
+
+
+FILES = page_files()
+
+
+def _answer(name: str) -> web.Response:
+    path = FILES.get(name)
+    if path is None:
+        return error_response(404, "not_found", f"the playground has no file {name!r}")
+    return web.Response(
+        body=path.read_bytes(),  # a few KB from the package, read as served (edits show at once)
+        headers={"Content-Type": CONTENT_TYPES[path.suffix], **HEADERS},
+    )
+
+
+async def page(request: web.Request) -> web.Response:
+    """``GET /`` and ``GET /playground``: the page."""
+    return _answer(PAGE)
+
+
+async def page_file(request: web.Request) -> web.Response:
+    """``GET /playground/NAME``: one of the page's scripts, styles or images; 404 otherwise."""
+    return _answer(request.match_info["file"])
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", page)
+    app.router.add_get("/playground", page)
+    app.router.add_get(FILE_ROUTE, page_file)

@@ -1,0 +1,90 @@
+// The public API, as any client calls it: the key from sessionStorage as a bearer header,
+// errors as {"error": {"code", "message"}} turned into words.
+
+const KEY_STORAGE = "voicehost.apiKey";
+
+export function apiKey() {
+  return sessionStorage.getItem(KEY_STORAGE) || "";
+}
+
+export function setApiKey(key) {
+  if (key) sessionStorage.setItem(KEY_STORAGE, key);
+  else sessionStorage.removeItem(KEY_STORAGE);
+}
+
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+const HINTS = {
+  401: "Enter a valid API key in the Key view.",
+  403: "This key lacks the scope for it.",
+  429: "This key holds its most streams at once; try again in a moment.",
+  503: "The server is busy or still starting; try again in a moment.",
+};
+
+// What went wrong, in words: the status, the server's code and message, and what to do.
+export function describe(error) {
+  if (error instanceof ApiError) {
+    const hint = HINTS[error.status] ? ` ${HINTS[error.status]}` : "";
+    return `${error.status} ${error.code}: ${error.message}.${hint}`;
+  }
+  if (error instanceof TypeError) {
+    return `Lost the connection to the server (${error.message}). Is it running?`;
+  }
+  return String(error && error.message ? error.message : error);
+}
+
+function headers(extra) {
+  const result = { ...extra };
+  const key = apiKey();
+  if (key) result.Authorization = `Bearer ${key}`;
+  return result;
+}
+
+async function errorOf(response) {
+  let code = "http_error";
+  let message = response.statusText || "request failed";
+  try {
+    const body = await response.json();
+    if (body && body.error) ({ code, message } = body.error);
+  } catch {
+    // not the error shape (a proxy's page): the status says it
+  }
+  return new ApiError(response.status, code, message);
+}
+
+// fetch() with the key; resolves to the response when it is 2xx, throws ApiError otherwise.
+export async function call(path, { method = "GET", json, body, signal } = {}) {
+  const init = { method, headers: headers(), signal };
+  if (json !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  } else if (body !== undefined) {
+    init.body = body;
+  }
+  const response = await fetch(path, init);
+  if (!response.ok) throw await errorOf(response);
+  return response;
+}
+
+export async function getJson(path, options) {
+  return (await call(path, options)).json();
+}
+
+// The realtime socket's URL; the key goes in its documented api_key parameter (browsers
+// cannot set headers on a WebSocket), nowhere else.
+export function realtimeUrl() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const url = new URL(`${scheme}//${location.host}/v1/audio/speech/ws`);
+  const key = apiKey();
+  if (key) url.searchParams.set("api_key", key);
+  return url.toString();
+}
+
+// A tiny event bus between the views: "voices" when the list may have changed.
+export const events = new EventTarget();

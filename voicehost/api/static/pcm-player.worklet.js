@@ -1,0 +1,64 @@
+// The audio path's end: Float32 chunks posted by player.js, played in order as they come.
+// It counts the samples it receives and plays, and tells the page.
+
+class PcmPlayer extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.queue = [];
+    this.offset = 0; // into queue[0]
+    this.received = 0;
+    this.played = 0;
+    this.blocks = 0;
+    this.port.onmessage = (event) => {
+      const message = event.data;
+      if (message.type === "samples") {
+        this.queue.push(message.samples);
+        this.received += message.samples.length;
+        this.port.postMessage({ type: "received", received: this.received });
+      } else if (message.type === "clear") {
+        this.queue = [];
+        this.offset = 0;
+        this.report();
+      } else if (message.type === "reset") {
+        this.queue = [];
+        this.offset = 0;
+        this.received = 0;
+        this.played = 0;
+        this.report();
+      }
+    };
+  }
+
+  report() {
+    this.port.postMessage({
+      type: "played",
+      received: this.received,
+      played: this.played,
+      queued: this.queue.reduce((n, chunk) => n + chunk.length, 0) - this.offset,
+    });
+  }
+
+  process(inputs, outputs) {
+    const out = outputs[0][0];
+    let filled = 0;
+    while (filled < out.length && this.queue.length > 0) {
+      const chunk = this.queue[0];
+      const take = Math.min(out.length - filled, chunk.length - this.offset);
+      out.set(chunk.subarray(this.offset, this.offset + take), filled);
+      filled += take;
+      this.offset += take;
+      if (this.offset === chunk.length) {
+        this.queue.shift();
+        this.offset = 0;
+      }
+    }
+    out.fill(0, filled);
+    for (let channel = 1; channel < outputs[0].length; channel++) outputs[0][channel].set(out);
+    this.played += filled;
+    if (filled > 0 && ++this.blocks % 20 === 0) this.report();
+    if (filled > 0 && this.queue.length === 0) this.report();
+    return true;
+  }
+}
+
+registerProcessor("pcm-player", PcmPlayer);
