@@ -336,7 +336,10 @@ class DecodeScheduler:
         self.windows = 0
         self.frames_decoded = 0
         self._pending: list[tuple[Span, asyncio.Future[np.ndarray]]] = []
-        self._arrived: asyncio.Event | None = None
+        # What the decode loop sleeps on; a window's arrival wakes it only when it is idle or
+        # the batch is full (not once per window), a detach too (the batch may now be full).
+        self._wakeup: asyncio.Future[None] | None = None
+        self._until_full = False
         self._task: asyncio.Task[None] | None = None
 
     def attach(self) -> None:
@@ -344,8 +347,29 @@ class DecodeScheduler:
 
     def detach(self) -> None:
         self.live -= 1
-        if self._arrived is not None:
-            self._arrived.set()  # a pending batch may now hold every live stream
+        self._arrived()
+
+    def _arrived(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done() and (not self._until_full or self._full()):
+            wakeup.set_result(None)
+
+    async def _sleep(self, seconds: float | None, until_full: bool) -> None:
+        """Until ``_arrived`` wakes the loop (a window came, or with ``until_full`` the batch
+        is full) or ``seconds`` pass."""
+        loop = asyncio.get_running_loop()
+        self._wakeup, self._until_full = loop.create_future(), until_full
+        timer = None if seconds is None else loop.call_later(seconds, self._timed_out)
+        try:
+            await self._wakeup
+        finally:
+            self._wakeup = None
+            if timer is not None:
+                timer.cancel()
+
+    def _timed_out(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     async def decode(self, span: Span) -> np.ndarray:
         """The kept samples of ``span``, decoded in the next batch."""
@@ -353,13 +377,12 @@ class DecodeScheduler:
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             # windows left by a loop that is gone can never be answered
             self._pending = [(s, f) for s, f in self._pending if f.get_loop() is loop]
-            self._arrived = asyncio.Event()
+            self._wakeup = None
             self._task = loop.create_task(self._run(), name="snac-decode-loop")
             self._task.add_done_callback(self._fail_waiting)
         future: asyncio.Future[np.ndarray] = loop.create_future()
         self._pending.append((span, future))
-        assert self._arrived is not None
-        self._arrived.set()
+        self._arrived()
         return await future
 
     async def _run(self) -> None:
@@ -376,18 +399,10 @@ class DecodeScheduler:
 
     async def _next_batch(self) -> list[tuple[Span, asyncio.Future[np.ndarray]]]:
         """Wait for a window, then for the batch to fill or the window to expire."""
-        assert self._arrived is not None
-        loop = asyncio.get_running_loop()
         while not self._pending:
-            self._arrived.clear()
-            await self._arrived.wait()
-        deadline = loop.time() + self.window_s
-        while not self._full() and (left := deadline - loop.time()) > 0:
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
-                break
+            await self._sleep(None, until_full=False)
+        if not self._full() and self.window_s > 0:
+            await self._sleep(self.window_s, until_full=True)
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
         return [(span, future) for span, future in batch if not future.cancelled()]
@@ -561,4 +576,6 @@ class FrameDecoder:
             if self.first_audio_at is None:
                 self.first_audio_at = self.clock()
                 self._frames_at_first_audio = len(self.frames)
+        if len(pieces) == 1:
+            return pieces[0]
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)

@@ -199,8 +199,8 @@ class SpeechEngine:
         )
         try:
             async for output in stream:
-                token_ids = list(output.outputs[0].token_ids)
-                if token_ids:
+                # vLLM's delta list itself, not a copy (the listener reads it at once)
+                if token_ids := output.outputs[0].token_ids:
                     yield token_ids
         finally:
             await stream.aclose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 
 TEXT_VOCAB_SIZE = 128256
@@ -43,6 +44,18 @@ FRAME_LAYOUT: tuple[tuple[int, int], ...] = (
     (2, 3),
 )
 CODES_PER_LAYER = (1, 2, 4)
+
+
+def _layer_positions(layer: int) -> tuple[int, ...]:
+    """The frame positions that hold ``layer``'s codes, in the layer's order."""
+    at = {index: position for position, (lv, index) in enumerate(FRAME_LAYOUT) if lv == layer}
+    return tuple(at[index] for index in range(CODES_PER_LAYER[layer]))
+
+
+# A frame's codes in token order -> layer 1's and layer 2's codes (``FrameAssembler``'s hot path).
+(_L0_POSITION,) = _layer_positions(0)
+_L1_CODES = itemgetter(*_layer_positions(1))
+_L2_CODES = itemgetter(*_layer_positions(2))
 
 PROMPT_SUFFIX = (EOT_ID, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)
 
@@ -230,7 +243,7 @@ class FrameAssembler:
     """
 
     def __init__(self) -> None:
-        self.pending: list[int] = []
+        self.pending: list[int] = []  # codes of the frame in progress, in token order
         self.frames = 0
         self.malformed_frames = 0
         self.stray_tokens = 0
@@ -240,28 +253,31 @@ class FrameAssembler:
     def push(self, token_ids: Sequence[int]) -> list[Frame]:
         """Add new token ids; returns the frames they complete."""
         frames: list[Frame] = []
+        pending = self.pending
         for token_id in token_ids:
             if token_id == END_OF_SPEECH:
                 self.stopped = True
             if self.stopped:
                 break
-            try:
-                position, _ = decode_audio_token(token_id)
-            except MalformedAudioToken:
+            offset = token_id - AUDIO_TOKEN_BASE  # decode_audio_token, inline: once per token
+            if not 0 <= offset < TOKENS_PER_FRAME * CODEBOOK_SIZE:
                 self.stray_tokens += 1
                 continue
-            if position != len(self.pending):
+            position, code = divmod(offset, CODEBOOK_SIZE)
+            if position != len(pending):
                 if not self._resyncing:
                     self.malformed_frames += 1
-                self.pending.clear()
+                pending.clear()
                 self._resyncing = position != 0
                 if self._resyncing:
                     continue
             self._resyncing = False
-            self.pending.append(token_id)
-            if len(self.pending) == TOKENS_PER_FRAME:
-                frames.append(Frame.from_tokens(self.pending))
-                self.pending.clear()
+            pending.append(code)
+            if len(pending) == TOKENS_PER_FRAME:
+                frames.append(
+                    Frame((pending[_L0_POSITION],), _L1_CODES(pending), _L2_CODES(pending))
+                )
+                pending.clear()
         self.frames += len(frames)
         return frames
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,48 +23,71 @@ from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
 
-STALLED = None  # what ``paced`` yields when held frames are due and the engine has said nothing
 
+class FrameFeed:
+    """The engine's token deltas as frames, read by a task of its own so that the listener's
+    side wakes once per frame (not per token) and can also wake when held frames fall due.
 
-async def paced(
-    deltas: AsyncIterator[list[int]], due_in: Callable[[], float | None]
-) -> AsyncIterator[list[int] | None]:
-    """The engine's deltas, and ``STALLED`` whenever ``due_in()`` seconds pass without one.
-
-    While nothing is due (``due_in()`` is ``None``) the engine is read directly. Otherwise its
-    next delta is awaited in a task, so that a timeout never cancels the engine's generator
-    (that would abort the request). Closing this iterator closes ``deltas``, which does.
+    The reader assembles each delta as it comes (``FrameAssembler``) and counts its tokens;
+    ``next`` hands over the frames read since the last call, waiting for one or for ``due``
+    seconds. ``close`` cancels the reader, which aborts the engine request, and closes
+    ``deltas``.
     """
-    pending: asyncio.Future[list[int]] | None = None
-    try:
-        while True:
-            due = due_in()
-            if pending is None and due is None:  # the hot path: no task, no timer
-                try:
-                    delta = await anext(deltas)
-                except StopAsyncIteration:
-                    return
-                yield delta
-                continue
-            if pending is None:
-                pending = asyncio.ensure_future(anext(deltas))
-            done, _ = await asyncio.wait((pending,), timeout=due)
-            if not done:
-                yield STALLED
-                continue
-            finished, pending = pending, None
+
+    def __init__(self, deltas: AsyncIterator[list[int]], assembler: orpheus.FrameAssembler) -> None:
+        self.tokens = 0
+        self._deltas = deltas
+        self._assembler = assembler
+        self._frames: list[orpheus.Frame] = []
+        self._ended = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="frame-feed")
+
+    async def _read(self) -> None:
+        try:
+            async for delta in self._deltas:
+                self.tokens += len(delta)
+                if frames := self._assembler.push(delta):
+                    self._frames += frames
+                    self._wake()
+        except Exception as exc:  # raised to the listener after the frames before it
+            self._error = exc
+        finally:
+            self._ended = True
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next(self, due: float | None) -> list[orpheus.Frame] | None:
+        """The frames read since the last call, once there is one; ``[]`` if ``due`` seconds
+        (``None``: no limit) pass first; ``None`` once the engine is done and all were taken.
+        Raises the engine's error after the frames it sent before it."""
+        if not self._frames and not self._ended:
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = None if due is None else loop.call_later(due, self._wake)
             try:
-                delta = finished.result()
-            except StopAsyncIteration:
-                return
-            yield delta
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with suppress(asyncio.CancelledError, StopAsyncIteration):
-                await pending
-        if isinstance(deltas, AsyncGenerator):
-            await deltas.aclose()
+                await self._waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        if self._frames:
+            frames, self._frames = self._frames, []
+            return frames
+        if self._error is not None:
+            raise self._error
+        return None if self._ended else []
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with suppress(asyncio.CancelledError):
+            await self._reader
+        if isinstance(self._deltas, AsyncGenerator):
+            await self._deltas.aclose()
 
 
 @dataclass
@@ -308,33 +331,33 @@ class Synthesizer:
         assembler = orpheus.FrameAssembler()
         decoder = FrameDecoder(self.scheduler, self.lookahead, self.max_chunk)
         first_audio: float | None = None
-        tokens = 0
+        counted = 0  # tokens already in the metric: it is updated per frame batch, not per token
         self.metrics.active_streams.inc()
         self.active += 1
+        feed = FrameFeed(deltas, assembler)
         try:
-            async with aclosing(paced(deltas, decoder.due_in)) as paced_deltas:
-                async for delta in paced_deltas:
-                    if delta is STALLED:
-                        pcm = await decoder.flush()
-                        self.metrics.stall_flushes.inc()
-                    else:
-                        tokens += len(delta)
-                        self.metrics.audio_tokens.inc(len(delta))
-                        frames = assembler.push(delta)
-                        if not frames:
-                            continue
-                        if keep is not None:
-                            keep.extend(frames)
-                        pcm = await decoder.push(frames)
-                    if pcm.size:
-                        first_audio = first_audio or self._first_audio(started)
-                        yield pcm
+            while (frames := await feed.next(decoder.due_in())) is not None:
+                if frames:
+                    self.metrics.audio_tokens.inc(feed.tokens - counted)
+                    counted = feed.tokens
+                    if keep is not None:
+                        keep.extend(frames)
+                    pcm = await decoder.push(frames)
+                else:  # held frames fell due while the engine said nothing
+                    pcm = await decoder.flush()
+                    self.metrics.stall_flushes.inc()
+                if pcm.size:
+                    first_audio = first_audio or self._first_audio(started)
+                    yield pcm
+            if feed.tokens > counted:
+                self.metrics.audio_tokens.inc(feed.tokens - counted)
             pcm = await decoder.finish()
             if pcm.size:
                 first_audio = first_audio or self._first_audio(started)
                 yield pcm
-            self._record(started, tokens, assembler)
+            self._record(started, feed.tokens, assembler)
         finally:
+            await feed.close()
             decoder.close()
             self.metrics.active_streams.dec()
             self.active -= 1
