@@ -48,6 +48,8 @@ from voicehost.api.auth import (
     request_principal,
 )
 from voicehost.api.edge import auth_middleware
+from voicehost.audit import canonical
+from voicehost.cli import main
 from voicehost.cloning import CloneJobs
 from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.config import Settings
@@ -862,6 +864,126 @@ async def test_only_the_owner_or_an_admin_deletes_a_voice(keyed, http, a_voice):
     async with http.delete(f"{url}/v1/voices/{a_voice}", headers=bearer("key-a")) as response:
         assert response.status == 204
     assert a_voice not in await voice_ids(http, url, "key-admin")
+
+
+# --- the audit trail and usage, per tenant ----------------------------------------------------
+
+
+async def audit_of(http, url, key, **params):
+    async with http.get(
+        url + "/v1/audit", params={"limit": 1000, **params}, headers=bearer(key)
+    ) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def test_a_tenant_reads_its_own_voices_events_and_a_damaged_log_is_found(keyed, http, capsys):
+    """The tests above made and deleted A's voice, cancelled A's job and were refused scopes:
+    A reads those events, B only its own refusal, an admin everything and the log's head; then
+    ``voicehost audit verify`` finds the log whole, by file and over the API, and says where
+    once a line of it is edited."""
+    url, root = keyed
+    async with http.get(url + "/metrics", headers=bearer("key-b")) as response:
+        assert response.status == 403  # B's key refused: B's event
+    a_events = (await audit_of(http, url, "key-a-manage"))["events"]
+    b_events = (await audit_of(http, url, "key-b"))["events"]
+    everything = await audit_of(http, url, "key-admin")
+    assert {e["tenant"] for e in a_events} == {"A"} and {e["tenant"] for e in b_events} == {"B"}
+    assert [e["action"] for e in b_events] == ["auth.scope_refused"]
+    assert b_events[0]["details"]["route"] == "/metrics"
+    made = [e for e in a_events if e["voice"] == "a-voice"]
+    assert [e["action"] for e in made] == ["voice.created", "voice.deleted"]
+    assert made[0]["actor"] == {"kind": "key", "key_id": "a", "tenant": "A"}
+    assert {"job.cancelled", "job.deleted"} <= {e["action"] for e in a_events}
+    refused = {e["actor"]["key_id"] for e in a_events if e["action"] == "auth.scope_refused"}
+    assert {"a-speak", "a-manage", "a"} <= refused  # test_a_key_without_the_routes_scope_is_403
+    seqs = [e["seq"] for e in everything["events"]]
+    assert seqs == list(range(1, len(seqs) + 1)) and everything["head"]["seq"] == seqs[-1]
+    assert "head" not in await audit_of(http, url, "key-a-manage")
+    async with http.get(url + "/v1/audit", headers=bearer("key-a-speak")) as response:
+        assert response.status == 403  # synthesize only: no audit trail
+    log = root / "audit.jsonl"
+    check = ["audit", "verify", "--url", url, "--api-key", "key-admin"]
+    assert await asyncio.to_thread(main, check) == 0
+    assert await asyncio.to_thread(main, ["audit", "verify", "--path", str(log)]) == 0
+    lines = log.read_text().splitlines()
+    edited = {**json.loads(lines[1]), "details": {"edited": True}}
+    lines[1] = canonical(edited)  # valid JSON, canonical: only line 3's prev can tell
+    log.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    for where in (["--url", url, "--api-key", "key-admin"], ["--path", str(log)]):
+        assert await asyncio.to_thread(main, ["audit", "verify", *where]) == 1
+        assert "BROKEN at line 3: prev is not the SHA-256 of line 2" in capsys.readouterr().out
+
+
+async def usage_of(http, url, key, **params):
+    async with http.get(url + "/v1/usage", params=params, headers=bearer(key)) as response:
+        assert response.status == 200, await response.text()
+        return {(r["key_id"], r["voice"]): r for r in (await response.json())["usage"]}
+
+
+async def test_usage_counts_the_audio_each_key_was_sent_and_a_cancelled_stream_what_it_got(
+    keyed, http
+):
+    """Seconds counted equal the PCM bytes the client received: a whole HTTP response, and a
+    realtime stream of four segments cancelled after its first half second; characters with
+    the audio of their segment. B reads none of A's usage."""
+    url, _ = keyed
+    before = await usage_of(http, url, "key-admin")
+    text = "Usage is counted as the audio is sent."
+    body = {"input": text, "voice": "tara", "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer("key-a-speak")) as r:
+        assert r.status == 200
+        whole = len(await r.read())
+    cut = 0
+    async with http.ws_connect(url + "/v1/audio/speech/ws", headers=bearer("key-a-speak")) as ws:
+        await ws.send_json({"type": "config", "voice": "leo", "response_format": "pcm"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+        for _ in range(4):  # four segments, each as long as the dev model speaks
+            await ws.send_json({"type": "text", "text": text})
+            await ws.send_json({"type": "flush"})
+        done = 0
+        cancelling = False
+        while True:
+            message = await ws.receive(timeout=60)
+            if message.type == aiohttp.WSMsgType.BINARY:
+                cut += len(message.data)
+                if cut >= 24000 and not cancelling:  # half a second heard: barge in
+                    await ws.send_json({"type": "cancel"})
+                    cancelling = True
+            else:
+                event = json.loads(message.data)
+                done += event["type"] == "segment.done"
+                if event["type"] == "cancelled":
+                    break
+        assert done < 4  # cancelled part-way
+    after = await eventually_usage(http, url, "key-a", before, ("a-speak", "leo"), cut)
+    spoken = after[("a-speak", "tara")]
+    seconds = spoken["audio_seconds"] - before.get(("a-speak", "tara"), {}).get("audio_seconds", 0)
+    assert seconds == pytest.approx(whole / 2 / 24000, abs=1e-5)
+    assert spoken["characters"] - before.get(("a-speak", "tara"), {}).get("characters", 0) == len(
+        text
+    )
+    assert {k for k, _ in after} <= {"a", "a-speak", "a-manage"}  # A's keys only
+    assert not {k for k, _ in await usage_of(http, url, "key-b")} & {"a", "a-speak"}
+    assert await usage_of(http, url, "key-b", tenant="A") == {}
+    async with http.get(url + "/metrics", headers=bearer("key-admin")) as response:
+        metrics = await response.text()
+    line = 'voicehost_usage_audio_seconds_total{key="a-speak",tenant="A",voice="leo"}'
+    assert line in metrics
+
+
+async def eventually_usage(http, url, key, before, row, received, within=5.0):
+    """Usage as ``key`` reads it once ``row`` holds ``received`` more bytes' worth of audio
+    (the cancelled stream's last chunk is counted as the server's speaker task ends)."""
+    expected = before.get(row, {}).get("audio_seconds", 0) + received / 2 / 24000
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        usage = await usage_of(http, url, key)
+        if usage.get(row, {}).get("audio_seconds", -1) == pytest.approx(expected, abs=1e-5):
+            return usage
+        assert asyncio.get_running_loop().time() < deadline, (usage.get(row), expected)
+        await asyncio.sleep(0.1)
 
 
 # --- a gateway with keys, in front of the keyed server -----------------------------------------

@@ -1,5 +1,5 @@
 """The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, bench, train,
-check-data, eval."""
+check-data, eval, audit."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lora_training.quality import add_arguments as add_check_data_arguments
+from voicehost.audit import Head
 from voicehost.bench import DESCRIPTION as BENCH_DESCRIPTION
 from voicehost.bench import add_arguments as add_bench_arguments
 from voicehost.config import Settings
@@ -234,8 +235,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (NotEnoughSpeech, MissingTranscripts) as exc:
         print(f"voicehost train: {exc}", file=sys.stderr)
         return 1
+    _record_operator_voice(args.voice, folder, args.out or settings.adapters_dir)
     print(f"voice {args.voice} written to {folder}")
     return 0
+
+
+def _record_operator_voice(voice_id: str, folder: Path, adapters_dir: Path) -> None:
+    """The operator's new voice on the audit log beside its adapters folder."""
+    from voicehost.audit import OPERATOR, AuditLog, Change
+
+    log_path = Settings(adapters_dir=adapters_dir).audit_file()
+    details: dict[str, object] = {"source": "cli", "folder": str(folder)}
+    AuditLog(log_path).append([Change("voice.created", OPERATOR, voice=voice_id, details=details)])
 
 
 def cmd_check_data(args: argparse.Namespace) -> int:
@@ -291,6 +302,60 @@ def cmd_eval(args: argparse.Namespace) -> int:
         evaluation.plot(report, args.plot)
     print(report.summary())
     return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    """Check the audit log's hash chain: a file, or a running server's log over its API (every
+    page of ``GET /v1/audit``, which needs an admin key, against the head the server keeps)."""
+    from voicehost import audit
+
+    if args.url is None:
+        path = args.path or Settings(
+            **({"adapters_dir": args.adapters} if args.adapters else {})
+        ).audit_file(cluster=args.cluster)
+        if not path.is_file():
+            print(f"voicehost audit verify: no audit log at {path}", file=sys.stderr)
+            return 2
+        where = str(path)
+        result = audit.verify(audit.AuditLog(path).lines())
+    else:
+        where = args.url
+        try:
+            events, head = _audit_events(args.url.rstrip("/"), args.api_key)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"voicehost audit verify: {exc}", file=sys.stderr)
+            return 2
+        result = audit.verify_events(events, head)
+    if not result.ok:
+        print(f"{where}: BROKEN at line {result.broken_at}: {result.reason}")
+        print(f"  the {result.lines} lines before it are a whole chain", file=sys.stderr)
+        return 1
+    print(f"{where}: {result.lines} events, chain whole (head seq {result.head.seq}, ")
+    print(f"  sha256 {result.head.hash})")
+    return 0
+
+
+def _audit_events(url: str, api_key: str | None) -> tuple[list[dict], Head]:
+    """Every event of a server's audit log, page by page, and the head it reported first."""
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    events: list[dict] = []
+    head: Head | None = None
+    after = 0
+    while True:
+        request = urllib.request.Request(
+            f"{url}/v1/audit?after={after}&limit=1000", headers=headers
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            page = json.loads(response.read())
+        if "head" not in page:
+            raise ValueError("the server did not give its head: verify needs an admin key")
+        head = head or Head(int(page["head"]["seq"]), str(page["head"]["hash"]))
+        events += page["events"]
+        if page["next_after"] is None:
+            return events, head
+        after = page["next_after"]
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser, dev_help: str, model_help: str) -> None:
@@ -367,6 +432,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
+
+    audit_commands = commands.add_parser("audit", help="the audit trail").add_subparsers(
+        dest="audit_command", required=True
+    )
+    verify = audit_commands.add_parser("verify", help="check the audit log's hash chain")
+    where = verify.add_mutually_exclusive_group()
+    where.add_argument("--path", type=Path, help="the log file (default: the settings')")
+    where.add_argument("--url", help="a running server or gateway (needs an admin key)")
+    verify.add_argument("--api-key", default=None, help="an admin key, for --url")
+    verify.add_argument("--adapters", type=Path, help="the adapters folder the log is beside")
+    verify.add_argument(
+        "--cluster", action="store_true", help="the cluster's mirror on the shared store"
+    )
+    verify.set_defaults(func=cmd_audit_verify)
 
     train = commands.add_parser("train", help="train a LoRA voice from a few minutes of audio")
     train.add_argument("--audio", type=Path, nargs="+", required=True, help="files or folders")

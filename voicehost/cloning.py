@@ -30,6 +30,7 @@ from typing import Literal, Protocol
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
 from voicehost.adapter_validation import assign_tenant
+from voicehost.audit import Action, AuditTrail, Change, service_actor
 from voicehost.ids import child, is_job_id
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,10 @@ class CloneJobs:
         queue: JobQueue | None = None,
         runner_id: str = "local",
         evaluate: Evaluate | None = None,
+        audit: AuditTrail | None = None,
     ) -> None:
         self.root = root
+        self.audit = audit  # where a runner records how its jobs end
         self.root.mkdir(parents=True, exist_ok=True)
         self.on_voice_ready = on_voice_ready
         self.evaluate = evaluate
@@ -267,9 +270,11 @@ class CloneJobs:
             try:
                 if job is not None and job.status in ("queued", *RUNNING):
                     await self._run(job, receipt)
+                    await self._record_end(job_id)
             except Exception as exc:  # one broken job must not stop the queue
                 log.exception("clone job %s could not run", job_id)
                 self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}", even_if_queued=True)
+                await self._record_end(job_id)
             await self.queue.done(receipt)
 
     async def _run_worker(self, job_id: str, job_dir: Path, receipt: str) -> int:
@@ -329,6 +334,28 @@ class CloneJobs:
             job.held_reason = "; ".join(verdict.reasons) if verdict.status == "held" else None
         self._save(job)
 
+    async def _record(self, job: CloneJob, action: Action, **details: object) -> None:
+        """Put what this runner did to ``job`` (or to its voice) on the audit trail."""
+        if self.audit is not None:
+            actor = service_actor(self.runner_id)
+            change = Change(action, actor, job.tenant, job.voice_id, job=job.id, details=details)
+            await self.audit.record(change)
+
+    async def _record_registered(self, job: CloneJob, verdict: Verdict | None) -> None:
+        """The trained voice is registered: created, and held if the gate held it."""
+        status = verdict.status if verdict is not None else "ready"
+        await self._record(job, "voice.created", source="clone", status=status)
+        if verdict is not None and verdict.status == "held":
+            await self._record(job, "voice.held", reasons=verdict.reasons)
+
+    async def _record_end(self, job_id: str) -> None:
+        """How a run ended (done, held or failed), unless it was cancelled meanwhile (the
+        cancel is recorded by whoever asked for it)."""
+        job = await asyncio.to_thread(self._load, job_id)
+        if job is not None and job.status in ("done", "held", "failed"):
+            action: Action = f"job.{job.status}"  # type: ignore[assignment]
+            await self._record(job, action, error=job.error, held_reason=job.held_reason)
+
     def _evaluating(self, job_id: str) -> bool:
         """Mark a job whose voice is being measured; False if it was cancelled meanwhile."""
         job = self._load(job_id)
@@ -358,6 +385,7 @@ class CloneJobs:
                             return
                         verdict = await self.evaluate(job.voice_id, folder)
                     await self.on_voice_ready(job.voice_id, folder)
+                    await self._record_registered(job, verdict)
                 except ValueError as exc:  # VoiceExists, InvalidAdapter
                     self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
                     return

@@ -91,6 +91,22 @@ class Settings(BaseSettings):
     )
     metrics_public: bool = Field(True, description="Serve /metrics without a key (else admin).")
 
+    # Audit trail and usage
+    audit_path: Path | None = Field(
+        None,
+        description="The audit log, JSONL (default: audit.jsonl beside the adapters folder; in "
+        "a cluster, the mirror on the shared store, audit/audit.jsonl).",
+    )
+    usage_path: Path | None = Field(
+        None, description="One server's usage buckets, JSONL (default: beside the audit log)."
+    )
+    usage_flush_seconds: float = Field(
+        1.0, gt=0, description="How often counted usage is added to its store (file or Redis)."
+    )
+    usage_retention_days: float = Field(
+        400.0, gt=0, description="How long a cluster's per-minute usage buckets stay in Redis."
+    )
+
     # Text
     segment_max_chars: int = Field(
         300, ge=80, description="Longest text segment; longer input is split at sentences."
@@ -236,6 +252,18 @@ class Settings(BaseSettings):
         hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
         aliases = (self.served_model(),) if self.served_model() != self.served_base_name() else ()
         return AdapterRules(self.served_base_name(), self.max_lora_rank, shape, aliases)
+
+    def audit_file(self, cluster: bool = False) -> Path:
+        """Where the audit log is written: one server's file, or a cluster's mirror."""
+        if self.audit_path is not None:
+            return self.audit_path
+        if cluster:
+            return self.shared_dir / "audit" / "audit.jsonl"
+        return self.adapters_dir.parent / "audit.jsonl"
+
+    def usage_file(self) -> Path:
+        """One server's usage file (a cluster keeps usage in Redis)."""
+        return self.usage_path or self.audit_file().parent / "usage.jsonl"
 
     def adapter_roots(self) -> list[Path]:
         """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""

@@ -63,6 +63,18 @@ class SpeechMetrics:
             registry=r,
         )
         self.asyncio_tasks.set_function(open_tasks)
+        self.usage_characters = Counter(
+            "voicehost_usage_characters",
+            "Characters of input spoken (counted with the first audio of their segment sent).",
+            ["key", "tenant", "voice"],
+            registry=r,
+        )
+        self.usage_audio_seconds = Counter(
+            "voicehost_usage_audio_seconds",
+            "Seconds of audio sent to clients.",
+            ["key", "tenant", "voice"],
+            registry=r,
+        )
         self.registry_missing = Gauge(
             "voicehost_registry_missing_voices",
             "Voices in the cluster's shared store whose Redis record is missing (0: whole).",

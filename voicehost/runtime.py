@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from voicehost.adapter_validation import MANIFEST, AdapterRules, ModelShape, read_json_object
 from voicehost.admission import Admission, WorkerLoad
 from voicehost.audio import EncoderPool
+from voicehost.audit import AuditTrail, FileAuditTrail
 from voicehost.cloning import CloneJobs, JobQueue, Verdict
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
@@ -26,6 +27,7 @@ from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
 from voicehost.speaker import SpeakerEncoder, load_encoder
 from voicehost.synthesis import Synthesizer
+from voicehost.usage import FileUsageStore, UsageLedger, UsageStore
 from voicehost.voice_folders import FolderVoiceDirectory
 from voicehost.voices import VoiceDirectory, VoiceExists
 
@@ -44,6 +46,14 @@ class ClusterLink(Protocol):
     def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> VoiceDirectory: ...
 
     def job_queue(self) -> JobQueue: ...
+
+    def audit_trail(self) -> AuditTrail:
+        """The cluster's one audit chain (Redis, mirrored to the shared store)."""
+        ...
+
+    def usage_store(self) -> UsageStore:
+        """Where this worker's counted usage is summed for the whole cluster."""
+        ...
 
     def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
         """Keep this process on the ring, reporting ``load``, until cancelled."""
@@ -78,7 +88,11 @@ class Runtime:
         self.metrics = SpeechMetrics()
         self.voices: VoiceDirectory
         queue: JobQueue | None = None
+        self.audit: AuditTrail
+        usage: UsageStore
         if cluster is None:
+            self.audit = FileAuditTrail(settings.audit_file())
+            usage = FileUsageStore(settings.usage_file())
             self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
                 settings.adapter_roots(), settings.builtin_voices, settings.adapter_rules()
             )
@@ -89,13 +103,17 @@ class Runtime:
             self.voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
+            self.audit, usage = cluster.audit_trail(), cluster.usage_store()
+        self.usage = UsageLedger(usage, self.metrics, settings.usage_flush_seconds)
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
         self.encoders = EncoderPool(settings.encode_threads)
         self.metrics.watch_registry(self.voices.missing)
-        self.jobs = CloneJobs(jobs_dir, self.voices.add, queue, runner, self.evaluate_clone)
+        self.jobs = CloneJobs(
+            jobs_dir, self.voices.add, queue, runner, self.evaluate_clone, audit=self.audit
+        )
         self._encoder: SpeakerEncoder | None = None
         self._started = asyncio.Event()  # start-up has ended, ready or failed
         self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
@@ -190,6 +208,7 @@ class Runtime:
         self._tasks.append(
             asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
         )
+        self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
 
     async def _start(self) -> None:
         try:

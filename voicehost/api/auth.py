@@ -53,6 +53,8 @@ ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/jobs/{job_id}"): frozenset({"voices"}),
     ("DELETE", "/v1/jobs/{job_id}"): frozenset({"voices"}),
     ("POST", "/v1/jobs/{job_id}/retry"): frozenset({"voices"}),
+    ("GET", "/v1/audit"): frozenset({"voices"}),  # a tenant's key: its own voices' events
+    ("GET", "/v1/usage"): frozenset({"synthesize", "voices"}),  # ... its own tenant's usage
 }
 ADMIN_ONLY = frozenset({"admin"})
 
@@ -202,11 +204,14 @@ PRINCIPAL = web.RequestKey("principal", object)  # Principal | None, set by the 
 class AccessDenied(Exception):
     """A caller the route does not admit: 401 (no key, a wrong one) or 403 (scope, internal)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, principal: Principal | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.principal = principal  # a known key refused for its scope (audited)
 
 
 def request_principal(request: web.Request) -> Principal | None:
@@ -256,5 +261,6 @@ def identify(auth: Authenticator, request: web.Request) -> Principal | None:
         needed = ROUTE_SCOPES.get((method, route or ""), ADMIN_ONLY)
         if not principal.allows(needed):
             wanted = " or ".join(f"'{s}'" for s in sorted(needed))
-            raise AccessDenied(403, "insufficient_scope", f"this API key needs the {wanted} scope")
+            message = f"this API key needs the {wanted} scope"
+            raise AccessDenied(403, "insufficient_scope", message, principal)
     return principal

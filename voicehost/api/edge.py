@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -20,9 +21,10 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
 from voicehost.admission import Refused
-from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify
+from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
 from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
 from voicehost.audio import UnsupportedAudio, output_rate
+from voicehost.audit import Action, AuditTrail, Change, actor_of
 from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
@@ -30,6 +32,7 @@ from voicehost.keys import Principal, can_see
 from voicehost.metrics import SpeechMetrics
 from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SpeakOptions
+from voicehost.usage import UsageLedger
 from voicehost.voices import Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,8 @@ class VoiceService(Protocol):
     metrics: SpeechMetrics
     voices: VoiceDirectory
     jobs: CloneJobs
+    audit: AuditTrail
+    usage: UsageLedger
 
 
 SERVICE = web.AppKey("service", VoiceService)
@@ -138,11 +143,60 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     try:
         request[PRINCIPAL] = identify(request.app[AUTH], request)
     except AccessDenied as exc:
+        service = request.app.get(SERVICE)  # (a bare app of the auth tests has none)
+        if exc.principal is not None and service is not None:  # a key refused for its scope
+            await service.audit.record(scope_refusal(request, exc))
         response = error_response(exc.status, exc.code, exc.message)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
         return response
     return await handler(request)
+
+
+# --- request ids and the audit trail ----------------------------------------------------------
+
+REQUEST_ID_HEADER = "X-Request-Id"  # a client's own (kept if it is sane) or one made here
+REQUEST_ID = web.RequestKey("request_id", str)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id: the ``X-Request-Id`` it was sent with (a gateway forwards its own),
+    else a new one; answered in the same header and recorded with its audit events."""
+    if REQUEST_ID not in request:
+        sent = request.headers.get(REQUEST_ID_HEADER, "")
+        request[REQUEST_ID] = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+    return request[REQUEST_ID]
+
+
+async def name_request(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[REQUEST_ID_HEADER] = request_id(request)
+
+
+def change(request: web.Request, action: Action, **fields: object) -> Change:
+    """What ``request`` changed, as its caller's audit event (``fields``: ``Change``'s)."""
+    actor = actor_of(request_principal(request))
+    return Change(action, actor, request_id=request_id(request), **fields)  # type: ignore[arg-type]
+
+
+async def record(request: web.Request, action: Action, **fields: object) -> None:
+    """Put what ``request`` changed on the service's audit trail."""
+    await request.app[SERVICE].audit.record(change(request, action, **fields))
+
+
+def scope_refusal(request: web.Request, denied: AccessDenied) -> Change:
+    route = request.match_info.route.resource
+    return Change(
+        "auth.scope_refused",
+        actor_of(denied.principal),  # type: ignore[arg-type]
+        tenant=denied.principal.tenant if denied.principal is not None else None,
+        request_id=request_id(request),
+        details={
+            "method": request.method,
+            "route": route.canonical if route is not None else request.path,
+            "message": denied.message,
+        },
+    )
 
 
 # --- requests --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from voicehost import __version__
 from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
+    AuditPage,
     CloneJobInfo,
     ErrorDetail,
     ErrorResponse,
@@ -26,6 +27,7 @@ from voicehost.api.schemas import (
     RealtimeControl,
     RealtimeText,
     SpeechRequest,
+    UsageReport,
     VoiceDetail,
     VoiceList,
 )
@@ -46,6 +48,8 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (VoiceList, "serialization"),
     (VoiceDetail, "serialization"),
     (CloneJobInfo, "serialization"),
+    (AuditPage, "serialization"),
+    (UsageReport, "serialization"),
     (ErrorResponse, "serialization"),
 )
 
@@ -466,6 +470,72 @@ def voice_paths() -> Json:
     }
 
 
+def query_param(name: str, description: str, schema: Json) -> Json:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+def audit_paths() -> Json:
+    since = query_param(
+        "since",
+        "From this time on: ISO 8601 (UTC unless it names a zone) or Unix seconds.",
+        {"type": "string"},
+    )
+    bad_query = {400: "`invalid_request`: a query parameter out of range or not understood."}
+    audit_bad = {
+        400: "`invalid_request`: a query parameter out of range or not understood; "
+        "`invalid_voice_id`: `voice` is not a voice id."
+    }
+    return {
+        "/v1/audit": {
+            "get": operation(
+                "The audit trail: every change to voices and jobs, and scope refusals",
+                {"200": json_body(ref(AuditPage), "Events in order."), **errors(audit_bad)},
+                tag="audit",
+                security=KEYED,
+                description="Admins read every event (and the log's `head`); a tenant's key "
+                "(`voices` scope) only the events of its tenant's voices and jobs. Each event "
+                "carries the SHA-256 of the one before it (`prev`); `voicehost audit verify` "
+                "checks the chain.",
+                parameters=[
+                    query_param("voice", "Only this voice's events.", {"type": "string"}),
+                    since,
+                    query_param(
+                        "after",
+                        "Only events after this seq (paging: the answer's `next_after`).",
+                        {"type": "integer", "minimum": 0},
+                    ),
+                    query_param(
+                        "limit",
+                        "At most this many events (default 100).",
+                        {"type": "integer", "minimum": 1, "maximum": 1000},
+                    ),
+                ],
+            )
+        },
+        "/v1/usage": {
+            "get": operation(
+                "Characters and audio seconds sent, per API key, tenant and voice",
+                {"200": json_body(ref(UsageReport), "The sums."), **errors(bad_query)},
+                tag="usage",
+                security=KEYED,
+                description="Counted as audio is sent (a stream cancelled half-way counts what "
+                "was sent), summed per minute over every worker of a cluster. Admins read "
+                "every tenant's (or `tenant`'s); any other key its own tenant's.",
+                parameters=[
+                    query_param("tenant", "Only this tenant (admins).", {"type": "string"}),
+                    since,
+                ],
+            )
+        },
+    }
+
+
 def service_paths() -> Json:
     def probe(summary: str, value: str, unavailable: str) -> Json:
         return operation(
@@ -562,7 +632,7 @@ def _document() -> Json:
             "(`Authorization: Bearer <key>`; 401/403 otherwise); a stream over its key's quota "
             "or the server's capacity is refused with 429/503 and `Retry-After`.",
         },
-        "paths": {**speech_paths(), **voice_paths(), **service_paths()},
+        "paths": {**speech_paths(), **voice_paths(), **audit_paths(), **service_paths()},
         "components": {"schemas": component_schemas(), "securitySchemes": SECURITY_SCHEMES},
     }
 

@@ -42,6 +42,7 @@ from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
 from voicehost.text.segment import Segment, TextSegmenter
+from voicehost.usage import StreamMeter
 from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,10 @@ class RealtimeSession:
         synthesizer: Synthesizer,
         voice: Voice,
         config: RealtimeConfig,
+        meter: StreamMeter,
     ) -> None:
         self.ws = ws
+        self.meter = meter  # counts the audio sent, and the text of its segments
         self.runtime = runtime
         self.synthesizer = synthesizer
         self.voice = voice
@@ -253,8 +256,15 @@ class RealtimeSession:
 
     async def _forward(self, event: SegmentStarted | np.ndarray | SegmentDone) -> None:
         if isinstance(event, np.ndarray):
-            await self._audio(await self.encoder.encode(event))
+            data = await self.encoder.encode(event)
+            try:
+                await self._audio(data)
+            except asyncio.CancelledError:  # a barge-in cut the drain after the write: sent
+                self.meter.sent(event.size)
+                raise
+            self.meter.sent(event.size)
         elif isinstance(event, SegmentStarted):
+            self.meter.segment(event.segment.text)
             self.in_segment = True
             span = event.segment
             await self.send(
@@ -367,7 +377,8 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
 
         async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
             voice = await find_voice(runtime.voices, config.voice, principal)
-            await RealtimeSession(ws, runtime, synthesizer, voice, config).run()
+            meter = runtime.usage.meter(principal, voice.voice_id)
+            await RealtimeSession(ws, runtime, synthesizer, voice, config, meter).run()
 
         return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)
 

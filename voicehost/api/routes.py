@@ -10,7 +10,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import playground, voices
+from voicehost.api import audit, playground, voices
 from voicehost.api.auth import AUTH, Authenticator, redact_access_log
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
@@ -19,6 +19,7 @@ from voicehost.api.edge import (
     VoiceService,
     auth_middleware,
     error_middleware,
+    name_request,
 )
 from voicehost.api.openapi import openapi
 from voicehost.config import Settings
@@ -47,11 +48,13 @@ def public_app(
     app[AUTH] = Authenticator.from_settings(settings, role)
     app[SERVICE] = service
     redact_access_log()
+    app.on_response_prepare.append(name_request)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/speech/ws", speech_ws)
     app.router.add_get("/v1/audio/voices", voices.list_voices)
     app.router.add_get("/v1/voices", voices.list_voices)
     voices.add_routes(app)
+    audit.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -33,8 +33,9 @@ from voicehost.config import Settings
 from voicehost.engine import InputTooLong
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import ClusterLink, Runtime
-from voicehost.synthesis import SpeechEvent
+from voicehost.synthesis import SegmentStarted, SpeechEvent
 from voicehost.text.segment import Segment, split_text
+from voicehost.usage import StreamMeter
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,15 @@ async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
         yield segment
 
 
-async def audio_only(events: AsyncIterator[SpeechEvent]) -> AsyncIterator[np.ndarray]:
+async def audio_only(
+    events: AsyncIterator[SpeechEvent], meter: StreamMeter
+) -> AsyncIterator[np.ndarray]:
+    """The audio of ``events``; each segment's text goes to ``meter`` as it starts."""
     async for event in events:
         if isinstance(event, np.ndarray):
             yield event
+        elif isinstance(event, SegmentStarted):
+            meter.segment(event.segment.text)
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
@@ -60,16 +66,22 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     voice = await find_voice(runtime.voices, body.voice, principal)
     segments = split_text(body.input, runtime.settings.segment_max_chars)
     options = speak_options(body, runtime.settings)
+    meter = runtime.usage.meter(principal, voice.voice_id)  # counts what is sent
     async with runtime.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
-        return await respond(request, runtime, body, events)
+        return await respond(request, runtime, body, events, meter)
 
 
 async def respond(
-    request: web.Request, runtime: Runtime, body: SpeechRequest, events: AsyncIterator[SpeechEvent]
+    request: web.Request,
+    runtime: Runtime,
+    body: SpeechRequest,
+    events: AsyncIterator[SpeechEvent],
+    meter: StreamMeter,
 ) -> web.StreamResponse:
-    """The response: ``events``' audio as ``body`` asks (raw bytes of its format, or SSE)."""
-    async with aclosing(events), aclosing(audio_only(events)) as chunks:
+    """The response: ``events``' audio as ``body`` asks (raw bytes of its format, or SSE),
+    each chunk counted by ``meter`` once written."""
+    async with aclosing(events), aclosing(audio_only(events, meter)) as chunks:
         try:
             first = await anext(chunks)
         except InputTooLong as exc:
@@ -82,27 +94,37 @@ async def respond(
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = runtime.encoders.stream(body.response_format, body.sample_rate)
         if body.stream_format == "sse":
-            return await send_sse(request, encoder, first, chunks)
-        return await send_audio(request, encoder, first, chunks)
+            return await send_sse(request, encoder, first, chunks, meter)
+        return await send_audio(request, encoder, first, chunks, meter)
 
 
 async def send_audio(
-    request: web.Request, encoder: StreamEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request,
+    encoder: StreamEncoder,
+    first: np.ndarray,
+    rest: AsyncIterator[np.ndarray],
+    meter: StreamMeter,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt)})
     response.enable_chunked_encoding()
     await response.prepare(request)
     await response.write(await encoder.encode(first))
+    meter.sent(first.size)
     async for pcm in rest:
         if data := await encoder.encode(pcm):
             await response.write(data)
+        meter.sent(pcm.size)
     await response.write(await encoder.finish())
     await response.write_eof()
     return response
 
 
 async def send_sse(
-    request: web.Request, encoder: StreamEncoder, first: np.ndarray, rest: AsyncIterator[np.ndarray]
+    request: web.Request,
+    encoder: StreamEncoder,
+    first: np.ndarray,
+    rest: AsyncIterator[np.ndarray],
+    meter: StreamMeter,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -118,9 +140,11 @@ async def send_sse(
 
     samples = first.size
     await audio(await encoder.encode(first))
+    meter.sent(first.size)
     async for pcm in rest:
         samples += pcm.size
         await audio(await encoder.encode(pcm))
+        meter.sent(pcm.size)
     await audio(await encoder.finish())
     rate = encoder.sample_rate
     await event({"type": "speech.audio.done", "samples": round(samples * rate / SAMPLE_RATE)})

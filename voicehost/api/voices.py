@@ -29,7 +29,7 @@ from voicehost.adapter_validation import (
     voice_tenant,
 )
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError, VoiceService, read_body, voice_not_found
+from voicehost.api.edge import SERVICE, ApiError, VoiceService, read_body, record, voice_not_found
 from voicehost.api.schemas import (
     CloneJobInfo,
     PublishRequest,
@@ -168,6 +168,9 @@ async def create_voice(request: web.Request) -> web.Response:
         if adapter:
             voice = await _register_adapter(runtime, voice_id, upload, inputs, tenant)
             runtime.jobs.discard(job_id)
+            await record(
+                request, "voice.created", tenant=tenant, voice=voice_id, details=_made(voice)
+            )
             return web.json_response(
                 {"voice": voice.model_dump()},
                 status=201,
@@ -186,6 +189,7 @@ async def create_voice(request: web.Request) -> web.Response:
     except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
         await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
         raise
+    await record(request, "job.created", tenant=tenant, voice=voice_id, job=job.id)
     return web.json_response(
         {"job": _job_info(job).model_dump()},
         status=202,
@@ -353,12 +357,14 @@ async def delete_voice(request: web.Request) -> web.Response:
         tenant = voice_tenant((await _voice_detail(runtime, voice_id, principal)).manifest)
         if not can_manage(principal, tenant) and voice_id not in runtime.voices.builtin:
             raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
+    owner = voice_tenant(await runtime.voices.manifest(voice_id) or {})  # for its audit event
     try:
         removed = await runtime.voices.remove(voice_id)
     except ReadOnlyVoice as exc:
         raise ApiError(403, "voice_read_only", str(exc)) from exc
     if not removed:
         raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    await record(request, "voice.deleted", tenant=owner, voice=voice_id)
     return web.Response(status=204)
 
 
@@ -383,7 +389,14 @@ async def publish_voice(request: web.Request) -> web.Response:
     if voice is None:  # deleted meanwhile
         raise voice_not_found(voice_id)
     detail = await _voice_detail(runtime, voice_id, principal)
+    tenant = voice_tenant(detail.manifest)
+    await record(request, "voice.published", tenant=tenant, voice=voice_id, details=published)
     return web.json_response({"voice": detail.model_dump()})
+
+
+def _made(voice: VoiceDetail) -> dict[str, object]:
+    """What an audit event says of a voice registered from an uploaded adapter."""
+    return {"source": "adapter", "name": voice.name, "version": voice.manifest.get("version")}
 
 
 def _job_info(job: CloneJob) -> CloneJobInfo:
@@ -413,8 +426,10 @@ async def cancel_job(request: web.Request) -> web.Response:
         if runtime.jobs.is_running(job.id):
             raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
         await asyncio.to_thread(runtime.jobs.discard, job.id)
+        await record(request, "job.deleted", tenant=job.tenant, voice=job.voice_id, job=job.id)
         return web.Response(status=204)
     job = await runtime.jobs.cancel(job.id)
+    await record(request, "job.cancelled", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": _job_info(job).model_dump()})
 
 
@@ -430,6 +445,7 @@ async def retry_job(request: web.Request) -> web.Response:
             409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
         )
     job = await runtime.jobs.retry(job.id)
+    await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": _job_info(job).model_dump()}, status=202)
 
 

@@ -32,6 +32,7 @@ from voicehost.adapter_validation import ModelShape
 from voicehost.admission import Refused
 from voicehost.api.auth import AUTH, bind_host, request_principal
 from voicehost.api.edge import (
+    REQUEST_ID_HEADER,
     WORKER_HEADER,
     ApiError,
     check_speech_request,
@@ -40,19 +41,23 @@ from voicehost.api.edge import (
     find_voice,
     read_body,
     registry_health,
+    request_id,
 )
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
 from voicehost.cloning import CloneJobs
 from voicehost.cluster.adapters import SharedDirStore
+from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
+from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.keys import Principal
 from voicehost.metrics import SpeechMetrics
+from voicehost.usage import UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,12 @@ class Gateway:
         )
         queue = RedisJobQueue(self.redis, "gateway")
         self.metrics.watch_registry(self.voices.missing)
-        self.jobs = CloneJobs(settings.shared_dir / "jobs", self.voices.add, queue, "gateway")
+        self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
+        self.jobs = CloneJobs(
+            settings.shared_dir / "jobs", self.voices.add, queue, "gateway", audit=self.audit
+        )
+        # a gateway speaks nothing: its ledger only reads the workers' sums
+        self.usage = UsageLedger(RedisUsageStore(self.redis, settings.usage_retention_days), None)
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
         self.voice_streams: Counter[str] = Counter()
         self.client: aiohttp.ClientSession | None = None
@@ -122,6 +132,7 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self.membership.run(), name="membership"))
         reconcile = self.voices.reconcile_forever(self.settings.registry_reconcile_seconds)
         self._tasks.append(asyncio.create_task(reconcile, name="registry-reconcile"))
+        self._tasks.append(asyncio.create_task(self.audit.keep_forever(), name="audit"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -319,6 +330,7 @@ def _worker_headers(
     lets a worker that never saw it serve it while Redis is away)."""
     gateway = request.app[GATEWAY]
     headers = request.app[AUTH].forward_headers(principal)  # the worker checks again
+    headers[REQUEST_ID_HEADER] = request_id(request)  # one id for the request on both
     if (record := gateway.voices.forwarded_record(voice)) is not None:
         headers[RECORD_HEADER] = record
     return headers

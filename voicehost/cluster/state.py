@@ -11,6 +11,11 @@
 - ``vh:lease:<key id>``: the streams an API key holds in the cluster (``leases.py``), each
   expiring unless its worker refreshes it.
 - ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
+- ``vh:audit`` and ``vh:audit:head``: the audit trail's stream (entry id = the event's seq) and
+  the chain's last seq and hash, written together by one script (``audit.py``), expiring 30 days
+  after the last event (the shared store's mirror holds every event).
+- ``vh:usage:<minute>`` and the ``vh:usage:minutes`` index: usage summed per minute, per key,
+  tenant and voice (``usage.py``), expiring after ``usage_retention_days``.
 
 The client's timeouts, retries and pool size are pinned from the settings: a Redis that stops
 answering costs a request at most about ``(retries + 1) x timeout``, never a hang.
@@ -42,6 +47,9 @@ MEMBERS = f"{PREFIX}members"
 ALIVE = f"{PREFIX}alive"
 VOICES = f"{PREFIX}voices"
 JOBS_STREAM = f"{PREFIX}jobs"
+AUDIT_STREAM = f"{PREFIX}audit"
+AUDIT_HEAD = f"{PREFIX}audit:head"
+USAGE_MINUTES = f"{PREFIX}usage:minutes"
 MEMBERS_INDEX_TTL_SECONDS = 3600
 
 
@@ -59,6 +67,10 @@ def lease_key(key_id: str) -> str:
 
 def voice_key(voice_id: str) -> str:
     return f"{PREFIX}voice:{voice_id}"
+
+
+def usage_key(minute: int) -> str:
+    return f"{PREFIX}usage:{minute}"
 
 
 def connect(settings: Settings) -> Redis:

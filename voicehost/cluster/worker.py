@@ -18,9 +18,11 @@ from voicehost.api.auth import AUTH, INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import WORKER_HEADER, Handler
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
+from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.leases import KeyLeases
 from voicehost.cluster.state import WorkerPresence, connect
+from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 
@@ -49,6 +51,7 @@ class WorkerCluster:
         self.presence: WorkerPresence | None = None
         self.directory: RedisVoiceDirectory | None = None
         self.leases = KeyLeases(self.redis, self.worker_id)
+        self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
 
     def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceDirectory:
         self.directory = RedisVoiceDirectory(
@@ -59,13 +62,19 @@ class WorkerCluster:
     def job_queue(self) -> RedisJobQueue:
         return RedisJobQueue(self.redis, self.worker_id)
 
+    def audit_trail(self) -> RedisAuditTrail:
+        return self.audit
+
+    def usage_store(self) -> RedisUsageStore:
+        return RedisUsageStore(self.redis, self.settings.usage_retention_days)
+
     def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
         self.presence = WorkerPresence(self.redis, self.settings, self.worker_id, self.url, load)
         return self._serve_cluster(self.presence)
 
     async def _serve_cluster(self, presence: WorkerPresence) -> None:
         """Heartbeats, and the voice records rebuilt from the store whenever Redis lost them."""
-        tasks = [presence.run(), self.leases.refresh_forever()]
+        tasks = [presence.run(), self.leases.refresh_forever(), self.audit.keep_forever()]
         if self.directory is not None:
             tasks.append(self.directory.reconcile_forever(self.settings.registry_reconcile_seconds))
         await asyncio.gather(*tasks)

@@ -1,0 +1,124 @@
+"""``GET /v1/audit`` and ``GET /v1/usage``: the audit trail and the usage figures over HTTP, the
+same on one server and at a gateway (each reads its service's trail and ledger). An admin (or a
+server without keys) reads every tenant's; any other key only its own tenant's."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import SERVICE, ApiError
+from voicehost.audit import AuditQuery
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.keys import Principal
+
+MAX_LIMIT = 1000
+
+
+def parse_time(value: str, name: str = "since") -> datetime:
+    """A time given as ISO 8601 (UTC when it names no zone) or as Unix seconds; 400 otherwise."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds) and 0 <= seconds < 1e11:
+            return datetime.fromtimestamp(seconds, UTC)
+        raise ApiError(400, "invalid_request", f"{name}: Unix seconds out of range")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ApiError(
+            400, "invalid_request", f"{name}: an ISO 8601 time or Unix seconds, not {value!r}"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ApiError(400, "invalid_request", f"{name}: an integer, not {value!r}") from None
+    if not low <= number <= high:
+        raise ApiError(400, "invalid_request", f"{name}: from {low} to {high}")
+    return number
+
+
+def _reads_all(principal: Principal | None) -> bool:
+    return principal is None or principal.admin
+
+
+async def list_audit(request: web.Request) -> web.Response:
+    """``GET /v1/audit?voice=&since=&after=&limit=``: events in order of their seq."""
+    principal = request_principal(request)
+    voice = request.query.get("voice")
+    if voice is not None and not (
+        is_voice_id(voice) or voice in request.app[SERVICE].voices.builtin
+    ):
+        raise ApiError(400, "invalid_voice_id", f"voice must match {VOICE_ID_PATTERN.pattern}")
+    since = request.query.get("since")
+    query = AuditQuery(
+        voice=voice,
+        since=parse_time(since) if since is not None else None,
+        after=_int(request, "after", 0, 0, 2**62),
+        limit=_int(request, "limit", 100, 1, MAX_LIMIT),
+        tenant=principal.tenant if principal is not None else None,
+        all_tenants=_reads_all(principal),
+    )
+    page = await request.app[SERVICE].audit.read(query)
+    body: dict[str, object] = {  # the events as written: each re-serializes to its line
+        "events": page.events,
+        "next_after": page.events[-1]["seq"] if page.more else None,
+    }
+    if _reads_all(principal):
+        body["head"] = page.head.as_json()
+    return web.json_response(body)
+
+
+async def usage_report(request: web.Request) -> web.Response:
+    """``GET /v1/usage?tenant=&since=``: characters and audio seconds sent, per key, tenant and
+    voice, from the minute of ``since`` on (default: all that is kept)."""
+    principal = request_principal(request)
+    since_text = request.query.get("since")
+    since = parse_time(since_text) if since_text is not None else datetime.fromtimestamp(0, UTC)
+    asked = request.query.get("tenant")
+    if _reads_all(principal):
+        tenant = asked
+    else:
+        assert principal is not None
+        tenant = principal.tenant  # a tenant's key reads its own tenant only
+    totals = {}
+    if asked is None or asked == tenant:
+        totals = await request.app[SERVICE].usage.totals(since.timestamp(), tenant)
+    rows = [
+        {
+            "key_id": key.key_id or None,
+            "tenant": key.tenant or None,
+            "voice": key.voice,
+            "characters": amount.characters,
+            "audio_seconds": round(amount.audio_seconds, 6),
+        }
+        for key, amount in sorted(totals.items())
+    ]
+    minute = since.replace(second=0, microsecond=0)
+    return web.json_response(
+        {
+            "since": minute.isoformat(),
+            "usage": rows,
+            "total": {
+                "characters": sum(a.characters for a in totals.values()),
+                "audio_seconds": round(sum(a.audio_seconds for a in totals.values()), 6),
+            },
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/audit", list_audit)
+    app.router.add_get("/v1/usage", usage_report)
