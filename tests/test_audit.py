@@ -28,6 +28,9 @@ from voicehost.audit import (
 )
 from voicehost.cli import main
 from voicehost.cloning import CloneJobs
+from voicehost.cluster.audit import RedisAuditTrail
+from voicehost.cluster.state import connect
+from voicehost.config import Settings
 from voicehost.keys import Principal
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.usage import FileUsageStore, UsageKey, UsageLedger
@@ -265,3 +268,49 @@ async def test_every_route_that_changes_a_voice_or_job_writes_its_event(server, 
     written = log.read_text().splitlines()
     assert verify(written).ok and verify(written).head == Head(**page["head"])
     assert [json.loads(line) for line in written][-len(mine) :] == mine  # each event, as written
+
+
+# --- a cluster's chain, on a Redis of its own --------------------------------------------------
+
+
+async def test_processes_sharing_redis_keep_one_chain_through_a_flush_and_an_outage(
+    redis_server, tmp_path
+):
+    """Three processes' trails (gateways, workers) appending at once make one chain, in the
+    shared store's mirror as in the stream; after FLUSHALL the chain goes on from the mirror;
+    while Redis is down an event waits, and is appended once it is back. Its own Redis (cheap,
+    no engine): the cluster module's tests run in an order this cannot wait for."""
+    settings = Settings(redis_url=redis_server.url, redis_retries=0, redis_timeout_seconds=0.2)
+    mirror = tmp_path / "shared" / "audit" / "audit.jsonl"
+    clients = [connect(settings) for _ in range(3)]
+    trails = [RedisAuditTrail(client, mirror) for client in clients]
+    try:
+        await asyncio.gather(
+            *(trail.record(change) for trail, change in zip(trails * 4, changes(12), strict=True))
+        )
+        lines = mirror.read_text().splitlines()
+        assert verify(lines).ok and verify(lines).head.seq == 12
+        stream = redis_server.client().xrange("vh:audit")
+        assert [fields["line"] for _, fields in stream] == lines
+        assert sorted(json.loads(line)["voice"] for line in lines) == sorted(
+            f"voice-{i}" for i in range(12)
+        )
+        redis_server.client().flushall()
+        await trails[1].record(changes(13)[12])
+        lines = mirror.read_text().splitlines()
+        assert verify(lines).ok and verify(lines).head.seq == 13
+        assert redis_server.client().xrange("vh:audit")[0][0] == "13-0"  # resumed from the mirror
+        redis_server.stop()
+        await trails[2].record(Change("job.failed", OPERATOR, job="job-x"))  # does not raise
+        assert len(mirror.read_text().splitlines()) == 13
+        redis_server.start()
+        await trails[2].record(Change("job.done", OPERATOR, job="job-y"))
+        events = [json.loads(line) for line in mirror.read_text().splitlines()]
+        assert [e["job"] for e in events[-2:]] == ["job-x", "job-y"] and verify(
+            mirror.read_text().splitlines()
+        ).ok
+        page = await trails[0].read(AuditQuery(after=12))
+        assert [e["seq"] for e in page.events] == [13, 14, 15]
+    finally:
+        for client in clients:
+            await client.aclose()

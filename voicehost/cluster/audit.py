@@ -100,6 +100,10 @@ class RedisAuditTrail:
                 log.warning("audit events wait in memory (%d): %s", len(self._pending), exc)
             self._redis_ok = False
             return
+        except Exception:  # a damaged mirror (verify says where): never the caller's failure
+            log.exception("audit events wait in memory (%d)", len(self._pending))
+            self._redis_ok = False
+            return
         if not self._redis_ok:
             log.info("audit trail written again")
         self._redis_ok = True
