@@ -68,7 +68,7 @@ from voicehost import orpheus
 from voicehost.adapter_validation import AdapterRules, ModelShape, validate_adapter
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, build_voice_adapter, ensure_dev_model
-from voicehost.engine import SpeechEngine, engine_args
+from voicehost.engine import SpeechEngine, engine_args, resolve_max_loras
 from voicehost.voices import Voice
 
 ADAPTER_SEED = 5000  # adapter i is built with seed ADAPTER_SEED + i
@@ -272,7 +272,7 @@ async def bench(args: argparse.Namespace) -> dict:
     env = Settings()
     settings = Settings(
         dev=True,
-        max_loras=max(env.max_loras, *distincts),
+        max_loras=max(resolve_max_loras(env.max_loras, None, 1, 64), *distincts),
         max_cpu_loras=max(env.max_cpu_loras, *distincts),
         max_num_seqs=max(env.max_num_seqs, args.batch),
     )

@@ -18,13 +18,24 @@ weights at the real sizes, so nothing is downloaded. Two parts, each time-boxed:
    eager HF steps are bound by Python and kernel launches, not by the GPU. One stream needs
    82.03 audio tokens/s, so a batch of B is real time when its step takes at most 12.19 ms.
 
+0. Before both (``--sampler-only`` runs just this): the constrained sampler's cost at the real
+   vocabulary, ``frame_constraint.keep_frame_positions`` on float32 logits [B, 156940] (what
+   vLLM's sampler sees) at B = 16 .. 256, against a top-p sampling step of the same logits
+   (temperature, softmax, sort, cumulative sum, multinomial: what the serving sampler does);
+   and the KV cache's reads of one decode step at the real sizes (28 layers, 8 KV heads of 128,
+   ``--context`` tokens), bf16 against FP8 e4m3 (``VOICEHOST_KV_CACHE_DTYPE=auto`` on >= 8.9):
+   attention of one query token per sequence over K/V stored in each dtype (the FP8 rows
+   convert to bf16 first, so they bound FP8 attention's cost from above: fused kernels read
+   the FP8 bytes directly) and a plain read of the stored bytes; plus the KV bytes per token
+   and the streams each dtype fits in 10 GiB.
+
 ``--budget-s`` is wall time from the start: part 1 gets the first 30 %, part 2 the rest; a point
 predicted to end past its part's time is skipped (the table says so), as is every larger batch
 of a series whose point failed (out of memory, say). The table goes to stdout at the end, then
 one JSON line with every figure (the last line); progress goes to stderr.
 
     python scripts/gpu_bench.py [--budget-s 420] [--context 512] [--no-graphs] [--snac-only]
-                                [--json OUT]
+                                [--sampler-only] [--json OUT]
     python scripts/gpu_bench.py --smoke    # CPU, tiny sizes: a test of the script itself
 """
 
@@ -57,6 +68,7 @@ from voicehost.codec import (
     Span,
     remove_noise,
 )
+from voicehost.frame_constraint import keep_frame_positions, next_positions
 
 TOKENS_PER_STREAM_S = orpheus.AUDIO_TOKENS_PER_SECOND  # 82.03
 REALTIME_STEP_S = 1 / TOKENS_PER_STREAM_S  # 12.19 ms
@@ -766,6 +778,133 @@ def meta(args: argparse.Namespace, scale: Scale, started: float) -> dict[str, ob
     }
 
 
+# --- Part 0: the constrained sampler and FP8 KV reads ---------------------------------------
+
+KV_BUDGET_BYTES = 10 * 2**30  # a KV cache size to compare the dtypes by
+
+
+def top_p_step(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A top-p (0.8) sampling step at temperature 0.6 over full rows, as the serving sampler."""
+    probs = torch.softmax(logits / 0.6, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    cut = sorted_probs.cumsum(dim=-1) - sorted_probs > 0.8
+    sorted_probs.masked_fill_(cut, 0.0)
+    choice = torch.multinomial(sorted_probs, 1, generator=generator)
+    return order.gather(1, choice)
+
+
+def sampler_point(scale: Scale, batch: int) -> tuple[float, float]:
+    """Seconds of the constrained mask and of a top-p step over [batch, 156940] logits."""
+    device = scale.device
+    codes = torch.arange(orpheus.CODEBOOK_SIZE, device=device)
+    logits = torch.randn(batch, orpheus.VOCAB_SIZE, device=device)
+    source = logits.clone()
+    first, stop = next_positions(np.arange(batch, dtype=np.int64) * 3)  # positions spread
+    first_t, stop_t = torch.from_numpy(first).to(device), torch.from_numpy(stop).to(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def constrain() -> None:
+        logits.copy_(source)
+        keep_frame_positions(logits, first_t, stop_t, codes)
+
+    mask_s = median_seconds(constrain, device, scale, scale.graph_repeats)
+    mask_s -= median_seconds(lambda: logits.copy_(source), device, scale, scale.graph_repeats)
+    sample_s = median_seconds(
+        lambda: top_p_step(source, generator), device, scale, scale.graph_repeats
+    )
+    return max(mask_s, 0.0), sample_s
+
+
+def bench_sampler(scale: Scale, report: Report) -> None:
+    for batch in scale.llm_batches:
+        mask_s, sample_s = sampler_point(scale, batch)
+        report.add(
+            Row(
+                "sampler",
+                "constrain",
+                batch,
+                ms=1e3 * mask_s,
+                throughput=100 * mask_s / sample_s,
+                unit="% of top-p",
+            )
+        )
+        report.add(Row("sampler", "top-p step", batch, ms=1e3 * sample_s))
+        free_memory(scale.device)
+
+
+def kv_bytes_per_token(llama: dict[str, int], bytes_per_value: int) -> int:
+    heads = llama["num_key_value_heads"]
+    head_size = llama["hidden_size"] // llama["num_attention_heads"]
+    return 2 * llama["num_hidden_layers"] * heads * head_size * bytes_per_value
+
+
+def kv_point(scale: Scale, batch: int, context: int) -> dict[str, tuple[float, int]]:
+    """Per way of reading: (seconds of one layer, bytes it holds) at ``batch`` x ``context``."""
+    device, llama = scale.device, scale.llama
+    heads, kv_heads = llama["num_attention_heads"], llama["num_key_value_heads"]
+    head_size = llama["hidden_size"] // heads
+    shape = (batch, kv_heads, context, head_size)
+    query = torch.randn(batch, heads, 1, head_size, device=device, dtype=torch.bfloat16)
+    keys = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    values = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    keys8, values8 = keys.to(torch.float8_e4m3fn), values.to(torch.float8_e4m3fn)
+    bf16_bytes, fp8_bytes = 4 * keys.numel(), 2 * keys.numel()
+
+    def attend(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(query, k, v, enable_gqa=True)
+
+    def attend_fp8() -> torch.Tensor:
+        return attend(keys8.to(torch.bfloat16), values8.to(torch.bfloat16))
+
+    def read_bf16() -> tuple[torch.Tensor, torch.Tensor]:
+        return keys.view(torch.int16).amax(), values.view(torch.int16).amax()
+
+    def read_fp8() -> tuple[torch.Tensor, torch.Tensor]:
+        return keys8.view(torch.int8).amax(), values8.view(torch.int8).amax()
+
+    points = {
+        "attention bf16": (lambda: attend(keys, values), bf16_bytes),
+        "attention fp8->bf16": (attend_fp8, fp8_bytes),
+        "read bf16": (read_bf16, bf16_bytes),
+        "read fp8": (read_fp8, fp8_bytes),
+    }
+    return {
+        name: (median_seconds(step, device, scale, scale.graph_repeats), size)
+        for name, (step, size) in points.items()
+    }
+
+
+def bench_kv(scale: Scale, context: int, report: Report) -> None:
+    """One decode step's reads of the KV cache: one layer timed, times the layers."""
+    layers = scale.llama["num_hidden_layers"]
+    for dtype, size in (("bf16", 2), ("fp8 e4m3", 1)):
+        per_token = kv_bytes_per_token(scale.llama, size)
+        report.notes.append(
+            f"kv {dtype}: {per_token} bytes per token (all layers, K and V); "
+            f"{KV_BUDGET_BYTES // (per_token * context)} streams of {context} tokens in 10 GiB"
+        )
+    for batch in scale.llm_batches:
+        try:
+            points = kv_point(scale, batch, context)
+        except Exception as exc:  # out of memory at the largest batches, say
+            if scale.strict:
+                raise
+            report.notes.append(f"kv B={batch}: {failure_note(exc, scale)}")
+            break
+        for name, (seconds, size) in points.items():
+            report.add(
+                Row(
+                    "kv",
+                    name,
+                    batch,
+                    ms=1e3 * layers * seconds,
+                    throughput=size / seconds / 1e9,
+                    unit="GB/s",
+                )
+            )
+        free_memory(scale.device)
+
+
 # --- Main -------------------------------------------------------------------------------------
 
 
@@ -780,6 +919,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
     parser.add_argument("--snac-only", action="store_true", help="part 1 only (SNAC decode)")
+    parser.add_argument(
+        "--sampler-only", action="store_true", help="part 0 only (constrained sampler, FP8 KV)"
+    )
     parser.add_argument("--json", type=Path, help="also write the JSON object here")
     args = parser.parse_args(argv)
     args.budget_s = args.budget_s or (150.0 if args.smoke else 420.0)
@@ -805,6 +947,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.notes.append(
             "CUDA graphs: not run (" + ("--no-graphs" if args.no_graphs else "no CUDA") + ")."
         )
+    progress("part 0: the constrained sampler and FP8 KV reads")
+    bench_sampler(scale, report)
+    bench_kv(scale, args.context, report)
+    if args.sampler_only:
+        rows = report.rows
+        result = {
+            "meta": meta(args, scale, started),
+            "rows": [rounded(r) for r in rows],
+            "notes": report.notes,
+        }
+        print(render_table(rows, report.notes))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result), flush=True)
+        return 0
     progress("part 1: SNAC batched decode")
     try:
         check_graphs(scale, report)

@@ -1,5 +1,5 @@
-"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, bench, train,
-check-data, eval, audit."""
+"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, doctor, bench,
+train, check-data, eval, audit."""
 
 from __future__ import annotations
 
@@ -180,6 +180,52 @@ def cmd_say(args: argparse.Namespace) -> int:
         print(f"voicehost say: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from voicehost import doctor
+
+    overrides = {"dev": args.dev or None, "model": args.model, "codec": args.codec}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if not settings.dev and not settings.model:
+        print("voicehost doctor: pass --model (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
+        return 2
+    checks = doctor.local_checks(settings)
+    if settings.redis_url:
+        checks += doctor.guarded("redis", lambda: asyncio.run(_cluster_checks(settings)))
+    if args.url:
+        checks += doctor.guarded(
+            "server", lambda: asyncio.run(doctor.through_server(args.url, args.voice, args.api_key))
+        )
+    print(doctor.table(checks))
+    if args.json:
+        doctor.write_json(checks, args.json)
+    failed = [c for c in checks if not c.ok]
+    for check in failed:
+        print(f"voicehost doctor: {check.name} failed: {check.detail}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+async def _cluster_checks(settings: Settings) -> list:
+    """Redis answers, and the workers registered in it (``voicehost doctor`` in cluster mode)."""
+    from voicehost.cluster.state import Membership, connect
+    from voicehost.doctor import Check
+
+    redis = connect(settings)
+    try:
+        await redis.ping()
+        members = Membership(redis, settings.membership_poll_seconds)
+        await members.refresh()
+    finally:
+        await redis.aclose()
+    workers = ", ".join(
+        f"{w.worker_id} ({w.load.active_streams}/{w.load.capacity} streams)"
+        for w in members.workers.values()
+    )
+    return [
+        Check("redis", True, settings.redis_url or ""),
+        Check("workers", bool(members.workers), workers or "no worker is registered"),
+    ]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -424,6 +470,18 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--format", default="wav", choices=["wav", "pcm"])
     say.add_argument("--seed", type=int)
     say.set_defaults(func=cmd_say)
+
+    doctor = commands.add_parser(
+        "doctor", help="check this machine, the model, the codec, adapters and a server"
+    )
+    doctor.add_argument("--dev", action="store_true", help="check the tiny dev model")
+    doctor.add_argument("--model", help="Orpheus weights (path or hub id)")
+    doctor.add_argument("--codec", help="SNAC 24 kHz (path or hub id)")
+    doctor.add_argument("--url", help="a running server: one sentence per voice through it")
+    doctor.add_argument("--voice", action="append", help="only these voices (repeatable)")
+    doctor.add_argument("--api-key", help="a key with the synthesize scope")
+    doctor.add_argument("--json", type=Path, help="write the checks here")
+    doctor.set_defaults(func=cmd_doctor)
 
     bench = commands.add_parser(
         "bench",

@@ -126,8 +126,13 @@ class Settings(BaseSettings):
         "auto", description="auto (FP8 on CUDA >= 8.9), none, or a vLLM name."
     )
     dtype: str = Field("auto", description="Model dtype (auto: bfloat16 on GPU, float32 on CPU).")
+    kv_cache_dtype: str = Field(
+        "auto", description="KV cache dtype (auto: fp8 on CUDA >= 8.9, the model's elsewhere)."
+    )
     max_model_len: int = Field(8192, description="Context length (prompt + audio tokens).")
-    max_loras: int = Field(8, description="Distinct adapters in one batch.")
+    max_loras: int | Literal["auto"] = Field(
+        "auto", description="Distinct adapters in one batch (auto: 8 on CPU, 8-64 on a GPU)."
+    )
     max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
     max_cpu_loras: int = Field(64, description="Adapters kept loaded in the engine's cache.")
     max_num_seqs: int = Field(64, description="Streams batched in one engine step.")
@@ -186,6 +191,9 @@ class Settings(BaseSettings):
     temperature: float = Field(0.6, description="Sampling temperature.")
     top_p: float = Field(0.8, description="Nucleus sampling.")
     repetition_penalty: float = Field(1.1, description="Higher also speeds speech up.")
+    constrained_sampling: bool = Field(
+        True, description="Sample only the audio tokens of the next frame position (whole frames)."
+    )
 
     # Decoding
     lookahead_frames: Literal[0, 1, 2] = Field(
