@@ -10,8 +10,13 @@ Clips of another speaker are left out of training (``other_speakers``): the clip
 two groups by their embeddings, and a minority group whose own speaker (its centroid) is less
 than ``min_similarity`` like the rest's, and clearly further off than any group of that size
 within the rest, is another voice. One clip alone is judged by its own similarity, with a margin
-(a single clip's embedding also carries what it says). The default threshold is measured on
-espeak-ng speakers (``scripts/bench_eval.py``, docs/BENCHMARKS.md).
+(a single clip's embedding also carries what it says). A second cue that does not come from the
+encoder catches voices it confuses: each clip's voice pitch (its median F0, ``voice_pitch``); a
+group of the clips highest or lowest in pitch that stands far from the rest's pitch (by
+``min_pitch_shift`` semitones, and by several times the spread of the rest's own pitch) and whose
+voice is less like the rest's than any random group of as many of the rest's clips is another
+speaker. The defaults are measured on espeak-ng speakers (``scripts/bench_eval.py``,
+docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -47,6 +52,16 @@ MIN_OTHER_CLIPS = 3  # a smaller group is judged clip by clip (two odd clips are
 MAX_SEARCHED_GROUP = 12  # neighbour groups searched up to this size (clustering finds more)
 NEIGHBOUR_CANDIDATES = 3
 SPLIT_MARGIN = 0.02  # a group is another speaker only this much further off than the rest split
+MIN_PITCH_SHIFT = 1.2  # semitones between a group's median pitch and the rest's; see the benchmark
+PITCH_DEVIATIONS = 3.0  # ... and at least this many robust deviations of the rest's own pitch
+PITCH_SPREAD_FLOOR = 0.1  # semitones: ranks the candidate groups when the rest's spread is ~0
+PITCH_BASELINE_GROUPS = 24  # random groups of the rest a pitch-apart group must be less alike than
+PITCH_FMIN, PITCH_FMAX = 60.0, 400.0  # Hz searched for a voice's F0
+PITCH_RATE = 16000
+PITCH_FRAME, PITCH_HOP = 1024, 256  # samples at PITCH_RATE: 64 ms frames, 16 ms apart
+YIN_THRESHOLD = 0.1  # the first dip of the normalised difference under this is the period
+YIN_VOICED = 0.25  # frames whose best dip stays above this are not voiced
+MIN_VOICED_FRAMES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,7 @@ class ClipQuality:
     loudness_lufs: float | None  # as uploaded; None: too short or digital silence
     similarity: float | None  # to the upload's speaker; None: no speech
     excluded: str | None = None  # why the clip is left out of training
+    pitch_hz: float | None = None  # median F0 of its voiced speech; None: no speech, or unvoiced
 
 
 @dataclass
@@ -144,6 +160,56 @@ def loudness_lufs(samples: np.ndarray) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
+def voice_pitch(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float | None:
+    """The median F0 (Hz) of a clip's voiced frames, by YIN (de Cheveigne and Kawahara, 2002):
+    in each 64 ms frame the period is the first lag whose cumulative-mean-normalised difference
+    dips under ``YIN_THRESHOLD`` (refined to its local minimum and interpolated); frames whose
+    best dip stays over ``YIN_VOICED`` or that are nearly silent are unvoiced. None when fewer
+    than ``MIN_VOICED_FRAMES`` are voiced."""
+    import soxr
+
+    audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if sample_rate != PITCH_RATE:
+        audio = soxr.resample(audio, sample_rate, PITCH_RATE).astype(np.float32)
+    shortest, longest = int(PITCH_RATE / PITCH_FMAX), int(PITCH_RATE / PITCH_FMIN)
+    window = PITCH_FRAME - longest
+    if audio.size < PITCH_FRAME:
+        return None
+    frames = np.lib.stride_tricks.sliding_window_view(audio, PITCH_FRAME)[::PITCH_HOP]
+    frames = frames.astype(np.float64)
+    size = 2 * PITCH_FRAME
+    lagged = np.fft.irfft(
+        np.conj(np.fft.rfft(frames[:, :window], size)) * np.fft.rfft(frames, size), size
+    )[:, : longest + 1]
+    energy = np.concatenate([np.zeros((len(frames), 1)), np.cumsum(frames**2, axis=1)], axis=1)
+    lags = np.arange(longest + 1)
+    head = energy[:, window][:, None]
+    difference = np.maximum(head + energy[:, lags + window] - energy[:, lags] - 2 * lagged, 0)
+    normalised = np.ones_like(difference)
+    running = np.maximum(np.cumsum(difference[:, 1:], axis=1), 1e-12)
+    normalised[:, 1:] = difference[:, 1:] * lags[1:] / running
+    searched = normalised[:, shortest : longest + 1]
+    rows = np.arange(len(searched))
+    under = searched < YIN_THRESHOLD
+    lag = np.where(under.any(axis=1), under.argmax(axis=1), searched.argmin(axis=1))
+    for _ in range(searched.shape[1]):  # walk down to the dip's own minimum
+        step = np.minimum(lag + 1, searched.shape[1] - 1)
+        lower = searched[rows, step] < searched[rows, lag]
+        if not lower.any():
+            break
+        lag = np.where(lower, step, lag)
+    voiced = (searched[rows, lag] < YIN_VOICED) & (head[:, 0] > 0.01 * head.max())
+    if voiced.sum() < MIN_VOICED_FRAMES:
+        return None
+    inner = np.clip(lag, 1, searched.shape[1] - 2)
+    before, at, after = (searched[rows, inner + k] for k in (-1, 0, 1))
+    curve = before - 2 * at + after
+    safe = np.where(np.abs(curve) > 1e-12, curve, 1.0)
+    shift = np.where(np.abs(curve) > 1e-12, 0.5 * (before - after) / safe, 0.0)
+    period = shortest + inner + np.clip(shift, -1, 1)
+    return float(np.median(PITCH_RATE / period[voiced]))
+
+
 def measure_clip(clip: SourceClip) -> ClipQuality:
     """A clip's figures, all but its speaker similarity."""
     uploaded = clip.samples / clip.gain
@@ -173,7 +239,10 @@ class SpeakerSplit:
 
 
 def other_speakers(
-    embeddings: Sequence[np.ndarray], min_similarity: float = MIN_SIMILARITY
+    embeddings: Sequence[np.ndarray],
+    min_similarity: float = MIN_SIMILARITY,
+    pitches: Sequence[float | None] | None = None,
+    min_pitch_shift: float = MIN_PITCH_SHIFT,
 ) -> SpeakerSplit:
     """Find the clips whose speaker differs from the rest (see the module docstring).
 
@@ -186,7 +255,9 @@ def other_speakers(
     group of the same size within the larger group (a few clips of one speaker can sit apart
     for what they say). Then a lone clip is another speaker if its similarity to the speaker
     is both under ``min_similarity - LONE_CLIP_MARGIN`` and ``LONE_CLIP_MADS`` robust
-    deviations below the upload's median."""
+    deviations below the upload's median. Last, with each clip's ``pitches`` (Hz, None where
+    unmeasured) and ``min_pitch_shift`` over 0, a group of clips apart in pitch
+    (``_pitch_apart``) is another speaker."""
     vectors = np.stack(embeddings) if len(embeddings) else np.zeros((0, 1), np.float32)
     kept = np.ones(len(vectors), dtype=bool)
     excluded: dict[int, str] = {}
@@ -219,7 +290,71 @@ def other_speakers(
                 f"another speaker: {scores[i]:.2f} like the upload's speaker (a lone clip: under "
                 f"{min_similarity - LONE_CLIP_MARGIN:.2f} and far below the other clips)"
             )
+    if pitches is not None and min_pitch_shift > 0:
+        tones = np.array([np.nan if p is None else 12 * np.log2(p / 100) for p in pitches])
+        found = _pitch_apart(vectors, tones, kept, min_pitch_shift)
+        if found is not None:
+            group, shift, spread, alike, bar = found
+            for i in np.flatnonzero(group):
+                kept[i] = False
+                excluded[int(i)] = (
+                    f"another speaker: {int(group.sum())} clips speak "
+                    f"{abs(shift):.1f} semitones {'higher' if shift > 0 else 'lower'} than the "
+                    f"upload's speaker (whose clips vary by {spread:.1f}), and their voice is "
+                    f"{alike:.2f} like the speaker's, less than any {int(group.sum())} of its "
+                    f"own clips ({bar:.2f})"
+                )
+            speaker = centroid(list(vectors[kept]))
+            scores = vectors @ speaker
     return SpeakerSplit(speaker, [float(s) for s in scores], excluded)
+
+
+def _pitch_apart(
+    vectors: np.ndarray, tones: np.ndarray, kept: np.ndarray, min_shift: float
+) -> tuple[np.ndarray, float, float, float, float] | None:
+    """(mask, shift in semitones, the upload's pitch spread, similarity of the group's speaker
+    to the rest's, the least similarity of a random group of the rest) of the group of kept
+    clips that stands furthest apart in pitch, or None.
+
+    Candidates: the ``MIN_OTHER_CLIPS`` to ``MAX_SEARCHED_GROUP`` clips highest or lowest in
+    pitch (at most a third of the clips). One qualifies when its median pitch is at least
+    ``min_shift`` semitones and ``PITCH_DEVIATIONS`` robust deviations of the upload's pitch
+    from the rest's median (one speaker's sentences vary; this is how much they vary here), and
+    its voice (its centroid) is less like the rest's than that of each of
+    ``PITCH_BASELINE_GROUPS`` random groups of as many of the rest's clips: pitch alone, of
+    one speaker speaking higher, never qualifies. The qualifying group furthest off in
+    deviations wins."""
+    indices = np.flatnonzero(kept & np.isfinite(tones))
+    if indices.size < MIN_GROUP_CLIPS:
+        return None
+    pitch, voices = tones[indices], vectors[indices]
+    order = np.argsort(pitch, kind="stable")
+    middle = float(np.median(pitch))
+    spread = 1.4826 * float(np.median(np.abs(pitch - middle)))  # a few odd clips barely move it
+    rng = np.random.default_rng(0)  # the same upload always gives the same answer
+    best: tuple[float, tuple[np.ndarray, float, float, float, float]] | None = None
+    for size in range(MIN_OTHER_CLIPS, min(MAX_SEARCHED_GROUP, indices.size // 3) + 1):
+        for ends in (order[:size], order[-size:]):
+            group = np.zeros(indices.size, dtype=bool)
+            group[ends] = True
+            shift = float(np.median(pitch[group])) - float(np.median(pitch[~group]))
+            if abs(shift) < max(min_shift, PITCH_DEVIATIONS * spread):
+                continue
+            deviations = abs(shift) / max(spread, PITCH_SPREAD_FLOOR)
+            if best is not None and deviations <= best[0]:
+                continue
+            alike = _alike(voices, group)
+            others = voices[~group]
+            bar = 1.0
+            for _ in range(PITCH_BASELINE_GROUPS):
+                sample = np.zeros(len(others), dtype=bool)
+                sample[rng.choice(len(others), size, replace=False)] = True
+                bar = min(bar, _alike(others, sample))
+            if alike < bar:
+                mask = np.zeros(len(vectors), dtype=bool)
+                mask[indices[group]] = True
+                best = (deviations, (mask, shift, spread, alike, bar))
+    return None if best is None else best[1]
 
 
 def _own_spread(vectors: np.ndarray, size: int) -> float:
@@ -313,20 +448,22 @@ def assess(
     clips: Sequence[SourceClip],
     encoder: SpeakerEncoder,
     min_similarity: float = MIN_SIMILARITY,
+    min_pitch_shift: float = MIN_PITCH_SHIFT,
 ) -> DataReport:
     """Measure every clip, leave out the clips of other speakers, and word the warnings."""
     measured = [measure_clip(clip) for clip in clips]
     voiced = [i for i, clip in enumerate(clips) if clip.speech is not None]
     embeddings = [encoder.embed(clips[i].speech, SAMPLE_RATE) for i in voiced]
-    split = other_speakers(embeddings, min_similarity)
+    pitches = [voice_pitch(clips[i].speech) for i in voiced]
+    split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift)
     similarity: dict[int, float] = dict(zip(voiced, split.similarity, strict=True))
+    pitch = dict(zip(voiced, pitches, strict=True))
     excluded = {voiced[j]: reason for j, reason in split.excluded.items()}
     report_clips = []
     for i, quality in enumerate(measured):
         reason = excluded.get(i) if i in similarity else "no speech found"
-        report_clips.append(
-            ClipQuality(**{**asdict(quality), "similarity": similarity.get(i), "excluded": reason})
-        )
+        found = {"similarity": similarity.get(i), "excluded": reason, "pitch_hz": pitch.get(i)}
+        report_clips.append(ClipQuality(**{**asdict(quality), **found}))
     kept_seconds = sum(
         clip.speech.size / SAMPLE_RATE
         for clip, quality in zip(clips, report_clips, strict=True)
@@ -387,6 +524,7 @@ def check_data(
     encoder: SpeakerEncoder | None = None,
     min_similarity: float = MIN_SIMILARITY,
     max_file_seconds: float | None = 3600.0,
+    min_pitch_shift: float = MIN_PITCH_SHIFT,
 ) -> DataReport:
     """The data report of an upload, without training: every file as a clip (a recording over
     15 s cut at its pauses, as training would; no transcript is needed to measure)."""
@@ -403,7 +541,7 @@ def check_data(
             trimmed = trim(samples)
             speech = None if trimmed is None else trimmed.samples
             clips.append(SourceClip(name, samples, recording.gain, speech))
-    report = assess(clips, encoder or shared_encoder(None), min_similarity)
+    report = assess(clips, encoder or shared_encoder(None), min_similarity, min_pitch_shift)
     report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
     short = [r for r in recordings if r.seconds <= segmenting.MAX_CLIP_SECONDS]
     untranscribed = [r.source.name for r in short if r.source not in texts]
@@ -434,6 +572,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"speaker consistency threshold (default: VOICEHOST_SPEAKER_MIN_SIMILARITY, "
         f"{MIN_SIMILARITY})",
     )
+    parser.add_argument(
+        "--min-pitch-shift",
+        type=float,
+        help=f"semitones a group of clips stands apart in pitch to be another speaker, 0: off "
+        f"(default: VOICEHOST_SPEAKER_MIN_PITCH_SHIFT, {MIN_PITCH_SHIFT})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -443,9 +587,11 @@ def run(args: argparse.Namespace) -> int:
     threshold = args.min_similarity
     if threshold is None:
         threshold = settings.speaker_min_similarity
-    report = check_data(
-        args.audio, args.transcripts, shared_encoder(settings.speaker_encoder), threshold
-    )
+    shift = args.min_pitch_shift
+    if shift is None:
+        shift = settings.speaker_min_pitch_shift
+    encoder = shared_encoder(settings.speaker_encoder)
+    report = check_data(args.audio, args.transcripts, encoder, threshold, min_pitch_shift=shift)
     print(describe(report))
     if args.json:
         args.json.write_text(json.dumps(report.to_json(), indent=2))
@@ -456,14 +602,15 @@ def describe(report: DataReport) -> str:
     """The report as a table and its warnings, for a terminal."""
     lines = [
         f"{'clip':32s} {'s':>5s} {'speech':>6s} {'SNR dB':>6s} {'clip%':>6s} {'LUFS':>6s} "
-        f"{'speaker':>7s}  excluded"
+        f"{'speaker':>7s} {'F0 Hz':>5s}  excluded"
     ]
     for c in report.clips:
         lufs = "-" if c.loudness_lufs is None else f"{c.loudness_lufs:.1f}"
         similar = "-" if c.similarity is None else f"{c.similarity:.3f}"
+        pitch = "-" if c.pitch_hz is None else f"{c.pitch_hz:.0f}"
         lines.append(
             f"{c.file[:32]:32s} {c.seconds:5.1f} {c.speech_share:6.0%} {c.snr_db:6.1f} "
-            f"{c.clipped_share:6.2%} {lufs:>6s} {similar:>7s}  {c.excluded or ''}"
+            f"{c.clipped_share:6.2%} {lufs:>6s} {similar:>7s} {pitch:>5s}  {c.excluded or ''}"
         )
     lines.append(
         f"{report.speech_minutes:.2f} minutes of usable speech in "

@@ -17,7 +17,14 @@ from typing import Protocol
 from lora_training import segment as segmenting
 from lora_training.export import Reference, VoiceData, export_voice, manifest
 from lora_training.ingest import Rejected, ingest
-from lora_training.quality import MIN_SIMILARITY, DataReport, SourceClip, assess, encoder_with_cache
+from lora_training.quality import (
+    MIN_PITCH_SHIFT,
+    MIN_SIMILARITY,
+    DataReport,
+    SourceClip,
+    assess,
+    encoder_with_cache,
+)
 from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
 from lora_training.transcripts import SpeechRecognizer, find_transcripts, require_transcripts
@@ -63,6 +70,7 @@ class VoiceJob:
     replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
     speaker_encoder: str | None = None  # voicehost.speaker.load_encoder's spec
     speaker_min_similarity: float = MIN_SIMILARITY  # clips of a voice less alike are left out
+    speaker_min_pitch_shift: float = MIN_PITCH_SHIFT  # semitones; 0: no pitch cue
 
 
 def job_to_json(job: VoiceJob) -> dict[str, object]:
@@ -136,7 +144,7 @@ def prepare(
     if measure:
         encoder = encoder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
         clips = [clip for _, clip, _ in texted]
-        report = assess(clips, encoder, job.speaker_min_similarity)
+        report = assess(clips, encoder, job.speaker_min_similarity, job.speaker_min_pitch_shift)
         report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
     usable = [
         i

@@ -7,7 +7,11 @@ Speakers, all made here (``voicehost.devcorpus.speak``), each saying ``SENTENCES
   pitch, formants, roughness) with an accent (en, en-us, en-gb-scotland, en-029, en-gb-x-rp,
   en-us-nyc, in turn);
 - **near**: sox variants of three of them: pitch up and down 2 semitones (``pitch +-200``), and
-  15% faster (``tempo 1.15``: the same voice hurried, which the filter should keep).
+  15% faster (``tempo 1.15``: the same voice hurried, which the filter should keep);
+- **varied delivery**: four of them (two men's, two women's voices) speaking each sentence at
+  its own pitch and speed (espeak-ng ``-p`` 35-65 and ``-s`` 140-210 words a minute, drawn per
+  sentence: a median F0 varying by about 1.5 semitones, as read speech does): one speaker whose
+  clips the filter must all keep.
 
 Measured, with the encoder ``voicehost.speaker.load_encoder(--encoder)`` names:
 
@@ -20,8 +24,10 @@ Measured, with the encoder ``voicehost.speaker.load_encoder(--encoder)`` names:
    ``--genuine`` clips of one speaker with ``--injected`` clips of another mixed in (sentences
    the genuine clips do not say), for every ordered pair of distinct speakers and every
    (speaker, near variant) pair, ``--draws`` random draws each; and on clean uploads (nothing
-   injected): the share of injected clips caught and of genuine clips wrongly excluded, at
-   each of ``--thresholds``; then one injected clip (the lone-clip rule) at the default.
+   injected) and varied-delivery uploads: the share of injected clips caught and of genuine
+   clips wrongly excluded, at each of ``--thresholds`` with the pitch cue at
+   ``--pitch-shift`` semitones, and at the default threshold with the pitch cue off (the
+   encoder alone); then one injected clip (the lone-clip rule) at the default.
 3. The time the report adds to a clone: ``prepare`` of a ``--time-clips`` upload with and
    without measuring (silero-vad, embeddings, the split), per minute of speech.
 
@@ -30,7 +36,8 @@ Prints tables and, as the last line, one JSON object of every figure.
 Usage::
 
     python scripts/bench_eval.py [--work-dir DIR] [--genuine 30] [--injected 3] [--draws 4]
-        [--thresholds 0.88,0.9,0.92,0.94] [--time-clips 108] [--encoder SPEC] [--json OUT]
+        [--thresholds 0.88,0.9,0.92,0.94] [--pitch-shift 1.2] [--time-clips 108]
+        [--encoder SPEC] [--json OUT]
 
 The clips and their embeddings are cached in ``--work-dir``; a first run takes a few minutes.
 """
@@ -62,6 +69,20 @@ DISTINCT = [f"{ACCENTS[i % len(ACCENTS)]}+{v}" for i, v in enumerate(VARIANTS)]
 NEAR_OF = [DISTINCT[0], DISTINCT[3], DISTINCT[8]]
 NEAR_EFFECTS = {"pitch+200": ["pitch", "200"], "pitch-200": ["pitch", "-200"]}
 NEAR_EFFECTS["tempo1.15"] = ["tempo", "1.15"]
+VARIED_OF = [DISTINCT[0], DISTINCT[2], DISTINCT[7], DISTINCT[11]]
+VARIED_PITCH = (35, 65)  # espeak-ng -p, per sentence (50: the voice's own)
+VARIED_SPEED = (140, 210)  # words a minute, per sentence
+
+
+def speak_varied(text: str, out: Path, voice: str, rng: np.random.Generator) -> None:
+    """``text`` by ``voice`` at a pitch and a speed of its own, with 0.3 s of lead silence."""
+    pitch = int(rng.integers(VARIED_PITCH[0], VARIED_PITCH[1] + 1))
+    speed = int(rng.integers(VARIED_SPEED[0], VARIED_SPEED[1] + 1))
+    raw = out.with_suffix(".raw.wav")
+    command = ["espeak-ng", "-v", voice, "-p", str(pitch), "-s", str(speed), "-w", str(raw)]
+    subprocess.run([*command, text], check=True)
+    subprocess.run(["sox", str(raw), str(out), "pad", "0.3", "0"], check=True)
+    raw.unlink()
 
 
 def make_speakers(work: Path) -> dict[str, list[Path]]:
@@ -88,16 +109,30 @@ def make_speakers(work: Path) -> dict[str, list[Path]]:
                 subprocess.run(command, check=True, capture_output=True)
             paths.append(path)
         speakers[folder.name] = paths
+    for voice in VARIED_OF:
+        folder = work / f"{voice}@varied"
+        folder.mkdir(exist_ok=True)
+        rng = np.random.default_rng(DISTINCT.index(voice))
+        paths = []
+        for index, text in enumerate(SENTENCES):
+            path = folder / f"{index:02d}.wav"
+            if not path.exists():
+                speak_varied(text, path, voice, rng)
+            paths.append(path)
+        speakers[folder.name] = paths
     return speakers
 
 
-def embed_speakers(speakers: dict[str, list[Path]], encoder: EmbeddingCache) -> dict:
-    """speaker -> (36, dim) embeddings of the trimmed clips, as prepare embeds them."""
-    found = {}
+def embed_speakers(speakers: dict[str, list[Path]], encoder: EmbeddingCache) -> tuple[dict, dict]:
+    """speaker -> (36, dim) embeddings of the trimmed clips, as prepare embeds them, and
+    speaker -> their 36 voice pitches (Hz, None where unvoiced)."""
+    found, pitches = {}, {}
     for name, paths in speakers.items():
         recordings, _ = ingest(paths)
-        found[name] = np.stack([encoder.embed(trim(r.samples).samples) for r in recordings])
-    return found
+        speech = [trim(r.samples).samples for r in recordings]
+        found[name] = np.stack([encoder.embed(s) for s in speech])
+        pitches[name] = [quality.voice_pitch(s) for s in speech]
+    return found, pitches
 
 
 def eer(same: np.ndarray, other: np.ndarray) -> tuple[float, float]:
@@ -165,8 +200,10 @@ def pair_of(embeddings: dict, name: str) -> np.ndarray:
 
 def filter_rates(
     embeddings: dict,
+    pitches: dict,
     pairs: list[tuple[str, str | None]],
     threshold: float,
+    pitch_shift: float,
     genuine: int,
     injected: int,
     draws: int,
@@ -184,7 +221,10 @@ def filter_rates(
             clips = list(embeddings[target][order[:genuine]])
             extra = order[genuine : genuine + injected] if other else []
             clips += [embeddings[other][i] for i in extra]
-            excluded = quality.other_speakers(clips, threshold).excluded
+            tones = [pitches[target][i] for i in order[:genuine]]
+            tones += [pitches[other][i] for i in extra]
+            split = quality.other_speakers(clips, threshold, tones, pitch_shift)
+            excluded = split.excluded
             pair_caught += sum(1 for i in excluded if i >= genuine)
             pair_wrong += sum(1 for i in excluded if i < genuine)
             injected_total += len(extra)
@@ -237,12 +277,19 @@ def pair_eer(embeddings: dict, target: str, other: str) -> float:
     return eer(same, pair_similarities(embeddings[target], embeddings[other], False))[0]
 
 
-def filter_row(embeddings: dict, kinds: dict, threshold: float, args, injected: int) -> dict:
+def filter_row(
+    embeddings: dict, pitches: dict, kinds: dict, threshold: float, shift: float, args, injected
+) -> dict:
     row = {}
     for kind, pairs in kinds.items():
-        draws = args.draws * (4 if kind == "clean" else 1)
-        extra = 0 if kind == "clean" else injected
-        row[kind] = filter_rates(embeddings, pairs, threshold, args.genuine, extra, draws)
+        draws = args.draws * (4 if kind in ("clean", "varied") else 1)
+        extra = 0 if kind in ("clean", "varied") else injected
+        row[kind] = filter_rates(
+            embeddings, pitches, pairs, threshold, shift, args.genuine, extra, draws
+        )
+    row["clean16"] = filter_rates(
+        embeddings, pitches, kinds["clean"], threshold, shift, 16, 0, args.draws * 4
+    )
     return row
 
 
@@ -250,7 +297,8 @@ def print_row(label: str, row: dict) -> None:
     cells = [f"{label:>12s}"]
     for kind in ("distinct", "separable", "pitch", "tempo"):
         cells.append(f"{row[kind]['caught']:6.1%} / {row[kind]['wrongly_excluded']:4.1%}")
-    cells.append(f"{row['clean']['wrongly_excluded']:5.1%}")
+    for kind in ("clean", "clean16", "varied"):
+        cells.append(f"{row[kind]['wrongly_excluded']:5.1%}")
     print("  ".join(cells))
 
 
@@ -261,6 +309,7 @@ def main() -> int:
     parser.add_argument("--injected", type=int, default=3)
     parser.add_argument("--draws", type=int, default=4)
     parser.add_argument("--thresholds", default="0.88,0.9,0.92,0.94")
+    parser.add_argument("--pitch-shift", type=float, default=quality.MIN_PITCH_SHIFT)
     parser.add_argument("--time-clips", type=int, default=108)
     parser.add_argument("--encoder", help="a load_encoder spec (default: resemblyzer)")
     parser.add_argument("--json", type=Path)
@@ -272,7 +321,7 @@ def main() -> int:
     cache = args.work_dir / f"embeddings-{args.encoder or 'resemblyzer'}".replace("/", "_")
     encoder = EmbeddingCache(load_encoder(args.encoder), cache)
     start = time.perf_counter()
-    embeddings = embed_speakers(speakers, encoder)
+    embeddings, pitches = embed_speakers(speakers, encoder)
     embedded = time.perf_counter() - start
     clips = sum(len(p) for p in speakers.values())
     print(f"{len(speakers)} speakers, {clips} clips: made in {made:.0f} s, ", end="")
@@ -297,6 +346,7 @@ def main() -> int:
         "pitch": [(n.split("~")[0], n) for n in speakers if "~pitch" in n],
         "tempo": [(n.split("~")[0], n) for n in speakers if "~tempo" in n],
         "clean": [(s, None) for s in DISTINCT],
+        "varied": [(n, None) for n in speakers if "@varied" in n],
     }
     kinds["separable"] = [(a, b) for a, b in kinds["distinct"] if pair_eer(embeddings, a, b) < 0.1]
     print(
@@ -306,17 +356,22 @@ def main() -> int:
     print("caught / wrongly excluded")
     separable = f"separable {len(kinds['separable'])}"
     print(f"{'threshold':>12s}  {'distinct ' + str(len(kinds['distinct'])):>13s}  ", end="")
-    print(f"{separable:>13s}  {'near: pitch':>13s}  {'near: tempo':>13s}  clean")
+    print(f"{separable:>13s}  {'near: pitch':>13s}  {'near: tempo':>13s}  ", end="")
+    print("clean  clean16 varied")
     result["separable_pairs"] = len(kinds["separable"])
     result["filter"] = {}
+    shift = args.pitch_shift
     for threshold in [float(t) for t in args.thresholds.split(",")]:
-        row = filter_row(embeddings, kinds, threshold, args, args.injected)
+        row = filter_row(embeddings, pitches, kinds, threshold, shift, args, args.injected)
         result["filter"][str(threshold)] = row
         print_row(f"{threshold:.2f}", row)
     default = quality.MIN_SIMILARITY
     result["filter_default"] = row = result["filter"].get(str(default)) or filter_row(
-        embeddings, kinds, default, args, args.injected
+        embeddings, pitches, kinds, default, shift, args, args.injected
     )
+    alone = filter_row(embeddings, pitches, kinds, default, 0.0, args, args.injected)
+    result["filter_encoder_alone"] = alone
+    print_row(f"{default:.2f} no F0", alone)
     print(f"\nat the default {default}, pairs short of 95% caught or over 5% wrongly excluded:")
     for kind in ("distinct", "pitch", "tempo"):
         for pair, (got, wrong) in row[kind]["pairs_missing_target"].items():
@@ -324,7 +379,7 @@ def main() -> int:
             difficulty = pair_eer(embeddings, target, other)
             print(f"  {kind} {pair}: caught {got}/{args.injected * args.draws}, ", end="")
             print(f"wrong {wrong}/{args.genuine * args.draws} (clip-pair EER {difficulty:.0%})")
-    result["filter_lone"] = lone = filter_row(embeddings, kinds, default, args, 1)
+    result["filter_lone"] = lone = filter_row(embeddings, pitches, kinds, default, shift, args, 1)
     print(f"\none clip of another speaker (the lone-clip rule), at {default}:")
     print_row(f"{default:.2f}", lone)
 

@@ -274,6 +274,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         min_speech_seconds=args.min_speech_seconds,
         speaker_encoder=settings.speaker_encoder,
         speaker_min_similarity=settings.speaker_min_similarity,
+        speaker_min_pitch_shift=settings.speaker_min_pitch_shift,
     )
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
     try:

@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     speaker_min_similarity: float = Field(
         0.92, ge=-1.0, le=1.0, description="Clips of a voice this unlike the upload's are left out."
     )
+    speaker_min_pitch_shift: float = Field(
+        1.2,
+        ge=0.0,
+        description="Semitones a group of clips' pitch stands apart to be another voice.",
+    )
     eval_min_similarity: float = Field(
         0.75, description="A clone's least mean speaker similarity to its references to go live."
     )

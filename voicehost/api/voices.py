@@ -247,6 +247,7 @@ async def _check_audio(
         replace_existing=False,
         speaker_encoder=settings.speaker_encoder,
         speaker_min_similarity=settings.speaker_min_similarity,
+        speaker_min_pitch_shift=settings.speaker_min_pitch_shift,
     )
     try:
         await asyncio.to_thread(prepare, spec, measure=False)  # the worker measures the data
