@@ -216,6 +216,13 @@ def test_train_command_writes_a_voice(small_corpus, dev_model, tmp_path):
     assert "voice cli-voice written to" in result.stdout
     assert json.loads((tmp_path / "cli-voice" / "voice.json").read_text())["name"] == "CLI voice"
     assert "broken.wav" in result.stderr  # the skipped file is reported
+    log = tmp_path.parent / "audit.jsonl"  # the operator's voice, on the log beside --out
+    made = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {
+        "action": "voice.created",
+        "actor": {"kind": "operator"},
+        "voice": "cli-voice",
+    }.items() <= made[-1].items()
 
 
 def test_train_command_reports_too_little_speech(corpus, tmp_path):

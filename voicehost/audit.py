@@ -41,7 +41,6 @@ Action = Literal[
     "voice.created",
     "voice.version_added",
     "voice.promoted",
-    "voice.version_deleted",
     "voice.held",
     "voice.published",
     "voice.deleted",
