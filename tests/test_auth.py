@@ -329,6 +329,10 @@ SCOPED_ROUTES = [
     ("GET", "/v1/jobs/job-0123456789abcdef", {"voices"}),
     ("DELETE", "/v1/jobs/job-0123456789abcdef", {"voices"}),
     ("POST", "/v1/jobs/job-0123456789abcdef/retry", {"voices"}),
+    ("GET", "/v1/lexicons", {"synthesize", "voices"}),
+    ("GET", "/v1/lexicons/tech", {"synthesize", "voices"}),
+    ("PUT", "/v1/lexicons/tech", {"voices"}),
+    ("DELETE", "/v1/lexicons/tech", {"voices"}),
     ("GET", "/v1/anything-else", {"admin"}),
 ]
 OPEN_ROUTES = ["/healthz", "/readyz", "/openapi.json"]
@@ -354,6 +358,10 @@ def edge_app(auth: Authenticator) -> web.Application:
         ("GET", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/retry"),
+        ("GET", "/v1/lexicons"),
+        ("GET", "/v1/lexicons/{name}"),
+        ("PUT", "/v1/lexicons/{name}"),
+        ("DELETE", "/v1/lexicons/{name}"),
         ("GET", "/v1/anything-else"),
         ("GET", "/metrics"),
         ("GET", "/internal/load"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 from helpers import (
     RedisServer,
@@ -250,7 +251,7 @@ async def test_every_key_but_the_registry_records_expires(cluster):
     keys = client.keys("*")
     assert "vh:members" in keys and "vh:member:w1" in keys and "vh:voice:dev-a" in keys
     for key in keys:
-        if key == "vh:voices" or key.startswith("vh:voice:"):
+        if key == "vh:voices" or key.startswith(("vh:voice:", "vh:lexicons:")):
             continue
         assert client.ttl(key) > 0, key
 
@@ -287,6 +288,37 @@ async def test_an_adapter_registered_at_the_gateway_is_fetched_and_served(cluste
     status, _, _ = await speak(http, cluster.gateway.url, "shared-voice")
     assert status == 404
     assert not (cluster.root / "shared" / "adapters" / "shared-voice").exists()
+
+
+async def test_a_lexicon_put_at_the_gateway_changes_what_the_worker_says(cluster, http):
+    """The gateway stores the tenant's lexicon (the shared store's file, then Redis's copy); the
+    worker that speaks reads it from Redis and applies it: the request says what the rewritten
+    text says (same seed, codec noise off). Another tenant does not see it."""
+    pls = (
+        '<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon">'
+        "<lexeme><grapheme>W3C</grapheme><alias>World Wide Web Consortium</alias></lexeme>"
+        "</lexicon>"
+    )
+    url = cluster.gateway.url + "/v1/lexicons/standards"
+    async with http.put(url, data=pls, headers={"Content-Type": "application/pls+xml"}) as r:
+        assert r.status == 201, await r.text()
+    assert (cluster.root / "shared" / "lexicons" / "ops" / "standards.json").is_file()
+    assert cluster.redis.client().hkeys("vh:lexicons:ops") == ["standards"]
+    async with http.get(url, headers=bearer(QUOTA_KEY)) as r:
+        assert r.status == 404  # tenant q has none of that name
+
+    async def said(text: str, **options) -> tuple[str | None, bytes]:
+        body = {"input": text, "voice": "dev-a", "response_format": "pcm", "seed": 2, **options}
+        async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body) as response:
+            assert response.status == 200, await response.text()
+            return response.headers.get("X-Voicehost-Worker"), await response.read()
+
+    (worker, applied), (same_worker, reference) = await asyncio.gather(
+        said("The W3C met.", lexicons=["standards"]), said("The World Wide Web Consortium met.")
+    )
+    assert worker == same_worker
+    a, b = (np.frombuffer(x, dtype="<i2").astype(np.int32) for x in (applied, reference))
+    assert a.size == b.size > 0 and np.abs(a - b).max() <= 64
 
 
 async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server(

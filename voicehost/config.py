@@ -12,6 +12,7 @@ from voicehost import orpheus
 from voicehost.adapter_validation import AdapterRules, ModelShape
 from voicehost.devmodel import DevModelPaths
 from voicehost.keys import ApiKey
+from voicehost.lexicons import LexiconLimits
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 
@@ -111,6 +112,15 @@ class Settings(BaseSettings):
     usage_retention_days: float = Field(
         400.0, gt=0, description="How long a cluster's per-minute usage buckets stay in Redis."
     )
+    # Pronunciation lexicons
+    lexicons_dir: Path = Field(
+        Path("lexicons"), description="Lexicons of `serve`: <dir>/<tenant>/<name>.json."
+    )
+    lexicon_max_entries: int = Field(1000, ge=1, description="Entries one lexicon holds (413).")
+    lexicon_max_entry_chars: int = Field(
+        200, ge=1, description="Longest grapheme or alias of an entry (400)."
+    )
+    lexicons_per_tenant: int = Field(100, ge=1, description="Lexicons one tenant keeps (400).")
 
     # Text
     segment_max_chars: int = Field(
@@ -277,6 +287,11 @@ class Settings(BaseSettings):
     def usage_file(self) -> Path:
         """One server's usage file (a cluster keeps usage in Redis)."""
         return self.usage_path or self.audit_file().parent / "usage.jsonl"
+
+    def lexicon_limits(self) -> LexiconLimits:
+        return LexiconLimits(
+            self.lexicon_max_entries, self.lexicon_max_entry_chars, self.lexicons_per_tenant
+        )
 
     def adapter_roots(self) -> list[Path]:
         """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""

@@ -159,7 +159,11 @@ def start_dev_server(root: Path, **env: str) -> DevServer:
     log = root / "server.log"
     port = free_port()
     command = voicehost_command("serve", "--dev", "--port", str(port), "--adapters", str(adapters))
-    env = {**engine_core_env(), "VOICEHOST_JOBS_DIR": str(root / "jobs"), **env}
+    folders = {
+        "VOICEHOST_JOBS_DIR": str(root / "jobs"),
+        "VOICEHOST_LEXICONS_DIR": str(root / "lexicons"),
+    }
+    env = {**engine_core_env(), **folders, **env}
     process = launch(command, dev_env(**env), log)
     return DevServer(f"http://127.0.0.1:{port}", adapters, log, process)
 

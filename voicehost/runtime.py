@@ -24,6 +24,7 @@ from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.engine import SpeechEngine
+from voicehost.lexicons import FolderLexicons, LexiconStore
 from voicehost.metrics import SpeechMetrics
 from voicehost.speaker import SpeakerEncoder, load_encoder
 from voicehost.synthesis import Synthesizer
@@ -53,6 +54,10 @@ class ClusterLink(Protocol):
 
     def usage_store(self) -> UsageStore:
         """Where this worker's counted usage is summed for the whole cluster."""
+        ...
+
+    def lexicon_store(self) -> LexiconStore:
+        """The tenants' lexicons, as every process of the cluster reads them."""
         ...
 
     def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
@@ -98,12 +103,16 @@ class Runtime:
             )
             self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
+            self.lexicons: LexiconStore = FolderLexicons(
+                settings.lexicons_dir, settings.lexicon_limits()
+            )
         else:
             self.folder_voices = None
             self.voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
             self.audit, usage = cluster.audit_trail(), cluster.usage_store()
+            self.lexicons = cluster.lexicon_store()
         self.usage = UsageLedger(usage, self.metrics, settings.usage_flush_seconds)
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None

@@ -243,7 +243,7 @@ class Synthesizer:
         async def sources() -> AsyncIterator[tuple[int, Segment, Source]]:
             index = 0
             async for segment in segments:
-                text = normalize(segment.text) if options.normalize else segment.text
+                text = normalize(segment.speech) if options.normalize else segment.speech
                 if not any(ch.isalnum() for ch in text):
                     continue
                 await slots.acquire()  # released once the segment has been played

@@ -55,6 +55,10 @@ ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/jobs/{job_id}/retry"): frozenset({"voices"}),
     ("GET", "/v1/audit"): frozenset({"voices"}),  # a tenant's key: its own voices' events
     ("GET", "/v1/usage"): frozenset({"synthesize", "voices"}),  # ... its own tenant's usage
+    ("GET", "/v1/lexicons"): frozenset({"synthesize", "voices"}),
+    ("GET", "/v1/lexicons/{name}"): frozenset({"synthesize", "voices"}),
+    ("PUT", "/v1/lexicons/{name}"): frozenset({"voices"}),
+    ("DELETE", "/v1/lexicons/{name}"): frozenset({"voices"}),
 }
 ADMIN_ONLY = frozenset({"admin"})
 

@@ -29,6 +29,7 @@ from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 from voicehost.keys import Principal, can_see
+from voicehost.lexicons import LexiconStore
 from voicehost.metrics import SpeechMetrics
 from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SpeakOptions
@@ -54,6 +55,7 @@ class VoiceService(Protocol):
     jobs: CloneJobs
     audit: AuditTrail
     usage: UsageLedger
+    lexicons: LexiconStore
 
 
 SERVICE = web.AppKey("service", VoiceService)

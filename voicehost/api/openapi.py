@@ -22,6 +22,10 @@ from voicehost.api.schemas import (
     CloneJobInfo,
     ErrorDetail,
     ErrorResponse,
+    LexiconDetail,
+    LexiconList,
+    LexiconSaved,
+    LexiconUpload,
     PublishRequest,
     RealtimeConfig,
     RealtimeControl,
@@ -33,6 +37,7 @@ from voicehost.api.schemas import (
 )
 from voicehost.audio import CONTENT_TYPES
 from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN
+from voicehost.lexicons import LEXICON_NAME_PATTERN
 
 OPENAPI_VERSION = "3.1.0"
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -45,6 +50,10 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (RealtimeText, "validation"),
     (RealtimeControl, "validation"),
     (PublishRequest, "validation"),
+    (LexiconUpload, "validation"),
+    (LexiconSaved, "serialization"),
+    (LexiconList, "serialization"),
+    (LexiconDetail, "serialization"),
     (VoiceList, "serialization"),
     (VoiceDetail, "serialization"),
     (CloneJobInfo, "serialization"),
@@ -227,9 +236,10 @@ def speech_paths() -> Json:
                     400: "`invalid_json` (not JSON, nested too deeply, an unpaired surrogate) "
                     "/ `invalid_request` / `invalid_voice_id` / `empty_input` / "
                     "`unsupported_format` / `unsupported_speed`.",
-                    404: "`voice_not_found`.",
-                    413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS`, or over the "
-                    "model's context; `body_too_large`: a JSON body over 1 MiB.",
+                    404: "`voice_not_found` / `lexicon_not_found`.",
+                    413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS` (also once its "
+                    "lexicons have rewritten it), or over the model's context; "
+                    "`body_too_large`: a JSON body over 1 MiB.",
                     422: "`voice_unusable`: the voice's adapter failed validation.",
                     500: "`synthesis_failed` / `no_audio`: the engine failed before the first "
                     "audio.",
@@ -536,6 +546,84 @@ def audit_paths() -> Json:
     }
 
 
+def lexicon_paths() -> Json:
+    name = path_param(
+        "name", "A lexicon's name (the caller's tenant's).", LEXICON_NAME_PATTERN.pattern
+    )
+    bad_name = {400: "`invalid_lexicon_name`: not a lexicon name.", 503: REDIS_DOWN}
+    missing = {**bad_name, 404: "`lexicon_not_found`: none of the caller's tenant."}
+    saved = json_body(ref(LexiconSaved), "Stored.")
+    upload = {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": ref(LexiconUpload),
+                "example": {"entries": [{"grapheme": "Kubernetes", "alias": "koo ber net ees"}]},
+            },
+            "application/pls+xml": {
+                "schema": {
+                    "type": "string",
+                    "description": "A W3C PLS 1.0 document: each `<lexeme>`'s `<grapheme>`s "
+                    "say its first `<alias>` (matched as written); lexemes with only "
+                    "`<phoneme>`s are skipped. No DTD, entities or external references.",
+                }
+            },
+        },
+    }
+    location = {"Location": {"description": "The lexicon's URL.", "schema": {"type": "string"}}}
+    return {
+        "/v1/lexicons": {
+            "get": operation(
+                "The caller's tenant's pronunciation lexicons",
+                {"200": json_body(ref(LexiconList), "Each lexicon."), **errors({503: REDIS_DOWN})},
+                tag="lexicons",
+                security=KEYED,
+            )
+        },
+        "/v1/lexicons/{name}": {
+            "parameters": [name],
+            "put": operation(
+                "Store a pronunciation lexicon (JSON or W3C PLS), replacing one of that name",
+                {
+                    "200": saved,
+                    "201": {**json_body(ref(LexiconSaved), "Stored, new."), "headers": location},
+                    **errors(
+                        {
+                            **bad_name,
+                            400: "`invalid_lexicon_name` / `invalid_json` / `invalid_request` / "
+                            "`invalid_lexicon`: not a lexicon; `unsafe_lexicon`: a PLS document "
+                            "with a DTD, entities or nesting deeper than 8, refused unexpanded; "
+                            "`lexicon_entry_too_long`: over `VOICEHOST_LEXICON_MAX_ENTRY_CHARS`; "
+                            "`too_many_lexicons`: the tenant keeps "
+                            "`VOICEHOST_LEXICONS_PER_TENANT` already.",
+                            413: "`lexicon_too_large`: over `VOICEHOST_LEXICON_MAX_ENTRIES` "
+                            "entries; `body_too_large`: a body over 1 MiB.",
+                        }
+                    ),
+                },
+                tag="lexicons",
+                security=KEYED,
+                body=upload,
+            ),
+            "get": operation(
+                "A lexicon and its entries",
+                {
+                    "200": json_body(wrapped("lexicon", LexiconDetail), "The lexicon."),
+                    **errors(missing),
+                },
+                tag="lexicons",
+                security=KEYED,
+            ),
+            "delete": operation(
+                "Delete a lexicon",
+                {"204": {"description": "Deleted."}, **errors(missing)},
+                tag="lexicons",
+                security=KEYED,
+            ),
+        },
+    }
+
+
 def service_paths() -> Json:
     def probe(summary: str, value: str, unavailable: str) -> Json:
         return operation(
@@ -632,7 +720,13 @@ def _document() -> Json:
             "(`Authorization: Bearer <key>`; 401/403 otherwise); a stream over its key's quota "
             "or the server's capacity is refused with 429/503 and `Retry-After`.",
         },
-        "paths": {**speech_paths(), **voice_paths(), **audit_paths(), **service_paths()},
+        "paths": {
+            **speech_paths(),
+            **voice_paths(),
+            **audit_paths(),
+            **lexicon_paths(),
+            **service_paths(),
+        },
         "components": {"schemas": component_schemas(), "securitySchemes": SECURITY_SCHEMES},
     }
 

@@ -36,11 +36,13 @@ from voicehost.api.edge import (
     speak_options,
     validation_message,
 )
+from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio import content_type
 from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import NotReady, Runtime
 from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.text.lexicon import Lexicon, SpokenSegmenter
 from voicehost.text.segment import Segment, TextSegmenter
 from voicehost.usage import StreamMeter
 from voicehost.voices import Voice
@@ -107,6 +109,7 @@ class RealtimeSession:
         voice: Voice,
         config: RealtimeConfig,
         meter: StreamMeter,
+        lexicon: Lexicon | None = None,
     ) -> None:
         self.ws = ws
         self.meter = meter  # counts the audio sent, and the text of its segments
@@ -116,7 +119,9 @@ class RealtimeSession:
         self.options: SpeakOptions = speak_options(config, runtime.settings)
         self.encoder = runtime.encoders.stream(config.response_format, config.sample_rate)
         self.received = 0  # characters of text so far: segment spans count from the first
-        self.segmenter = TextSegmenter(max_chars=runtime.settings.segment_max_chars)
+        self.lexicon = lexicon if lexicon else None
+        self.spoken = 0  # characters said so far, the lexicon's aliases in place of its words
+        self.segmenter = self._new_segmenter()
         self.segmenter_base = 0  # where the current segmenter's offsets start
         self.queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self.speaker: asyncio.Task[None] | None = None
@@ -181,12 +186,28 @@ class RealtimeSession:
             self._flush()
         elif message.type == "end":
             self.ended = True
-            self._flush()
-            self.queue.put_nowait(END)
+            try:
+                self._flush()
+            finally:
+                self.queue.put_nowait(END)
         else:
             await self._cancel()
 
+    def _new_segmenter(self) -> TextSegmenter | SpokenSegmenter:
+        max_chars = self.runtime.settings.segment_max_chars
+        if self.lexicon is None:
+            return TextSegmenter(max_chars=max_chars)
+        return SpokenSegmenter(self.lexicon, max_chars)
+
     def _queue(self, segments: list[Segment]) -> None:
+        if self.lexicon is not None:  # aliases may say more than the text: the same cap
+            self.spoken += sum(len(segment.speech) for segment in segments)
+            limit = self.runtime.settings.max_input_chars
+            if self.spoken > limit:
+                raise ProtocolError(
+                    "input_too_long",
+                    f"with its lexicons this socket's text would say over {limit} characters",
+                )
         for segment in segments:
             self.queue.put_nowait(
                 dataclasses.replace(
@@ -198,14 +219,16 @@ class RealtimeSession:
 
     def _flush(self) -> None:
         """Queue the buffered text; the segmenter then counts from 0 again."""
-        self._queue(self.segmenter.flush())
-        self.segmenter_base = self.received
+        try:
+            self._queue(self.segmenter.flush())
+        finally:
+            self.segmenter_base = self.received
 
     async def _cancel(self) -> None:
         """Barge-in: stop speaking, drop every queued segment and the buffered text."""
         await self._stop_speaker()
         self.queue = asyncio.Queue()
-        self.segmenter = TextSegmenter(max_chars=self.runtime.settings.segment_max_chars)
+        self.segmenter = self._new_segmenter()
         self.segmenter_base = self.received
         await self.send({"type": "cancelled"})
         self.speaker = self._start_speaker()
@@ -378,7 +401,8 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
             voice = await find_voice(runtime.voices, config.voice, principal)
             meter = runtime.usage.meter(principal, voice.voice_id)
-            await RealtimeSession(ws, runtime, synthesizer, voice, config, meter).run()
+            lexicon = await speech_lexicon(runtime, config.lexicons, voice, principal)
+            await RealtimeSession(ws, runtime, synthesizer, voice, config, meter, lexicon).run()
 
         return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from voicehost.audio import FORMATS, SAMPLE_RATES
+from voicehost.lexicons import LEXICON_NAME_PATTERN
+
+MAX_REQUEST_LEXICONS = 8
 
 FORMATS_HELP = (
     "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
@@ -42,6 +45,12 @@ class SpeechOptions(BaseModel):
     )
     continuity: StrictBool = Field(
         True, description="Each segment of a long text hears the end of the one before."
+    )
+    lexicons: list[Annotated[StrictStr, Field(pattern=LEXICON_NAME_PATTERN.pattern)]] = Field(
+        default_factory=list,
+        max_length=MAX_REQUEST_LEXICONS,
+        description="The caller's pronunciation lexicons to apply, in order (the first one's "
+        "entry wins for a word), before the voice's own; an unknown name is lexicon_not_found.",
     )
 
 
@@ -241,3 +250,47 @@ class UsageReport(BaseModel):
     since: str = Field(description="UTC, ISO 8601: the start of the first minute counted.")
     usage: list[UsageRow]
     total: UsageTotal
+
+
+class PronunciationEntry(BaseModel):
+    """Say ``alias`` where ``grapheme`` is written: whole words only, longest match first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grapheme: StrictStr = Field(min_length=1, description="A word or phrase, as written.")
+    alias: StrictStr = Field(min_length=1, description="What to say instead.")
+    case_sensitive: StrictBool = Field(
+        False, description="Match it only as written (else in any case)."
+    )
+
+
+class LexiconUpload(BaseModel):
+    """``PUT /v1/lexicons/{name}`` as JSON (a W3C PLS document is the other way to send it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    entries: list[PronunciationEntry]
+
+
+class LexiconInfo(BaseModel):
+    name: str
+    entries: int = Field(description="How many entries it holds.")
+    updated: float = Field(description="When it was last put (Unix time).")
+
+
+class LexiconSaved(BaseModel):
+    """What a put stored: the lexicon, and the PLS lexemes left out (a ``<phoneme>`` but no
+    ``<alias>``: this model reads text)."""
+
+    lexicon: LexiconInfo
+    skipped: int = 0
+
+
+class LexiconList(BaseModel):
+    lexicons: list[LexiconInfo]
+
+
+class LexiconDetail(BaseModel):
+    name: str
+    entries: list[PronunciationEntry]
+    updated: float

@@ -26,6 +26,7 @@ from voicehost.api.edge import (
     registry_health,
     speak_options,
 )
+from voicehost.api.lexicons import said, speech_lexicon
 from voicehost.api.routes import public_app
 from voicehost.api.schemas import SpeechRequest
 from voicehost.audio import StreamEncoder, content_type
@@ -64,7 +65,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     synthesizer = runtime.require_synthesizer()
     principal = request_principal(request)
     voice = await find_voice(runtime.voices, body.voice, principal)
-    segments = split_text(body.input, runtime.settings.segment_max_chars)
+    lexicon = await speech_lexicon(runtime, body.lexicons, voice, principal)
+    segments = split_text(
+        said(lexicon, body.input, runtime.settings.max_input_chars),
+        runtime.settings.segment_max_chars,
+    )
     options = speak_options(body, runtime.settings)
     meter = runtime.usage.meter(principal, voice.voice_id)  # counts what is sent
     async with runtime.admit(principal):

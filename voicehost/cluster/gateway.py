@@ -50,6 +50,7 @@ from voicehost.cloning import CloneJobs
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
+from voicehost.cluster.lexicons import shared_lexicons
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
 from voicehost.cluster.usage import RedisUsageStore
@@ -113,6 +114,7 @@ class Gateway:
         )
         # a gateway speaks nothing: its ledger only reads the workers' sums
         self.usage = UsageLedger(RedisUsageStore(self.redis, settings.usage_retention_days), None)
+        self.lexicons = shared_lexicons(self.redis, settings)
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
         self.voice_streams: Counter[str] = Counter()
         self.client: aiohttp.ClientSession | None = None

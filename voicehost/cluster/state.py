@@ -16,6 +16,8 @@
   after the last event (the shared store's mirror holds every event).
 - ``vh:usage:<minute>`` and the ``vh:usage:minutes`` index: usage summed per minute, per key,
   tenant and voice (``usage.py``), expiring after ``usage_retention_days``.
+- ``vh:lexicons:<tenant>``: a tenant's pronunciation lexicons (name -> document), a copy of the
+  shared store's files, without a TTL (``lexicons.py``).
 
 The client's timeouts, retries and pool size are pinned from the settings: a Redis that stops
 answering costs a request at most about ``(retries + 1) x timeout``, never a hang.
@@ -71,6 +73,11 @@ def voice_key(voice_id: str) -> str:
 
 def usage_key(minute: int) -> str:
     return f"{PREFIX}usage:{minute}"
+
+
+def lexicons_key(tenant: str | None) -> str:
+    """A tenant's lexicons (name -> document); ``_shared``: those of no tenant."""
+    return f"{PREFIX}lexicons:{tenant or '_shared'}"
 
 
 def connect(settings: Settings) -> Redis:

@@ -21,6 +21,7 @@ from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.leases import KeyLeases
+from voicehost.cluster.lexicons import RedisLexicons, shared_lexicons
 from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
@@ -67,6 +68,9 @@ class WorkerCluster:
 
     def usage_store(self) -> RedisUsageStore:
         return RedisUsageStore(self.redis, self.settings.usage_retention_days)
+
+    def lexicon_store(self) -> RedisLexicons:
+        return shared_lexicons(self.redis, self.settings)
 
     def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
         self.presence = WorkerPresence(self.redis, self.settings, self.worker_id, self.url, load)

@@ -35,11 +35,19 @@ _INITIALS = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]|[A-Z]")
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One piece of the input: ``text == whole_input[start:end]``; segments tile the input."""
+    """One piece of the input: ``text == whole_input[start:end]``; segments tile the input.
+    ``spoken``: what is said instead, where a lexicon rewrote the text (``voicehost.text.lexicon``).
+    """
 
     text: str
     start: int
     end: int
+    spoken: str | None = None
+
+    @property
+    def speech(self) -> str:
+        """The text to say (before normalisation)."""
+        return self.text if self.spoken is None else self.spoken
 
 
 class _Cut(IntEnum):

@@ -1,0 +1,200 @@
+"""Pronunciation lexicons over HTTP: a tenant's named lexicons (``PUT``/``GET``/``DELETE
+/v1/lexicons/{name}``, ``GET /v1/lexicons``), and the lexicon a speech request is spoken with.
+
+Every front end answers the routes over its ``LexiconStore`` (a gateway over the cluster's);
+the process that speaks applies the lexicon (a worker, never a gateway), before it cuts the text
+into segments, so HTTP, the realtime socket and a gateway say the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import SERVICE, ApiError, VoiceService, load_json, validation_message
+from voicehost.api.schemas import (
+    LexiconDetail,
+    LexiconInfo,
+    LexiconList,
+    LexiconSaved,
+    LexiconUpload,
+    PronunciationEntry,
+)
+from voicehost.keys import Principal, owner_tenant
+from voicehost.lexicons import (
+    LEXICON_NAME_PATTERN,
+    EntryTooLong,
+    LexiconError,
+    LexiconTooLarge,
+    StoredLexicon,
+    checked_entries,
+    is_lexicon_name,
+    parse_pls,
+)
+from voicehost.text.lexicon import Lexicon, LexiconEntry
+from voicehost.voices import Voice
+
+log = logging.getLogger(__name__)
+
+PLS_TYPES = frozenset({"application/pls+xml", "application/xml", "text/xml"})
+STATUS = {LexiconTooLarge: 413, EntryTooLong: 400}
+MANIFEST_KEY = "lexicon"  # a voice's default lexicon, named in its voice.json
+
+
+def _name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not is_lexicon_name(name):
+        raise ApiError(
+            400, "invalid_lexicon_name", f"name must match {LEXICON_NAME_PATTERN.pattern}"
+        )
+    return name
+
+
+def lexicon_not_found(name: str) -> ApiError:
+    return ApiError(404, "lexicon_not_found", f"lexicon {name!r} does not exist")
+
+
+def _refused(exc: LexiconError) -> ApiError:
+    return ApiError(STATUS.get(type(exc), 400), exc.code, str(exc))
+
+
+def _info(lexicon: StoredLexicon) -> LexiconInfo:
+    return LexiconInfo(name=lexicon.name, entries=len(lexicon.entries), updated=lexicon.updated)
+
+
+def _entries(
+    service: VoiceService, request: web.Request, body: bytes
+) -> tuple[list[LexiconEntry], int]:
+    """The uploaded entries, checked, and the PLS lexemes left out: PLS by its content type (or,
+    with none of them, a body that starts with ``<``), JSON otherwise."""
+    limits = service.lexicons.limits
+    pls = request.content_type in PLS_TYPES or (
+        request.content_type != "application/json" and body.lstrip()[:1] == b"<"
+    )
+    try:
+        if pls:
+            return parse_pls(body, limits)
+        try:
+            payload = load_json(body.decode())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise ApiError(400, "invalid_request", "the body must be a JSON object")
+        entries = payload.get("entries")
+        if isinstance(entries, list) and len(entries) > limits.max_entries:  # before reading each
+            raise LexiconTooLarge(f"a lexicon holds at most {limits.max_entries} entries")
+        try:
+            upload = LexiconUpload.model_validate(payload)
+        except ValidationError as exc:
+            raise ApiError(400, "invalid_request", validation_message(exc)) from exc
+        found = (LexiconEntry(e.grapheme, e.alias, e.case_sensitive) for e in upload.entries)
+        return checked_entries(found, limits), 0
+    except LexiconError as exc:
+        raise _refused(exc) from exc
+
+
+async def put_lexicon(request: web.Request) -> web.Response:
+    """``PUT /v1/lexicons/{name}``: store the caller's lexicon (201 new, 200 replaced)."""
+    service = request.app[SERVICE]
+    name = _name(request)
+    entries, skipped = _entries(service, request, await request.read())
+    tenant = owner_tenant(request_principal(request))
+    try:
+        new = await service.lexicons.put(tenant, name, entries)
+    except LexiconError as exc:
+        raise _refused(exc) from exc
+    stored = await service.lexicons.get(tenant, name)
+    if stored is None:  # deleted meanwhile
+        raise lexicon_not_found(name)
+    saved = LexiconSaved(lexicon=_info(stored), skipped=skipped)
+    headers = {"Location": f"/v1/lexicons/{name}"} if new else None
+    return web.json_response(saved.model_dump(), status=201 if new else 200, headers=headers)
+
+
+async def get_lexicon(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = _name(request)
+    stored = await service.lexicons.get(owner_tenant(request_principal(request)), name)
+    if stored is None:
+        raise lexicon_not_found(name)
+    entries = [
+        PronunciationEntry(grapheme=e.grapheme, alias=e.alias, case_sensitive=e.case_sensitive)
+        for e in stored.entries
+    ]
+    detail = LexiconDetail(name=stored.name, entries=entries, updated=stored.updated)
+    return web.json_response({"lexicon": detail.model_dump()})
+
+
+async def delete_lexicon(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = _name(request)
+    if not await service.lexicons.delete(owner_tenant(request_principal(request)), name):
+        raise lexicon_not_found(name)
+    return web.Response(status=204)
+
+
+async def list_lexicons(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    found = await service.lexicons.list(owner_tenant(request_principal(request)))
+    return web.json_response(LexiconList(lexicons=[_info(x) for x in found]).model_dump())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/lexicons", list_lexicons)
+    app.router.add_put("/v1/lexicons/{name}", put_lexicon)
+    app.router.add_get("/v1/lexicons/{name}", get_lexicon)
+    app.router.add_delete("/v1/lexicons/{name}", delete_lexicon)
+
+
+# --- the lexicon a request is spoken with ------------------------------------------------------
+
+
+def said(lexicon: Lexicon, text: str, max_chars: int) -> str:
+    """``text`` as the lexicon has it said: 413 ``input_too_long`` if its aliases make it
+    longer than ``max_chars``."""
+    spoken = lexicon.apply(text)
+    if len(spoken) > max_chars:
+        raise ApiError(
+            413,
+            "input_too_long",
+            f"with its lexicons the input says {len(spoken)} characters; the limit is {max_chars}",
+        )
+    return spoken
+
+
+_missing_defaults: set[tuple[str, str]] = set()  # (voice, lexicon) already logged
+
+
+async def speech_lexicon(
+    service: VoiceService, names: list[str], voice: Voice, principal: Principal | None
+) -> Lexicon:
+    """The caller's ``names``, in order, then the voice's default (``"lexicon"`` in its
+    ``voice.json``, one of the voice's tenant's; a shared voice's: a shared one), merged: 404
+    ``lexicon_not_found`` for a named one that does not exist. A default that does not exist
+    is left out (logged once): the voice still speaks."""
+    tenant = owner_tenant(principal)
+    found: list[StoredLexicon] = []
+    for name in dict.fromkeys(names):
+        stored = await service.lexicons.get(tenant, name)
+        if stored is None:
+            raise lexicon_not_found(name)
+        found.append(stored)
+    manifest = await service.voices.manifest(voice.voice_id) or {}
+    default = manifest.get(MANIFEST_KEY)
+    if is_lexicon_name(default):
+        stored = await service.lexicons.get(voice.tenant, default)
+        if stored is not None:
+            found.append(stored)
+        elif (voice.voice_id, default) not in _missing_defaults:
+            _missing_defaults.add((voice.voice_id, default))
+            log.warning("voice %s names lexicon %r, which does not exist", voice.voice_id, default)
+    return _merged(tuple(found))
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(lexicons: tuple[StoredLexicon, ...]) -> Lexicon:
+    return Lexicon.merged([lexicon.entries for lexicon in lexicons])
