@@ -296,7 +296,7 @@ async def test_a_lexicon_put_at_the_gateway_changes_what_the_worker_says(cluster
     text says (same seed, codec noise off). Another tenant does not see it."""
     pls = (
         '<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon">'
-        "<lexeme><grapheme>W3C</grapheme><alias>World Wide Web Consortium</alias></lexeme>"
+        "<lexeme><grapheme>W3C</grapheme><alias>web consortium</alias></lexeme>"
         "</lexicon>"
     )
     url = cluster.gateway.url + "/v1/lexicons/standards"
@@ -314,7 +314,7 @@ async def test_a_lexicon_put_at_the_gateway_changes_what_the_worker_says(cluster
             return response.headers.get("X-Voicehost-Worker"), await response.read()
 
     (worker, applied), (same_worker, reference) = await asyncio.gather(
-        said("The W3C met.", lexicons=["standards"]), said("The World Wide Web Consortium met.")
+        said("W3C.", lexicons=["standards"]), said("web consortium.")
     )
     assert worker == same_worker
     a, b = (np.frombuffer(x, dtype="<i2").astype(np.int32) for x in (applied, reference))

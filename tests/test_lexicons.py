@@ -282,7 +282,7 @@ async def put(http, server, name: str, body: str | dict, content_type: str | Non
 async def test_a_lexicon_changes_what_is_said_over_http_and_by_a_voices_manifest(
     http, server, dev_model
 ):
-    entries = {"entries": [{"grapheme": "Kubernetes", "alias": "koo ber net ees"}]}
+    entries = {"entries": [{"grapheme": "Kubernetes", "alias": "kubes"}]}
     assert (await put(http, server, "tech", entries))[0] == 201
     pls = PLS_HEAD + "<lexeme><grapheme>nginx</grapheme><alias>engine x</alias></lexeme></lexicon>"
     status, saved = await put(http, server, "web", pls, "application/pls+xml")
@@ -300,11 +300,12 @@ async def test_a_lexicon_changes_what_is_said_over_http_and_by_a_voices_manifest
         assert response.status == 404
         assert (await response.json())["error"]["code"] == "lexicon_not_found"
 
-    sent = "We run Kubernetes behind nginx."
+    # short texts: the dev model says about twice as long as a text takes to say (a cost)
+    sent = "Kubernetes, nginx."
     # tech from the request, web from the voice's manifest; then what they say; then web alone
     both, rewritten, default_only = await asyncio.gather(
         speak(http, server, sent, voice="lexical", lexicons=["tech"]),
-        speak(http, server, "We run koo ber net ees behind engine x.", voice="lexical"),
+        speak(http, server, "kubes, engine x.", voice="lexical"),
         speak(http, server, sent, voice="lexical"),
     )
     assert same_audio(both, rewritten)
@@ -328,11 +329,11 @@ async def test_a_lexicon_changes_what_is_said_over_http_and_by_a_voices_manifest
 async def test_a_lexicon_on_the_realtime_socket_is_said_with_spans_in_the_clients_text(
     http, server
 ):
-    lexicon = {"entries": [{"grapheme": "Kubernetes", "alias": "koo ber net ees"}]}
+    lexicon = {"entries": [{"grapheme": "Kubernetes", "alias": "kubes"}]}
     lexicon["entries"].append({"grapheme": "k8s", "alias": "kates"})
     assert (await put(http, server, "realtime", lexicon))[0] in (200, 201)
-    sent = ["I deploy Kube", "rnetes daily. Then", " k8s", " runs."]
-    said = "I deploy koo ber net ees daily. Then kates runs."
+    sent = ["Kube", "rnetes rocks. Then", " k8s."]  # a word cut between two messages
+    said = "kubes rocks. Then kates."
 
     async def session(pieces: list[str], **config) -> tuple[list[dict], bytes]:
         events, audio = [], b""
@@ -356,8 +357,8 @@ async def test_a_lexicon_on_the_realtime_socket_is_said_with_spans_in_the_client
     text = "".join(sent)
     started = [e for e in events if e["type"] == "segment.started"]
     assert [(e["text"], e["start"], e["end"]) for e in started] == [
-        ("I deploy Kubernetes daily.", 0, 26),
-        (" Then k8s runs.", 26, len(text)),
+        ("Kubernetes rocks.", 0, 17),
+        (" Then k8s.", 17, len(text)),
     ]
     assert events[-1]["type"] == "done"
     assert same_audio(audio, reference)  # said as the rewritten text is
