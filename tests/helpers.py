@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -56,11 +57,13 @@ __all__ = [
     "http_status",
     "launch",
     "metric",
+    "open_playground",
     "playground_prompts",
     "process_tree",
     "random_frames",
     "read_socket",
     "say_over_socket",
+    "screenshot",
     "start_early",
     "stop",
     "voicehost_command",
@@ -348,6 +351,7 @@ def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
 # --- the playground in a browser -----------------------------------------------------------------
 
 CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = os.environ.get("PLAYGROUND_SCREENSHOTS")  # a folder: save each view there
 PLAYGROUND_STATIC = Path(__file__).resolve().parent.parent / "voicehost" / "api" / "static"
 
 
@@ -393,3 +397,26 @@ class PageWatch:
     def clear(self) -> None:
         for found in (self.console, self.errors, self.failed, self.responses, self.urls):
             found.clear()
+
+
+async def screenshot(page, name: str) -> None:
+    """With ``PLAYGROUND_SCREENSHOTS=DIR`` set, the whole page as ``DIR/name.png``."""
+    if SCREENSHOTS:
+        await page.screenshot(path=f"{SCREENSHOTS}/{name}.png", full_page=True)
+
+
+@contextlib.asynccontextmanager
+async def open_playground(chromium, url: str):
+    """A fresh browser context (its own session storage) on the playground at ``url``, once
+    the page has started: yields the page, its ``PageWatch`` and the page's response."""
+    from playwright.async_api import expect
+
+    context = await chromium.new_context(viewport={"width": 1100, "height": 900})
+    try:
+        page = await context.new_page()
+        watch = PageWatch(page)
+        response = await page.goto(url + "/")
+        await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=30_000)
+        yield page, watch, response
+    finally:
+        await context.close()

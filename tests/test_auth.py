@@ -5,9 +5,11 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -23,13 +25,17 @@ from helpers import (
     eventually,
     free_port,
     launch,
+    open_playground,
+    playground_prompts,
     process_tree,
     say_over_socket,
+    screenshot,
     start_early,
     stop,
     wait_ready,
     wait_until,
 )
+from playwright.async_api import expect
 
 from lora_training.recipe import VoiceJob
 from voicehost.adapter_validation import AdapterRules, assign_tenant
@@ -48,6 +54,7 @@ from voicehost.api.auth import (
     request_principal,
 )
 from voicehost.api.edge import auth_middleware
+from voicehost.api.playground import CONTENT_SECURITY_POLICY
 from voicehost.audit import canonical
 from voicehost.cli import main
 from voicehost.cloning import CloneJobs
@@ -685,8 +692,9 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 
 @pytest.fixture(scope="module")
 def keyed_server(dev_model, tmp_path_factory):
-    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics.
-    Its own: the shared server is open, and keys cannot be added to a running server. The last
+    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics,
+    and cheap clones (the playground records one). Its own: the shared server is open, and
+    keys cannot be added to a running server. The last
     test here kills it (stopping a dead server at the module's end is a no-op)."""
     with early_server("keyed", tmp_path_factory) as server:  # /readyz answers without a key
         yield server
@@ -710,6 +718,12 @@ def start_keyed(tmp_path_factory) -> EarlyServer:
         VOICEHOST_INTERNAL_TOKEN=TOKEN,
         VOICEHOST_METRICS_PUBLIC="false",
         VOICEHOST_SEGMENT_MAX_CHARS="900",
+        # the playground's recorded clone (three short takes, one held out): the cheapest that
+        # still trains, measures and evaluates it (one sentence, no baseline voice)
+        VOICEHOST_MIN_SPEECH_SECONDS="1",
+        VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_EVAL_SENTENCES="1",
+        VOICEHOST_EVAL_BASELINES="0",
     )
 
 
@@ -1070,6 +1084,100 @@ async def test_at_the_gateway_another_tenants_voice_and_job_are_404(gateway, htt
     async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
         assert response.status == 200
     async with http.delete(f"{url}/v1/voices/ga-voice", headers=bearer("key-a")) as response:
+        assert response.status == 204
+
+
+async def test_the_gateway_serves_the_playground_without_a_key(gateway, http):
+    url, _ = gateway
+    for path in ("/", "/playground/app.js"):
+        async with http.get(url + path) as response:
+            assert response.status == 200, path
+            assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+
+
+# --- the playground with keys, in a real browser (test_playground.py has the open server's) -----
+
+
+@pytest.fixture(scope="module")
+async def keyed_page(chromium, keyed):
+    """The playground on the keyed server, one tab for the tests below, in order."""
+    url, _ = keyed
+    async with open_playground(chromium, url) as (page, watch, _):
+        yield page, watch
+
+
+async def test_in_the_playground_a_wrong_key_is_a_401_in_words_and_a_right_one_works(
+    keyed, keyed_page, http
+):
+    url, _ = keyed
+    page, watch = keyed_page
+    # the page's first call is refused: it shows the Key view, saying a key is needed
+    await expect(page.locator("#view-key")).to_be_visible()
+    await expect(page.locator("#key-status")).to_have_text(re.compile("needs an API key"))
+    assert watch.bad_answers() == [(401, f"GET {url}/v1/audio/voices")]
+    assert watch.errors == [] and watch.failed == []
+    watch.clear()
+    await page.locator("#key-input").fill("not-a-key")
+    await page.locator("#key-input").press("Enter")
+    await expect(page.locator("#key-status")).to_have_text(
+        "401 invalid_api_key: the API key is not valid. Enter a valid API key in the Key view."
+    )
+    await expect(page.locator("#banner")).to_be_visible()
+    await screenshot(page, "key")
+    watch.clear()
+    await page.locator("#key-input").fill("key-a")
+    await page.locator("#key-input").press("Enter")
+    await expect(page.locator("#key-status")).to_have_text("The key works.")
+    await expect(page.locator("#banner")).to_be_hidden()
+    listed = await voice_ids(http, url, "key-a")
+    await expect(page.locator("#voices-list tr")).to_have_count(len(listed))
+    assert watch.problems() == []
+    # the key went into no URL (the realtime socket's api_key is the only place it may)
+    assert not [u for u in watch.urls if "key-a" in u or "not-a-key" in u]
+
+
+async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_end(
+    keyed, keyed_page, http
+):
+    url, _ = keyed
+    page, watch = keyed_page  # key A is in the tab's session storage (the test above)
+    await page.locator("#tab-clone").click()
+    await page.locator("#clone-name").fill("Recorded")
+    started = time.monotonic()
+    for take in range(3):  # Chromium's fake microphone reads the first three prompts
+        await expect(page.locator("#clone-take-label")).to_have_text(f"Take {take + 1}")
+        await page.locator("#clone-record-start").click()
+        await page.wait_for_timeout(1200)
+        await page.locator("#clone-record-stop").click()
+        await expect(page.locator("#clone-takes li")).to_have_count(take + 1)
+    recorded = time.monotonic() - started
+    assert (
+        await page.locator("#clone-takes li span").all_text_contents() == (playground_prompts()[:3])
+    )
+    await page.locator("#clone-submit").click()
+    status = page.locator("#clone-job-status")
+    await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
+    await expect(status).to_have_text(re.compile("^(done|held|failed|cancelled)$"), timeout=300_000)
+    followed = time.monotonic() - started - recorded
+    print(f"3 takes recorded in {recorded:.1f} s; the job followed to its end {followed:.1f} s")
+    assert await status.text_content() == "done", await page.locator("#clone-status").text_content()
+    job_id = await page.locator("#clone-job-id").text_content()
+    async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
+        job = (await response.json())["job"]
+    assert job["voice_id"] == "recorded" and len(job["data"]["clips"]) == 3
+    # the page shows the data report and the evaluation the job holds
+    report = page.locator("#clone-report-figures")
+    await expect(report.locator("div").first).to_have_text("Clips3")
+    similarity = f"{job['eval']['similarity']['mean']:.3f}"
+    await expect(page.locator("#clone-eval-figures div").first).to_contain_text(similarity)
+    assert await page.locator("#clone-job-progress").get_attribute("value") == "1"
+    # ready to be heard beside the first take (its recording), and listed for tenant A
+    await expect(page.locator("#clone-listen")).to_be_visible()
+    assert (await page.locator("#clone-reference").get_attribute("src")).startswith("blob:")
+    await expect(page.locator("#speak-voice option[value=recorded]")).to_have_count(1)
+    await screenshot(page, "clone-job")
+    assert watch.problems() == []
+    async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
         assert response.status == 204
 
 

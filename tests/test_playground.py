@@ -6,7 +6,6 @@ button barges in. The key and the recorded clone are in test_auth.py, on the key
 
 ``PLAYGROUND_SCREENSHOTS=DIR`` saves a screenshot of each view there (docs/playground/)."""
 
-import os
 import re
 import time
 from html.parser import HTMLParser
@@ -16,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from helpers import PLAYGROUND_STATIC, PageWatch, metric
+from helpers import PLAYGROUND_STATIC, metric, open_playground, screenshot
 from playwright.async_api import expect
 
 from voicehost.api import playground
@@ -25,7 +24,6 @@ from voicehost.api.edge import auth_middleware
 from voicehost.keys import ApiKey, hash_key
 from voicehost.orpheus import SAMPLE_RATE
 
-SCREENSHOTS = os.environ.get("PLAYGROUND_SCREENSHOTS")
 SENTENCE = "Hello there."  # short: the dev model says about 2 s
 LIVE_TEXT = (
     "Glue the sheet to the dark blue background, then tell the depth of the well. "
@@ -175,18 +173,8 @@ async def test_with_keys_configured_the_page_is_open_and_the_api_is_not():
 @pytest.fixture(scope="module")
 async def browser_page(chromium, server):
     """One page of the playground on the shared server, for the module's tests in order."""
-    context = await chromium.new_context(viewport={"width": 1100, "height": 900})
-    page = await context.new_page()
-    watch = PageWatch(page)
-    response = await page.goto(server.url + "/")
-    await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=30_000)
-    yield page, watch, response
-    await context.close()
-
-
-async def screenshot(page, name: str) -> None:
-    if SCREENSHOTS:
-        await page.screenshot(path=f"{SCREENSHOTS}/{name}.png", full_page=True)  # makes the folder
+    async with open_playground(chromium, server.url) as opened:
+        yield opened
 
 
 async def test_the_page_loads_under_its_csp_with_no_console_error_and_lists_the_voices(
