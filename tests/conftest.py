@@ -10,7 +10,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port, playground_prompts
+from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port
 
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
 
@@ -136,10 +136,11 @@ def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -
 def fake_microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What Chromium's fake microphone says, over and over: espeak-ng reading the playground's
     first prompts with its pauses squeezed out, so that every take is speech."""
+    from voicehost.api.playground import clone_prompts
     from voicehost.devcorpus import speak
 
     wav = tmp_path_factory.mktemp("microphone") / "prompts.wav"
-    speak(" ".join(playground_prompts()[:3]), wav, 0.0, "wav", squeeze_pauses=True)
+    speak(" ".join(clone_prompts()[:3]), wav, 0.0, "wav", squeeze_pauses=True)
     return wav
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -40,7 +39,6 @@ __all__ = [
     "CHROMIUM",
     "DEV_DIR",
     "EARLY_SERVERS",
-    "PLAYGROUND_STATIC",
     "EarlyServer",
     "PageWatch",
     "RedisServer",
@@ -58,12 +56,10 @@ __all__ = [
     "launch",
     "metric",
     "open_playground",
-    "playground_prompts",
     "process_tree",
     "random_frames",
     "read_socket",
     "say_over_socket",
-    "screenshot",
     "start_early",
     "stop",
     "voicehost_command",
@@ -351,15 +347,6 @@ def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
 # --- the playground in a browser -----------------------------------------------------------------
 
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = os.environ.get("PLAYGROUND_SCREENSHOTS")  # a folder: save each view there
-PLAYGROUND_STATIC = Path(__file__).resolve().parent.parent / "voicehost" / "api" / "static"
-
-
-def playground_prompts() -> list[str]:
-    """The sentences the playground's Clone view asks a speaker to read, in its order."""
-    source = (PLAYGROUND_STATIC / "clone.js").read_text()
-    block = source[source.index("PROMPTS = [") : source.index("];", source.index("PROMPTS = ["))]
-    return [json.loads(line.strip().rstrip(",")) for line in block.splitlines()[1:]]
 
 
 class PageWatch:
@@ -397,12 +384,6 @@ class PageWatch:
     def clear(self) -> None:
         for found in (self.console, self.errors, self.failed, self.responses, self.urls):
             found.clear()
-
-
-async def screenshot(page, name: str) -> None:
-    """With ``PLAYGROUND_SCREENSHOTS=DIR`` set, the whole page as ``DIR/name.png``."""
-    if SCREENSHOTS:
-        await page.screenshot(path=f"{SCREENSHOTS}/{name}.png", full_page=True)
 
 
 @contextlib.asynccontextmanager

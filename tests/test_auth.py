@@ -26,10 +26,8 @@ from helpers import (
     free_port,
     launch,
     open_playground,
-    playground_prompts,
     process_tree,
     say_over_socket,
-    screenshot,
     start_early,
     stop,
     wait_ready,
@@ -54,7 +52,7 @@ from voicehost.api.auth import (
     request_principal,
 )
 from voicehost.api.edge import auth_middleware
-from voicehost.api.playground import CONTENT_SECURITY_POLICY
+from voicehost.api.playground import CONTENT_SECURITY_POLICY, clone_prompts
 from voicehost.audit import canonical
 from voicehost.cli import main
 from voicehost.cloning import CloneJobs
@@ -1123,7 +1121,6 @@ async def test_in_the_playground_a_wrong_key_is_a_401_in_words_and_a_right_one_w
         "401 invalid_api_key: the API key is not valid. Enter a valid API key in the Key view."
     )
     await expect(page.locator("#banner")).to_be_visible()
-    await screenshot(page, "key")
     watch.clear()
     await page.locator("#key-input").fill("key-a")
     await page.locator("#key-input").press("Enter")
@@ -1151,9 +1148,8 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
         await page.locator("#clone-record-stop").click()
         await expect(page.locator("#clone-takes li")).to_have_count(take + 1)
     recorded = time.monotonic() - started
-    assert (
-        await page.locator("#clone-takes li span").all_text_contents() == (playground_prompts()[:3])
-    )
+    takes = await page.locator("#clone-takes li span").all_text_contents()
+    assert takes == clone_prompts()[:3]
     await page.locator("#clone-submit").click()
     status = page.locator("#clone-job-status")
     await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
@@ -1175,7 +1171,6 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     await expect(page.locator("#clone-listen")).to_be_visible()
     assert (await page.locator("#clone-reference").get_attribute("src")).startswith("blob:")
     await expect(page.locator("#speak-voice option[value=recorded]")).to_have_count(1)
-    await screenshot(page, "clone-job")
     assert watch.problems() == []
     async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
         assert response.status == 204

@@ -4,7 +4,7 @@ no console error and no failed request, lists the voices, plays a spoken sentenc
 (every sample counted in the page's audio path), and speaks text as it is typed until the stop
 button barges in. The key and the recorded clone are in test_auth.py, on the keyed server.
 
-``PLAYGROUND_SCREENSHOTS=DIR`` saves a screenshot of each view there (docs/playground/)."""
+The screenshots in docs/playground/ are scripts/playground_screenshots.py's."""
 
 import re
 import time
@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from helpers import PLAYGROUND_STATIC, metric, open_playground, screenshot
+from helpers import metric, open_playground
 from playwright.async_api import expect
 
 from voicehost.api import playground
@@ -132,9 +132,9 @@ async def test_a_file_the_playground_does_not_have_is_404_in_the_error_shape(pag
 @pytest.mark.unit
 def test_the_page_has_no_inline_script_or_style_and_names_no_other_host():
     parser = Page()
-    parser.feed((PLAYGROUND_STATIC / "index.html").read_text())
+    parser.feed((playground.STATIC / "index.html").read_text())
     assert parser.inline == []
-    for path in PLAYGROUND_STATIC.iterdir():
+    for path in playground.STATIC.iterdir():
         text = path.read_text()
         urls = set(re.findall(r"[a-z]+://[^\s\"'`)]+", text)) - {"http://www.w3.org/2000/svg"}
         assert urls == set(), path.name  # no CDN, no other host: many installs are offline
@@ -142,7 +142,7 @@ def test_the_page_has_no_inline_script_or_style_and_names_no_other_host():
             for unsafe in ("innerHTML", "outerHTML", "insertAdjacentHTML", "eval(", "Function("):
                 assert unsafe not in text, (path.name, unsafe)
     # the key goes into one URL only: the realtime socket's documented api_key parameter
-    for path in PLAYGROUND_STATIC.glob("*.js"):
+    for path in playground.STATIC.glob("*.js"):
         uses = re.findall(r"[\"']api_key[\"']", path.read_text())  # as a string
         assert len(uses) == (1 if path.name == "api.js" else 0), path.name
 
@@ -195,7 +195,6 @@ async def test_the_page_loads_under_its_csp_with_no_console_error_and_lists_the_
     assert await page.locator("#voices-list tr[data-voice=dev-a] td").first.text_content() == (
         "adapter"
     )
-    await screenshot(page, "voices")
     # the policy holds: a script the page did not load from its origin does not run
     await page.evaluate(
         "() => { const s = document.createElement('script');"
@@ -208,7 +207,6 @@ async def test_the_page_loads_under_its_csp_with_no_console_error_and_lists_the_
     await page.locator("#tab-voices").focus()
     await page.keyboard.press("ArrowLeft")
     assert await page.locator("#tab-clone").get_attribute("aria-selected") == "true"
-    await screenshot(page, "clone")
     await page.keyboard.press("ArrowLeft")
     await expect(page.locator("#view-speak")).to_be_visible()
 
@@ -236,7 +234,6 @@ async def test_speaking_a_sentence_plays_every_sample_as_it_streams(browser_page
     # and played them: the AudioContext runs (headless too)
     await expect(page.locator("#speak-samples")).not_to_have_attribute("data-played", "0")
     assert watch.problems() == []
-    await screenshot(page, "speak")
 
 
 async def test_type_as_you_go_speaks_and_stop_barges_in_until_no_engine_request_is_left(

@@ -9,6 +9,7 @@ internet), and ``nosniff`` with the right content type.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -61,6 +62,15 @@ def page_files() -> dict[str, Path]:
 
 
 FILES = page_files()
+
+
+def clone_prompts() -> list[str]:
+    """The sentences the Clone view asks a speaker to read, one per take, in its order (the
+    ``PROMPTS`` of ``clone.js``): what a test's fake microphone says."""
+    source = (STATIC / "clone.js").read_text()
+    start = source.index("PROMPTS = [")
+    block = source[start : source.index("];", start)]
+    return [json.loads(line.strip().rstrip(",")) for line in block.splitlines()[1:]]
 
 
 def _answer(name: str) -> web.Response:

@@ -1,0 +1,130 @@
+"""Screenshots of the web playground's views (docs/playground/*.png), in the system's headless
+Chromium, against a dev server with one API key: the Key view with a wrong key (its 401 in
+words), Speak after a spoken sentence and some typed text, Voices, Clone before recording, and a
+clone recorded from Chromium's fake microphone (espeak-ng reading the prompts) followed to its
+end, with its data report and evaluation.
+
+Usage::
+
+    python scripts/playground_screenshots.py [--url URL --key KEY] [--out docs/playground]
+
+Without ``--url`` it starts a dev server of its own with the key ``demo-key`` and cheap clones
+(1 s of speech, 1 epoch, one evaluation sentence, no baseline voice), and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from playwright.async_api import async_playwright, expect
+
+from voicehost.api.playground import clone_prompts
+from voicehost.devcorpus import speak
+from voicehost.devserver import dev_server
+
+CHROMIUM = "/usr/bin/chromium"
+DEMO_KEY = "demo-key"
+
+
+@contextlib.contextmanager
+def keyed_server(url: str | None, root: Path) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    entry = {
+        "id": "demo",
+        "tenant": "demo",
+        "scopes": ["synthesize", "voices"],
+        "sha256": hashlib.sha256(DEMO_KEY.encode()).hexdigest(),
+    }
+    env = {
+        "VOICEHOST_API_KEYS": json.dumps([entry]),
+        "VOICEHOST_MIN_SPEECH_SECONDS": "1",
+        "VOICEHOST_CLONE_EPOCHS": "1",
+        "VOICEHOST_EVAL_SENTENCES": "1",
+        "VOICEHOST_EVAL_BASELINES": "0",
+    }
+    with dev_server(root, ready_timeout=1200, **env) as server:
+        yield server.url
+
+
+async def shoot(url: str, key: str, out: Path, microphone: Path) -> None:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={microphone}",
+            ],
+        )
+        page = await browser.new_page(viewport={"width": 1100, "height": 900})
+        await page.goto(url + "/")
+        await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=30_000)
+
+        async def save(name: str) -> None:
+            await page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+            print(f"saved {out / name}.png")
+
+        await page.locator("#key-input").fill("not-the-key")
+        await page.locator("#key-input").press("Enter")
+        await expect(page.locator("#key-status")).to_have_text(re.compile("^401"))
+        await save("key")
+        await page.locator("#key-input").fill(key)
+        await page.locator("#key-input").press("Enter")
+        await expect(page.locator("#key-status")).to_have_text("The key works.")
+
+        await page.locator("#tab-speak").click()
+        await page.locator("#speak-voice").select_option("dev-a")
+        await page.locator("#speak-play").click()
+        status = page.locator("#speak-status")
+        await expect(status).to_have_attribute("data-kind", "ok", timeout=300_000)
+        await page.locator("#live-text").click()
+        await page.keyboard.type("The birch canoe slid on the smooth planks, ")
+        await expect(page.locator("#live-samples")).not_to_have_text("0", timeout=300_000)
+        await page.locator("#live-stop").click()
+        await expect(page.locator("#live-status")).to_have_text(re.compile("^Stopped"))
+        await save("speak")
+
+        await page.locator("#tab-voices").click()
+        await expect(page.locator("#voices-list tr").first).to_be_visible()
+        await save("voices")
+
+        await page.locator("#tab-clone").click()
+        await page.locator("#clone-name").fill("My voice")
+        await save("clone")
+        for take in range(3):
+            await page.locator("#clone-record-start").click()
+            await page.wait_for_timeout(1500)
+            await page.locator("#clone-record-stop").click()
+            await expect(page.locator("#clone-takes li")).to_have_count(take + 1)
+        await page.locator("#clone-submit").click()
+        job = page.locator("#clone-job-status")
+        await expect(job).to_have_text(re.compile("^(done|held|failed)$"), timeout=1_200_000)
+        await save("clone-job")
+        await browser.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running server (default: start a dev server)")
+    parser.add_argument("--key", default=DEMO_KEY, help="an API key of that server")
+    parser.add_argument("--out", type=Path, default=Path("docs/playground"))
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="voicehost-playground-"))
+    microphone = root / "microphone.wav"
+    speak(" ".join(clone_prompts()[:3]), microphone, 0.0, "wav", squeeze_pauses=True)
+    with keyed_server(args.url, root) as url:
+        asyncio.run(shoot(url, args.key, args.out, microphone))
+
+
+if __name__ == "__main__":
+    main()
