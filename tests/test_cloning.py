@@ -83,6 +83,26 @@ async def test_cloning_from_audio_makes_a_voice_that_speaks(http, server, corpus
         assert response.status == 200
         audio = await response.read()
     assert len(audio) > 0 and len(audio) % 4096 == 0
+    # on the audit trail: the request made the job, the runner its voice and its end
+    events = await job_events(http, server, job["id"], until="job.done")
+    assert events[0]["action"] == "job.created" and events[0]["actor"] == {"kind": "open"}
+    by_runner = {e["action"]: e for e in events if e["actor"].get("runner") == "local"}
+    assert {"voice.created", "job.done"} <= set(by_runner)  # the runner's, kind "service"
+    made = by_runner["voice.created"]
+    assert made["details"]["source"] == "clone" and made["voice"] == "clone-test"
+
+
+async def job_events(http, server, job_id, until, within=10.0):
+    """The audit events of ``job_id`` once the last is ``until`` (a runner records a job's end
+    just after its job.json says so)."""
+    deadline = time.monotonic() + within
+    while True:
+        async with http.get(server.url + "/v1/audit", params={"limit": 1000}) as response:
+            events = [e for e in (await response.json())["events"] if e["job"] == job_id]
+        if events and events[-1]["action"] == until:
+            return events
+        assert time.monotonic() < deadline, events
+        await asyncio.sleep(0.2)
 
 
 async def test_a_file_posing_as_audio_is_415_and_nothing_is_kept(http, server, corpus):
@@ -155,6 +175,13 @@ async def test_a_job_can_be_cancelled_and_retried(http, server, corpus):
         assert (await response.json())["job"]["status"] == "cancelled"
     async with http.get(server.url + "/v1/jobs/job-0000000000000000") as response:
         assert response.status == 404
+    events = await job_events(http, server, job["id"], until="job.cancelled")
+    assert [e["action"] for e in events] == [
+        "job.created",
+        "job.cancelled",
+        "job.retried",
+        "job.cancelled",
+    ]
 
 
 async def test_deleting_a_finished_job_removes_it_and_its_inputs(http, server, corpus):

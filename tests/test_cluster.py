@@ -34,6 +34,8 @@ from helpers import (
     wait_until,
 )
 
+from voicehost.audit import verify
+from voicehost.cli import main
 from voicehost.devcorpus import build_corpus
 from voicehost.keys import hash_key
 
@@ -485,6 +487,62 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
             assert (await r.json())["registry"] == "whole", node.name
     async with http.delete(cluster.gateway.url + "/v1/voices/kept") as r:
         assert r.status == 204
+
+
+async def test_the_audit_trail_is_one_chain_across_gateway_workers_and_a_redis_flush(cluster, http):
+    """The events of the tests above, written by the gateway (voice and job routes) and by the
+    worker that trained the clone, are one chain in the shared store's mirror; the flush above
+    emptied Redis, and the stream began again after it, continuing the mirror's chain (the
+    deletion of ``kept``)."""
+    mirror = cluster.root / "shared" / "audit" / "audit.jsonl"
+    lines = mirror.read_text().splitlines()
+    assert verify(lines).ok, verify(lines)
+    events = [json.loads(line) for line in lines]
+    kept = [(e["action"], e["actor"]["key_id"]) for e in events if e["voice"] == "kept"]
+    assert kept[0] == ("voice.created", "ops") and kept[-1] == ("voice.deleted", "ops"), kept
+    trained = [e for e in events if e["voice"] == "fleet-voice"]
+    actions = [e["action"] for e in trained]
+    assert actions[0] == "job.created" and trained[0]["actor"]["kind"] == "key"  # the gateway
+    assert {"voice.created", "voice.held", "job.held", "voice.published"} <= set(actions)
+    by_worker = {e["action"]: e["actor"] for e in trained if e["actor"]["kind"] == "service"}
+    assert {"voice.created", "voice.held", "job.held"} <= set(by_worker)  # the trainer's
+    assert {actor["runner"] for actor in by_worker.values()} <= {"w1", "w2"}
+    stream = cluster.redis.client().xrange("vh:audit")
+    assert stream and int(stream[0][0].split("-")[0]) > 1  # Redis holds only what followed
+    assert [fields["line"] for _, fields in stream] == lines[-len(stream) :]
+    check = ["audit", "verify", "--url", cluster.gateway.url, "--api-key", ADMIN_KEY]
+    assert await asyncio.to_thread(main, check) == 0
+
+
+async def test_usage_is_counted_by_the_worker_that_speaks_and_summed_for_the_cluster(cluster, http):
+    """One stream on each worker, through the gateway: the gateway's ``GET /v1/usage`` adds
+    the seconds each worker sent, equal to the PCM bytes the client received."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    quiet = VOICES[7::-1]  # built-in voices from the last: no other test speaks them lately
+    voices = [next(v for v in quiet if owner[v] == w) for w in ("w1", "w2")]
+
+    async def usage() -> dict[str, float]:
+        async with http.get(cluster.gateway.url + "/v1/usage") as r:
+            assert r.status == 200, await r.text()
+            rows = (await r.json())["usage"]
+        return {r["voice"]: r["audio_seconds"] for r in rows if r["key_id"] == "ops"}
+
+    before = await usage()
+    spoken = await asyncio.gather(*(speak(http, cluster.gateway.url, v, "Hi.") for v in voices))
+    assert [status for status, _, _ in spoken] == [200, 200]
+    assert {worker for _, worker, _ in spoken} == {"w1", "w2"}
+    expected = {
+        v: before.get(v, 0) + len(audio) / 2 / 24000
+        for v, (_, _, audio) in zip(voices, spoken, strict=True)
+    }
+
+    deadline = time.monotonic() + 5
+    while True:
+        now = await usage()
+        if all(now.get(v, -1) == pytest.approx(expected[v], abs=1e-5) for v in voices):
+            break
+        assert time.monotonic() < deadline, (now, expected)  # flushed every second
+        await asyncio.sleep(0.2)
 
 
 async def test_a_keys_stream_quota_holds_for_the_whole_cluster(cluster, http):

@@ -108,6 +108,7 @@ class UsageLedger:
         self.flush_seconds = flush_seconds
         self._pending: Buckets = defaultdict(Amount)
         self._flushing = asyncio.Lock()
+        self._stored = True  # the last flush worked: a failure is logged once, not each second
 
     def meter(self, principal: Principal | None, voice_id: str) -> StreamMeter:
         if principal is None:
@@ -127,9 +128,15 @@ class UsageLedger:
             try:
                 await self.store.add(batch)
             except Exception as exc:
-                log.warning("usage not stored yet (kept for the next flush): %s", exc)
+                if self._stored:
+                    log.warning("usage not stored yet (kept until it can be): %s", exc)
+                self._stored = False
                 for bucket, amount in batch.items():
                     self._pending[bucket].add(amount.characters, amount.audio_seconds)
+                return
+            if not self._stored:
+                log.info("usage stored again")
+            self._stored = True
 
     async def run_forever(self) -> None:
         """Flush every ``flush_seconds`` (as a task); a last flush when cancelled."""
