@@ -168,7 +168,8 @@ async def test_a_broken_adapter_is_listed_with_its_error_and_refused(http, serve
             "unsupported_format",
         ),
         (b'{"input": "Hi.", "voice": "dev-a", "speed": 9}', 400, "invalid_request"),
-        (b'{"input": "Hi.", "voice": "dev-a", "speed": 2}', 400, "unsupported_speed"),
+        (b'{"input": "Hi.", "voice": "dev-a", "speed": 0.2}', 400, "invalid_request"),
+        (b'{"input": "Hi.", "voice": "dev-a", "speed": "2"}', 400, "invalid_request"),
         (b'{"input": "Hi.", "voice": "dev-a", "stream_format": "x"}', 400, "invalid_request"),
     ],
 )

@@ -26,6 +26,11 @@ BASE = {"input": "Hi.", "voice": "tara"}
         {"input": 5},
         {"voice": ["tara"]},
         {"response_format": 3},
+        {"speed": "2"},
+        {"speed": True},
+        {"speed": 4.5},
+        {"speed": 0.2},
+        {"instructions": 3},
     ],
 )
 def test_loose_types_are_refused(bad):
@@ -35,17 +40,20 @@ def test_loose_types_are_refused(bad):
 
 def test_the_right_types_pass_unchanged():
     body = SpeechRequest.model_validate(
-        {**BASE, "seed": 7, "sample_rate": 16000, "continuity": False, "speed": 1}
+        {**BASE, "seed": 7, "sample_rate": 16000, "continuity": False, "speed": 4}
     )
-    assert (body.seed, body.sample_rate, body.continuity, body.speed) == (7, 16000, False, 1.0)
+    assert (body.seed, body.sample_rate, body.continuity, body.speed) == (7, 16000, False, 4.0)
+    assert RealtimeConfig.model_validate({"type": "config", "voice": "tara", "speed": 0.25}).speed
 
 
 def test_the_document_lists_the_formats_rates_and_what_is_implemented():
     properties = SpeechRequest.model_json_schema()["properties"]
     assert properties["response_format"]["enum"] == list(FORMATS)
+    assert properties["response_format"]["default"] == "mp3"  # as OpenAI's API
     assert properties["sample_rate"]["enum"] == [*SAMPLE_RATES, None]
     assert properties["input"]["minLength"] == 1
-    assert properties["speed"]["enum"] == [1.0]
+    assert (properties["speed"]["minimum"], properties["speed"]["maximum"]) == (0.25, 4.0)
+    assert properties["instructions"]["anyOf"][0]["type"] == "string"
     config = RealtimeConfig.model_json_schema()["properties"]
     assert config["response_format"]["enum"] == list(FORMATS)
     assert config["response_format"]["default"] == "pcm"

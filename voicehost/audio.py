@@ -18,7 +18,11 @@ opusfile and browsers all decode to 48 kHz), so an opus stream is 48 kHz whateve
 ``sample_rate`` still picks the encoder's rate, i.e. the audio bandwidth: 22050 and 44100, which
 Opus lacks, encode at the next Opus rate up (24000, 48000).
 
-pcm and wav are the hot default path and never touch PyAV. Decoded durations: pcm, wav, flac,
+With a ``speed`` other than 1.0 the 24 kHz PCM goes through a ``voicehost.tempo.TimeStretch``
+(FFmpeg's atempo: faster or slower, same pitch) before it is resampled and encoded, so every
+format and transport gets it from this one place.
+
+pcm and wav (at speed 1.0) never touch PyAV. Decoded durations: pcm, wav, flac,
 mulaw, alaw and opus give back exactly the samples sent (opus trims its priming and padding in
 the Ogg granule positions); mp3 and ADTS cannot say how much to trim, so a decoder returns
 codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of silence behind.
@@ -45,6 +49,7 @@ import numpy as np
 import soxr
 
 from voicehost.orpheus import SAMPLE_RATE
+from voicehost.tempo import TimeStretch
 
 STREAMING_SIZE = 0xFFFFFFFF  # "unknown length": players read until the stream ends
 
@@ -243,13 +248,17 @@ class AudioEncoder:
 
     Call ``encode`` for every chunk of float32 mono samples at 24 kHz in [-1, 1] (any length,
     0 included), then ``finish`` once; the concatenation of what they return is one complete
-    stream of ``fmt`` at ``sample_rate`` (``output_rate``). Raises ``UnsupportedAudio`` on
-    construction for what ``output_rate`` refuses. Not thread-safe; cheap to abandon mid-stream.
+    stream of ``fmt`` at ``sample_rate`` (``output_rate``), played ``speed`` times as fast
+    (0.25 to 4.0, pitch kept). Raises ``UnsupportedAudio`` on construction for what
+    ``output_rate`` refuses, ``ValueError`` for a speed out of range. Not thread-safe; cheap to
+    abandon mid-stream.
     """
 
-    def __init__(self, fmt: str, sample_rate: int | None = None) -> None:
+    def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> None:
         self.fmt = fmt
         self.sample_rate = output_rate(fmt, sample_rate)
+        self.speed = speed
+        self._stretch = TimeStretch(speed) if speed != 1.0 else None
         self._rate = encoding_rate(fmt, sample_rate)
         self._resampler = (
             None
@@ -268,11 +277,19 @@ class AudioEncoder:
         """Flush the resampler and the encoder; returns the rest of the stream, trailer included."""
         return self._push(np.zeros(0, np.float32), last=True)
 
+    def output_samples(self, model_samples: int) -> int:
+        """How many samples of this stream ``model_samples`` of the model's audio become: at
+        the output rate, after the speed change (what ``segment.done`` and SSE's ``done`` say)."""
+        return round(model_samples * self.sample_rate / SAMPLE_RATE / self.speed)
+
     def _push(self, samples: np.ndarray, last: bool) -> bytes:
         if self._finished:
             raise RuntimeError("this AudioEncoder is finished")
         self._finished = last
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self._stretch is not None:
+            stretched = self._stretch.push(samples)
+            samples = np.concatenate((stretched, self._stretch.finish())) if last else stretched
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples, last=last)
         header, self._header = self._header, b""
@@ -282,8 +299,9 @@ class AudioEncoder:
 
     @property
     def costly(self) -> bool:
-        """Whether encoding costs more than a hop to a thread: a codec or a resampler."""
-        return self._muxer is not None or self._resampler is not None
+        """Whether encoding costs more than a hop to a thread: a codec, a resampler or a
+        time stretch."""
+        return self._muxer is not None or self._resampler is not None or self._stretch is not None
 
 
 def default_encode_threads() -> int:
@@ -306,9 +324,9 @@ class EncoderPool:
         self.threads = threads or default_encode_threads()
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="audio-encode")
 
-    def stream(self, fmt: str, sample_rate: int | None = None) -> StreamEncoder:
+    def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> StreamEncoder:
         """The encoder of one response (``AudioEncoder``'s arguments and errors)."""
-        return StreamEncoder(AudioEncoder(fmt, sample_rate), self._executor)
+        return StreamEncoder(AudioEncoder(fmt, sample_rate, speed), self._executor)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -327,6 +345,8 @@ class StreamEncoder:
         self.encoder = encoder
         self.fmt = encoder.fmt
         self.sample_rate = encoder.sample_rate
+        self.speed = encoder.speed
+        self.output_samples = encoder.output_samples
         self._executor = executor if encoder.costly else None
         self._lock = threading.Lock()
 

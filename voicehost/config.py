@@ -5,16 +5,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost import orpheus
 from voicehost.adapter_validation import AdapterRules, ModelShape
 from voicehost.devmodel import DevModelPaths
+from voicehost.ids import is_voice_id
 from voicehost.keys import ApiKey
 from voicehost.lexicons import LexiconLimits
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
+# OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female
+# voices onto female ones, the male onto male), so OpenAI clients speak without a change; cedar
+# and marin are the newest, and Pipecat refuses any name not in OpenAI's list.
+OPENAI_VOICE_ALIASES = {
+    "alloy": "tara",
+    "ash": "dan",
+    "ballad": "leo",
+    "cedar": "leo",
+    "coral": "jess",
+    "echo": "zac",
+    "fable": "leo",
+    "marin": "leah",
+    "nova": "leah",
+    "onyx": "dan",
+    "sage": "mia",
+    "shimmer": "zoe",
+    "verse": "zac",
+}
 
 
 def _default_dev_dir() -> Path:
@@ -40,6 +59,10 @@ class Settings(BaseSettings):
         description="Voices of the base model, spoken by prompt prefix without an adapter.",
     )
     adapter_scan_seconds: float = Field(2.0, description="How often the adapters dir is rescanned.")
+    voice_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(OPENAI_VOICE_ALIASES),
+        description="Other names of voices (alias -> voice id): OpenAI's onto built-in voices.",
+    )
 
     # Voice cloning
     jobs_dir: Path = Field(Path("jobs"), description="Clone jobs: state and uploaded inputs.")
@@ -234,6 +257,18 @@ class Settings(BaseSettings):
     encode_threads: int | None = Field(
         None, ge=1, description="Threads that resample and encode audio (auto: the cores)."
     )
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _aliases_are_voice_ids(cls, aliases: dict[str, str]) -> dict[str, str]:
+        """Both sides of an alias are voice ids (a request can name the one, the other names a
+        voice), and an alias never names another alias: one lookup resolves it."""
+        for alias, voice_id in aliases.items():
+            if not (is_voice_id(alias) and is_voice_id(voice_id)):
+                raise ValueError(f"voice alias {alias!r} -> {voice_id!r}: both must be voice ids")
+            if voice_id in aliases:
+                raise ValueError(f"voice alias {alias!r} names another alias, {voice_id!r}")
+        return aliases
 
     @model_validator(mode="after")
     def _segments_fit_the_context(self) -> Settings:

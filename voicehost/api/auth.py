@@ -46,6 +46,8 @@ ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", WS_ROUTE): frozenset({"synthesize"}),
     ("GET", "/v1/audio/voices"): frozenset({"synthesize", "voices"}),
     ("GET", "/v1/voices"): frozenset({"synthesize", "voices"}),
+    ("GET", "/v1/models"): frozenset({"synthesize", "voices"}),
+    ("GET", "/v1/models/{model}"): frozenset({"synthesize", "voices"}),
     ("POST", "/v1/voices"): frozenset({"voices"}),
     ("GET", "/v1/voices/{voice_id}"): frozenset({"voices"}),
     ("DELETE", "/v1/voices/{voice_id}"): frozenset({"voices"}),

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -254,7 +254,7 @@ def check_audio_options(body: SpeechOptions) -> int:
 
 
 def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
-    """400 for input with nothing to say, an unservable format or speed; 413 past ``max_chars``."""
+    """400 for input with nothing to say or an unservable format; 413 past ``max_chars``."""
     if not any(ch.isalnum() for ch in body.input):
         raise ApiError(400, "empty_input", "input is empty or has nothing to say")
     if len(body.input) > max_chars:
@@ -264,8 +264,6 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
             f"input has {len(body.input)} characters; the limit is {max_chars}",
         )
     check_audio_options(body)
-    if body.speed != 1.0:
-        raise ApiError(400, "unsupported_speed", "only speed 1.0 is supported for now")
 
 
 def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
@@ -295,15 +293,31 @@ def voice_not_found(voice_id: str) -> ApiError:
 
 
 async def find_voice(
-    directory: VoiceDirectory, voice_id: str, principal: Principal | None
+    directory: VoiceDirectory,
+    voice_id: str,
+    principal: Principal | None,
+    aliases: Mapping[str, str] | None = None,
 ) -> Voice:
     """The voice ``principal`` speaks with: 400 for an id that breaks the pattern (as on every
     route), 404 if there is none (or it is another tenant's, or a held voice it may not manage),
     422 if its adapter is unusable (told only to an admin or in open mode: its tenant is
-    unknown). A held voice is spoken for its tenant and admins, to listen before publishing."""
+    unknown). A held voice is spoken for its tenant and admins, to listen before publishing.
+
+    ``aliases`` (``VOICEHOST_VOICE_ALIASES``): an id that names no voice ``principal`` can see
+    is looked up as the voice its alias names; a voice of that id it can see comes first."""
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     voice = await directory.find(voice_id)
+    seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
+    if not seen and aliases and voice_id in aliases:
+        target = aliases[voice_id]
+        try:
+            return await find_voice(directory, target, principal)
+        except ApiError as exc:
+            if exc.code != "voice_not_found":
+                raise
+            message = f"voice {voice_id!r} is an alias of {target!r}, which does not exist"
+            raise ApiError(404, "voice_not_found", message) from None
     if voice is None:
         broken = directory.broken(voice_id)
         if broken is not None and (principal is None or principal.admin):

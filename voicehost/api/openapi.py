@@ -26,6 +26,8 @@ from voicehost.api.schemas import (
     LexiconList,
     LexiconSaved,
     LexiconUpload,
+    ModelInfo,
+    ModelList,
     PublishRequest,
     RealtimeConfig,
     RealtimeControl,
@@ -55,6 +57,8 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (LexiconList, "serialization"),
     (LexiconDetail, "serialization"),
     (VoiceList, "serialization"),
+    (ModelList, "serialization"),
+    (ModelInfo, "serialization"),
     (VoiceDetail, "serialization"),
     (CloneJobInfo, "serialization"),
     (AuditPage, "serialization"),
@@ -235,7 +239,7 @@ def speech_paths() -> Json:
                 {
                     400: "`invalid_json` (not JSON, nested too deeply, an unpaired surrogate) "
                     "/ `invalid_request` / `invalid_voice_id` / `empty_input` / "
-                    "`unsupported_format` / `unsupported_speed`.",
+                    "`unsupported_format`.",
                     404: "`voice_not_found` / `lexicon_not_found`.",
                     413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS` (also once its "
                     "lexicons have rewritten it), or over the model's context; "
@@ -624,6 +628,31 @@ def lexicon_paths() -> Json:
     }
 
 
+def model_paths() -> Json:
+    model = path_param("model", "A model name, as GET /v1/models lists them.")
+    return {
+        "/v1/models": {
+            "get": operation(
+                "The model names a speech request may send (OpenAI's shape)",
+                {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")}
+                | errors({}),
+                tag="models",
+                security=KEYED,
+            )
+        },
+        "/v1/models/{model}": {
+            "parameters": [model],
+            "get": operation(
+                "One model name (OpenAI's shape)",
+                {"200": json_body(ref(ModelInfo), "The model.")}
+                | errors({404: "`model_not_found`."}),
+                tag="models",
+                security=KEYED,
+            ),
+        },
+    }
+
+
 def service_paths() -> Json:
     def probe(summary: str, value: str, unavailable: str) -> Json:
         return operation(
@@ -723,6 +752,7 @@ def _document() -> Json:
         "paths": {
             **speech_paths(),
             **voice_paths(),
+            **model_paths(),
             **audit_paths(),
             **lexicon_paths(),
             **service_paths(),

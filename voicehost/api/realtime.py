@@ -117,7 +117,9 @@ class RealtimeSession:
         self.synthesizer = synthesizer
         self.voice = voice
         self.options: SpeakOptions = speak_options(config, runtime.settings)
-        self.encoder = runtime.encoders.stream(config.response_format, config.sample_rate)
+        self.encoder = runtime.encoders.stream(
+            config.response_format, config.sample_rate, config.speed
+        )
         self.received = 0  # characters of text so far: segment spans count from the first
         self.lexicon = lexicon if lexicon else None
         self.spoken = 0  # characters said so far, the lexicon's aliases in place of its words
@@ -140,6 +142,7 @@ class RealtimeSession:
                 "voice": self.voice.voice_id,
                 "response_format": self.encoder.fmt,
                 "sample_rate": self.encoder.sample_rate,
+                "speed": self.encoder.speed,
                 "content_type": content_type(self.encoder.fmt),
             }
         )
@@ -305,8 +308,8 @@ class RealtimeSession:
                 {
                     "type": "segment.done",
                     "segment": event.index,
-                    "samples": round(event.samples * self.encoder.sample_rate / SAMPLE_RATE),
-                    "audio_seconds": round(event.samples / SAMPLE_RATE, 4),
+                    "samples": self.encoder.output_samples(event.samples),
+                    "audio_seconds": round(event.samples / SAMPLE_RATE / self.encoder.speed, 4),
                 }
             )
 
@@ -399,7 +402,8 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
             return refused_upgrade(exc)
 
         async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
-            voice = await find_voice(runtime.voices, config.voice, principal)
+            aliases = runtime.settings.voice_aliases
+            voice = await find_voice(runtime.voices, config.voice, principal, aliases)
             meter = runtime.usage.meter(principal, voice.voice_id)
             lexicon = await speech_lexicon(runtime, config.lexicons, voice, principal)
             await RealtimeSession(ws, runtime, synthesizer, voice, config, meter, lexicon).run()

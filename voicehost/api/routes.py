@@ -10,7 +10,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import audit, lexicons, playground, voices
+from voicehost.api import audit, lexicons, models, playground, voices
 from voicehost.api.auth import AUTH, Authenticator, redact_access_log
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
@@ -56,6 +56,8 @@ def public_app(
     voices.add_routes(app)
     audit.add_routes(app)
     lexicons.add_routes(app)
+    app.router.add_get("/v1/models", models.list_models)
+    app.router.add_get("/v1/models/{model}", models.get_model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

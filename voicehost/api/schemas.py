@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from voicehost.audio import FORMATS, SAMPLE_RATES
 from voicehost.lexicons import LEXICON_NAME_PATTERN
+from voicehost.tempo import MAX_SPEED, MIN_SPEED
 
 MAX_REQUEST_LEXICONS = 8
 
@@ -25,9 +26,14 @@ class SpeechOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    voice: StrictStr = Field(description="A voice id from GET /v1/audio/voices.")
+    voice: StrictStr = Field(
+        description="A voice id from GET /v1/audio/voices, or an alias there (OpenAI's alloy, "
+        "nova ...: VOICEHOST_VOICE_ALIASES)."
+    )
     response_format: StrictStr = Field(
-        "wav", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
+        "mp3",
+        description=FORMATS_HELP + "; mp3 by default, as OpenAI's API",
+        json_schema_extra={"enum": list(FORMATS)},
     )
     sample_rate: StrictInt | None = Field(
         None,
@@ -52,28 +58,34 @@ class SpeechOptions(BaseModel):
         description="The caller's pronunciation lexicons to apply, in order (the first one's "
         "entry wins for a word), before the voice's own; an unknown name is lexicon_not_found.",
     )
+    speed: StrictFloat = Field(
+        1.0,
+        ge=MIN_SPEED,
+        le=MAX_SPEED,
+        description="Playback speed, 0.25 to 4.0: the audio is time-stretched as it streams, "
+        "its pitch kept.",
+    )
 
 
 class SpeechRequest(SpeechOptions):
     """``POST /v1/audio/speech``: OpenAI's fields, plus the options above."""
 
     model: StrictStr = Field(
-        "orpheus", description="Accepted for OpenAI compatibility; one model is served."
+        "orpheus",
+        description="Accepted for OpenAI compatibility (any name, GET /v1/models lists them): "
+        "one model is served.",
     )
     input: StrictStr = Field(
         description="The text to speak, of any length up to max_input_chars; one with nothing "
         "to say (no letter or digit) is answered empty_input.",
         json_schema_extra={"minLength": 1},
     )
-    speed: float = Field(
-        1.0,
-        ge=0.25,
-        le=4.0,
-        description="OpenAI's 0.25 to 4.0 are valid; only 1.0 is implemented (unsupported_speed "
-        "otherwise).",
-        json_schema_extra={"enum": [1.0]},
-    )
     stream_format: Literal["audio", "sse"] = Field("audio", description="Raw audio or SSE events.")
+    instructions: StrictStr | None = Field(
+        None,
+        description="OpenAI's style prompt (gpt-4o-mini-tts); accepted and not followed: Orpheus "
+        "takes no instructions (emotive tags in the input, and the voice, set the delivery).",
+    )
 
 
 class RealtimeConfig(SpeechOptions):
@@ -101,17 +113,43 @@ class RealtimeControl(BaseModel):
 
 class VoiceInfo(BaseModel):
     """One entry of ``GET /v1/audio/voices``: ``held`` is a clone that measured below the
-    evaluation gate, listed only to its tenant and admins, who may listen and publish it."""
+    evaluation gate, listed only to its tenant and admins, who may listen and publish it;
+    ``aliases`` are the other names that speak with it (OpenAI's ``alloy`` ...)."""
 
     id: str
     name: str
     kind: Literal["builtin", "adapter"]
     status: Literal["ready", "held", "error"] = "ready"
     error: str | None = None
+    aliases: list[str] | None = Field(
+        None, description="Other names a request may use for this voice (VOICEHOST_VOICE_ALIASES)."
+    )
 
 
 class VoiceList(BaseModel):
     voices: list[VoiceInfo]
+
+
+# OpenAI's speech models: accepted in ``model`` and listed by GET /v1/models, so clients
+# configured with one of them (LiveKit's and Pipecat's plugins default to gpt-4o-mini-tts) work.
+OPENAI_SPEECH_MODELS: tuple[str, ...] = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class ModelInfo(BaseModel):
+    """One entry of ``GET /v1/models``, in OpenAI's shape."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time: when this server started.")
+    owned_by: str = "voicehost"
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``: every model name a speech request may send (one model serves them
+    all), as OpenAI lists its models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelInfo]
 
 
 class ErrorDetail(BaseModel):

@@ -32,7 +32,6 @@ from voicehost.api.schemas import SpeechRequest
 from voicehost.audio import StreamEncoder, content_type
 from voicehost.config import Settings
 from voicehost.engine import InputTooLong
-from voicehost.orpheus import SAMPLE_RATE
 from voicehost.runtime import ClusterLink, Runtime
 from voicehost.synthesis import SegmentStarted, SpeechEvent
 from voicehost.text.segment import Segment, split_text
@@ -64,7 +63,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     check_speech_request(body, runtime.settings.max_input_chars)
     synthesizer = runtime.require_synthesizer()
     principal = request_principal(request)
-    voice = await find_voice(runtime.voices, body.voice, principal)
+    voice = await find_voice(runtime.voices, body.voice, principal, runtime.settings.voice_aliases)
     lexicon = await speech_lexicon(runtime, body.lexicons, voice, principal)
     segments = split_text(
         said(lexicon, body.input, runtime.settings.max_input_chars),
@@ -97,7 +96,7 @@ async def respond(
             runtime.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
-        encoder = runtime.encoders.stream(body.response_format, body.sample_rate)
+        encoder = runtime.encoders.stream(body.response_format, body.sample_rate, body.speed)
         if body.stream_format == "sse":
             return await send_sse(request, encoder, first, chunks, meter)
         return await send_audio(request, encoder, first, chunks, meter)
@@ -151,8 +150,7 @@ async def send_sse(
         await audio(await encoder.encode(pcm))
         meter.sent(pcm.size)
     await audio(await encoder.finish())
-    rate = encoder.sample_rate
-    await event({"type": "speech.audio.done", "samples": round(samples * rate / SAMPLE_RATE)})
+    await event({"type": "speech.audio.done", "samples": encoder.output_samples(samples)})
     await response.write_eof()
     return response
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -315,20 +316,31 @@ async def _voice_detail(
     return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=manifest)
 
 
-async def voice_infos(directory: VoiceDirectory, principal: Principal | None) -> list[VoiceInfo]:
+async def voice_infos(
+    directory: VoiceDirectory,
+    principal: Principal | None,
+    aliases: Mapping[str, str] | None = None,
+) -> list[VoiceInfo]:
     """The voices ``principal`` can use: shared ones and its tenant's (all for an admin), held
     ones only to their tenant and admins; unusable adapters only to an admin or in open mode
-    (their tenant is unknown)."""
+    (their tenant is unknown). Each lists the ``aliases`` that name it for ``principal``: those
+    that are not the id of a voice it can see (which ``find_voice`` would speak instead)."""
     usable, broken = await directory.list_voices()
     usable = [v for v in usable if can_see(principal, v.tenant, held=v.status == "held")]
     if principal is not None and not principal.admin:
         broken = []
+    seen = {v.voice_id for v in usable}
+    named: dict[str, list[str]] = {}
+    for alias, voice_id in (aliases or {}).items():
+        if alias not in seen:
+            named.setdefault(voice_id, []).append(alias)
     voices = [
         VoiceInfo(
             id=v.voice_id,
             name=v.name,
             kind="builtin" if v.voice_id in directory.builtin else "adapter",
             status=v.status,
+            aliases=sorted(named[v.voice_id]) if v.voice_id in named else None,
         )
         for v in usable
     ]
@@ -340,7 +352,9 @@ async def voice_infos(directory: VoiceDirectory, principal: Principal | None) ->
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    voices = await voice_infos(request.app[SERVICE].voices, request_principal(request))
+    service = request.app[SERVICE]
+    principal = request_principal(request)
+    voices = await voice_infos(service.voices, principal, service.settings.voice_aliases)
     return web.json_response(VoiceList(voices=voices).model_dump(exclude_none=True))
 
 

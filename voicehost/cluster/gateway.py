@@ -344,12 +344,13 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
     check_speech_request(body, gateway.settings.max_input_chars)
     principal = request_principal(request)
-    await find_voice(gateway.voices, body.voice, principal)
-    forwarded = _worker_headers(request, principal, body.voice)
+    # routed by the voice an alias names; the worker resolves the alias in the body again
+    voice = await find_voice(gateway.voices, body.voice, principal, gateway.settings.voice_aliases)
+    forwarded = _worker_headers(request, principal, voice.voice_id)
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
     opening = _on_a_worker(
-        gateway, body.voice, session_id, lambda w: _open_upstream(gateway, w, raw, forwarded)
+        gateway, voice.voice_id, session_id, lambda w: _open_upstream(gateway, w, raw, forwarded)
     )
     async with opening as (upstream, first):
         return await _relay(request, upstream, first, body.stream_format == "sse")
@@ -413,15 +414,20 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
     principal = request_principal(request)
 
     async def relay(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
-        await find_voice(gateway.voices, config.voice, principal)
-        headers = _worker_headers(request, principal, config.voice)
+        aliases = gateway.settings.voice_aliases
+        voice = await find_voice(gateway.voices, config.voice, principal, aliases)
+        headers = _worker_headers(request, principal, voice.voice_id)
         session_id = request.headers.get(SESSION_HEADER)
         opening = _on_a_worker(
-            gateway, config.voice, session_id, lambda w: _open_upstream_socket(gateway, w, headers)
+            gateway,
+            voice.voice_id,
+            session_id,
+            lambda w: _open_upstream_socket(gateway, w, headers),
         )
+        resolved = config.model_copy(update={"voice": voice.voice_id})
         async with opening as upstream:
             try:
-                await upstream.send_str(config.model_dump_json())
+                await upstream.send_str(resolved.model_dump_json())
                 await _relay_sockets(ws, upstream)
             finally:
                 await upstream.close()

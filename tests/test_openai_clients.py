@@ -1,0 +1,134 @@
+"""The official OpenAI Python SDK, unchanged, pointed at the dev server (``base_url``): what its
+users do (no format, an OpenAI voice, ``speed``, listing models) and exactly the calls that
+Pipecat's and LiveKit Agents' OpenAI TTS plugins make (README, "Voice-agent frameworks")."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import aiohttp
+import av
+import numpy as np
+import openai
+import pytest
+
+TEXT = "Hello there."  # short: the dev model says at most 4 s whatever the text
+SEED = {"seed": 5}  # voicehost's own field, sent as the SDK sends any extra field
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.int32)
+
+
+def same_audio(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to the float rounding of different decode windows (noise is off)."""
+    return a.size == b.size and np.abs(a - b).max() <= 64
+
+
+def decoded_mp3(data: bytes) -> tuple[int, int]:
+    """(sample rate, samples) of an MP3 file, decoded by FFmpeg (PyAV) as a player would."""
+    with av.open(io.BytesIO(data)) as container:
+        assert container.format.name == "mp3"
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return stream.codec_context.sample_rate, samples
+
+
+@pytest.fixture(scope="module")
+async def sdk(server):
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="module")
+async def tara_pcm(sdk) -> np.ndarray:
+    """``TEXT`` by tara, seeded, at speed 1: what the alias and the speed are compared with."""
+    speech = await sdk.audio.speech.create(
+        model="tts-1", voice="tara", input=TEXT, response_format="pcm", extra_body=SEED
+    )
+    return pcm(speech.content)
+
+
+async def test_the_sdk_without_a_format_saves_a_playable_mp3(sdk, tmp_path):
+    speech = await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+    assert speech.response.headers["content-type"] == "audio/mpeg"
+    await speech.write_to_file(tmp_path / "speech.mp3")
+    rate, samples = decoded_mp3((tmp_path / "speech.mp3").read_bytes())
+    assert rate == 24000 and samples > 24000 // 10, (rate, samples)
+
+
+async def test_an_openai_voice_speaks_with_the_voice_its_alias_names(sdk, server, tara_pcm):
+    speech = await sdk.audio.speech.create(
+        model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format="pcm", extra_body=SEED
+    )
+    assert same_audio(pcm(speech.content), tara_pcm)
+    async with aiohttp.ClientSession() as http, http.get(server.url + "/v1/audio/voices") as r:
+        voices = {v["id"]: v for v in (await r.json())["voices"]}
+    assert "alloy" in voices["tara"]["aliases"] and "nova" in voices["leah"]["aliases"]
+    assert "alloy" not in voices  # an alias is no voice of its own
+
+
+async def test_speed_through_the_sdk_plays_the_same_speech_faster(sdk, tara_pcm):
+    speech = await sdk.audio.speech.create(
+        model="tts-1", voice="tara", input=TEXT, response_format="pcm", speed=2.0, extra_body=SEED
+    )
+    ratio = pcm(speech.content).size / tara_pcm.size
+    assert ratio == pytest.approx(0.5, rel=0.03)
+
+
+async def test_the_sdk_lists_and_retrieves_the_models_it_may_send(sdk):
+    names = [model.id async for model in sdk.models.list()]
+    assert {"orpheus", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(names)
+    assert (await sdk.models.retrieve("gpt-4o-mini-tts")).owned_by == "voicehost"
+    with pytest.raises(openai.NotFoundError):
+        await sdk.models.retrieve("no-such-model")
+
+
+async def test_pipecats_call_streams_24_khz_pcm(sdk):
+    """``pipecat.services.openai.tts.OpenAITTSService.run_tts`` (pipecat-ai 1.14): an OpenAI
+    voice (it refuses any other name), ``pcm``, read in its chunk size; ``instructions`` sent
+    when set."""
+    chunks = []
+    async with sdk.audio.speech.with_streaming_response.create(
+        input=TEXT,
+        model="gpt-4o-mini-tts",
+        voice="alloy",
+        response_format="pcm",
+        instructions="Speak warmly.",
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
+        async for chunk in r.iter_bytes(4800):
+            chunks.append(chunk)
+    audio = b"".join(chunks)
+    assert len(audio) % 2 == 0 and len(audio) // 2 > 24000 // 10
+
+
+async def test_livekits_call_streams_mp3_in_sse_events(sdk):
+    """``livekit.plugins.openai.tts.ChunkedStream._run`` (livekit-plugins-openai 1.8.9) with
+    its defaults: mp3, ``speed=1.0``, no instructions, and ``stream_format="sse"`` for any model
+    but tts-1/tts-1-hd; it reads the events' ``audio`` when the answer is text/event-stream."""
+    deltas, done = [], None
+    async with sdk.audio.speech.with_streaming_response.create(
+        input=TEXT,
+        model="gpt-4o-mini-tts",
+        voice="ash",
+        response_format="mp3",
+        speed=1.0,
+        instructions=openai.omit,
+        stream_format="sse",
+    ) as stream:
+        assert stream.headers["content-type"].split(";")[0] == "text/event-stream"
+        async for line in stream.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "speech.audio.delta":
+                    deltas.append(base64.b64decode(event["audio"]))
+                elif event["type"] == "speech.audio.done":
+                    done = event
+    rate, samples = decoded_mp3(b"".join(deltas))
+    assert done is not None and rate == 24000
+    # the decoder adds the codec's priming (1105 samples) and pads the last frame
+    assert done["samples"] <= samples <= done["samples"] + 1105 + 1152

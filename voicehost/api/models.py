@@ -1,0 +1,39 @@
+"""``GET /v1/models`` and ``GET /v1/models/{model}``, in OpenAI's shape: clients that list the
+models before speaking (or check theirs is there) find the names a speech request may send."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from voicehost.api.edge import SERVICE, ApiError
+from voicehost.api.schemas import OPENAI_SPEECH_MODELS, ModelInfo, ModelList
+from voicehost.config import Settings
+
+STARTED = int(time.time())
+
+
+def model_names(settings: Settings) -> list[str]:
+    """``orpheus`` (the speech request's default), the served model's name, then OpenAI's speech
+    models: all spoken by the one served model."""
+    names = ["orpheus"]
+    try:
+        names.append(settings.served_base_name())
+    except ValueError:  # no model configured: a process that only routes
+        pass
+    names.extend(OPENAI_SPEECH_MODELS)
+    return list(dict.fromkeys(names))
+
+
+async def list_models(request: web.Request) -> web.Response:
+    names = model_names(request.app[SERVICE].settings)
+    listing = ModelList(data=[ModelInfo(id=name, created=STARTED) for name in names])
+    return web.json_response(listing.model_dump())
+
+
+async def get_model(request: web.Request) -> web.Response:
+    name = request.match_info["model"]
+    if name not in model_names(request.app[SERVICE].settings):
+        raise ApiError(404, "model_not_found", f"model {name!r} does not exist; see GET /v1/models")
+    return web.json_response(ModelInfo(id=name, created=STARTED).model_dump())
