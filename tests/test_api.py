@@ -5,10 +5,7 @@ import base64
 import json
 import shutil
 import struct
-import subprocess
-import sys
 import time
-import wave
 
 import aiohttp
 import numpy as np
@@ -273,31 +270,6 @@ async def test_metrics_report_latency_rtf_load_throughput_and_errors(http, serve
     assert await metric(http, server, "voicehost_audio_tokens_total") > 0
     assert await metric(http, server, "voicehost_active_streams") == 0
     assert await metric(http, server, 'voicehost_errors_total{kind="voice_not_found"}') >= 1
-
-
-def test_say_writes_a_playable_wav(server, tmp_path):
-    out = tmp_path / "hello.wav"
-    command = [sys.executable, "-m", "voicehost", "say", "Hello there.", "--voice", "dev-a"]
-    result = subprocess.run(
-        [*command, "-o", str(out), "--url", server.url], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    with wave.open(str(out)) as wav:
-        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
-        assert wav.getnframes() == (out.stat().st_size - 44) // 2
-        assert wav.getnframes() % 2048 == 0 and wav.getnframes() > 0
-
-
-def test_say_reports_a_server_error(server, tmp_path):
-    command = [sys.executable, "-m", "voicehost", "say", "Hi.", "--voice", "nobody"]
-    result = subprocess.run(
-        [*command, "-o", str(tmp_path / "x.wav"), "--url", server.url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 1
-    assert "404" in result.stderr and "does not exist" in result.stderr
 
 
 INJECTION = (  # special tokens' spellings: before the fix, prompt structure (eot) or a 500

@@ -132,3 +132,17 @@ async def test_livekits_call_streams_mp3_in_sse_events(sdk):
     assert done is not None and rate == 24000
     # the decoder adds the codec's priming (1105 samples) and pads the last frame
     assert done["samples"] <= samples <= done["samples"] + 1105 + 1152
+
+
+async def test_livekits_openai_plugin_speaks_through_voicehost(server):
+    """The plugin itself (livekit-plugins-openai), as an agent configures it: ``base_url``, an
+    OpenAI voice, its defaults otherwise (mp3 in SSE events, decoded by the plugin)."""
+    from livekit.plugins import openai as livekit_openai
+
+    tts = livekit_openai.TTS(base_url=f"{server.url}/v1", api_key="unused", voice="ash")
+    try:
+        frames = [event.frame async for event in tts.synthesize(TEXT)]
+    finally:
+        await tts.aclose()
+    assert {(f.sample_rate, f.num_channels) for f in frames} == {(24000, 1)}
+    assert sum(f.samples_per_channel for f in frames) > 24000 // 10

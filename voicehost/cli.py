@@ -160,25 +160,23 @@ def cmd_dev_model(args: argparse.Namespace) -> int:
 
 
 def cmd_say(args: argparse.Namespace) -> int:
-    import aiohttp
+    from aiohttp import ClientError
 
-    from voicehost.client import download_speech
+    from voicehost.client import ApiError, Client
 
-    async def run() -> None:
-        async with aiohttp.ClientSession() as session:
-            result = await download_speech(
-                session, args.url, args.text, args.voice, args.output, args.format, args.seed
-            )
-        print(
-            f"{args.output}: {result.bytes} bytes, first audio after "
-            f"{result.first_byte_seconds * 1000:.0f} ms, done in {result.total_seconds:.2f} s"
-        )
-
+    options = {"seed": args.seed, "speed": args.speed, "sample_rate": args.sample_rate}
     try:
-        asyncio.run(run())
-    except (RuntimeError, OSError) as exc:
+        with Client(args.url, args.api_key) as client:
+            result = client.speak_to_file(
+                args.text, args.voice, args.output, response_format=args.format, **options
+            )
+    except (ApiError, ClientError, ValueError, OSError) as exc:
         print(f"voicehost say: {exc}", file=sys.stderr)
         return 1
+    print(
+        f"{result.path}: {result.bytes} bytes of {result.response_format}, first audio after "
+        f"{result.first_byte_seconds * 1000:.0f} ms, done in {result.total_seconds:.2f} s"
+    )
     return 0
 
 
@@ -308,7 +306,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lora_training.ingest import ingest
     from lora_training.transcripts import FasterWhisper
     from voicehost import evaluation
-    from voicehost.client import builtin_voices, http_speaker
+    from voicehost.client import ApiError, AsyncClient, http_speaker
     from voicehost.speaker import load_encoder
 
     recordings, rejected = ingest(args.reference)
@@ -325,14 +323,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return 2
     encoder = load_encoder(args.encoder or Settings().speaker_encoder)
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
     async def run() -> evaluation.EvalReport:
-        async with aiohttp.ClientSession(headers=headers) as session:
+        async with AsyncClient(args.url, args.api_key) as client:
             baseline = args.baseline
             if baseline is None:
-                baseline = await builtin_voices(session, args.url)
-            speak = http_speaker(session, args.url, args.seed)
+                baseline = [v["id"] for v in await client.voices() if v.get("kind") == "builtin"]
+            speak = http_speaker(client, args.seed)
             references = [r.samples for r in recordings]
             return await evaluation.evaluate(
                 speak, args.voice, references, encoder, sentences, baseline, recognizer
@@ -340,7 +337,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     try:
         report = asyncio.run(run())
-    except (RuntimeError, OSError, aiohttp.ClientError) as exc:
+    except (ApiError, OSError, aiohttp.ClientError) as exc:
         print(f"voicehost eval: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -468,8 +465,15 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--voice", required=True)
     say.add_argument("-o", "--output", type=Path, required=True)
     say.add_argument("--url", default="http://127.0.0.1:8080")
-    say.add_argument("--format", default="wav", choices=["wav", "pcm"])
+    say.add_argument(
+        "--format",
+        help="the audio format (default: the one the output's suffix names: .mp3, .wav, .pcm, "
+        ".opus, .flac, .aac, .ulaw, .alaw)",
+    )
+    say.add_argument("--speed", type=float, help="0.25 to 4.0 (default 1.0)")
+    say.add_argument("--sample-rate", type=int)
     say.add_argument("--seed", type=int)
+    say.add_argument("--api-key", help="a key with the synthesize scope")
     say.set_defaults(func=cmd_say)
 
     doctor = commands.add_parser(
