@@ -338,6 +338,8 @@ SCOPED_ROUTES = [
     ("GET", "/v1/lexicons/tech", {"synthesize", "voices"}),
     ("PUT", "/v1/lexicons/tech", {"voices"}),
     ("DELETE", "/v1/lexicons/tech", {"voices"}),
+    ("GET", "/v1/models", {"synthesize", "voices"}),
+    ("GET", "/v1/models/tts-1", {"synthesize", "voices"}),
     ("GET", "/v1/anything-else", {"admin"}),
 ]
 OPEN_ROUTES = ["/healthz", "/readyz", "/openapi.json"]
@@ -367,6 +369,8 @@ def edge_app(auth: Authenticator) -> web.Application:
         ("GET", "/v1/lexicons/{name}"),
         ("PUT", "/v1/lexicons/{name}"),
         ("DELETE", "/v1/lexicons/{name}"),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/models/{model}"),
         ("GET", "/v1/anything-else"),
         ("GET", "/metrics"),
         ("GET", "/internal/load"),

@@ -147,3 +147,24 @@ async def test_trimming_drops_only_the_start_and_is_counted(http, server):
     w, t = pcm(whole), pcm(trimmed)
     assert t.size and same_audio(w[w.size - t.size :], t)
     assert dropped == pytest.approx((len(whole) - len(trimmed)) / 2 / 24000, abs=1e-6)
+
+
+async def test_speed_stretches_the_socket_as_it_does_http(http, server):
+    """The same seeded speech at speed 2 over the realtime socket lasts half as long as at
+    speed 1 over HTTP, and ``segment.done`` counts what was sent."""
+    said = {"seed": 6, "response_format": "pcm"}
+    _, reference = await post(http, server, input="Hello there.", voice="tara", **said)
+    audio, events = bytearray(), []
+    async with http.ws_connect(server.url + "/v1/audio/speech/ws") as ws:
+        await ws.send_json({"type": "config", "voice": "tara", "speed": 2.0, **said})
+        await ws.send_json({"type": "text", "text": "Hello there."})
+        await ws.send_json({"type": "end"})
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                audio += message.data
+            else:
+                events.append(message.json())
+    assert events[0]["type"] == "ready" and events[0]["speed"] == 2.0
+    assert len(audio) / len(reference) == pytest.approx(0.5, rel=0.03)
+    (done,) = [e for e in events if e["type"] == "segment.done"]
+    assert done["samples"] == pytest.approx(len(audio) / 2, rel=0.03)
