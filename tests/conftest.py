@@ -22,7 +22,16 @@ os.environ.pop("VOICEHOST_REDIS_URL", None)
 # The fixtures that start a server process (a dev server, workers, a gateway, a Redis): a test
 # marked ``unit`` (make test-fast) that asks for one, even through another fixture, fails.
 SERVER_FIXTURES = frozenset(
-    {"server", "small_server", "keyed", "keyed_server", "gateway", "cluster", "redis_server"}
+    {
+        "server",
+        "small_server",
+        "hot_server",
+        "keyed",
+        "keyed_server",
+        "gateway",
+        "cluster",
+        "redis_server",
+    }
 )
 
 

@@ -61,3 +61,18 @@ def test_doctor_fails_with_a_clear_line_on_a_special_token_at_the_wrong_id(
     ]
     rows = {c["name"]: c for c in json.loads((tmp_path / "doctor.json").read_text())["checks"]}
     assert rows["codec"]["ok"] and rows["model vocabulary"]["ok"]  # only the one check fails
+
+
+def test_doctor_speaks_each_voice_through_a_running_server(tmp_path, server, no_adapters):
+    out = tmp_path / "doctor.json"
+    args = ["doctor", "--dev", "--url", server.url, "--voice", "tara", "--voice", "dev-a"]
+    assert main([*args, "--json", str(out)]) == 0
+    rows = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    for voice in ("tara", "dev-a"):
+        assert rows[f"voice {voice}"]["ok"]
+        assert "first audio" in rows[f"voice {voice}"]["detail"]
+        assert "real-time factor" in rows[f"voice {voice}"]["detail"]
+    assert rows["constrained sampling"]["ok"]
+    assert rows["constrained sampling"]["detail"].startswith("0 malformed frames, 0 stray")
+    # a voice the server does not have is a failed row, and the command fails
+    assert main(["doctor", "--dev", "--url", server.url, "--voice", "nobody"]) == 1
