@@ -44,6 +44,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXT = "The quick brown fox jumps over the lazy dog while the sun slowly sets. " * 4
+SENTENCE = "The quick brown fox jumps over the lazy dog while the sun slowly sets. "
 SPEECH_TEXT = (
     "Production speech services send every stream through one process, and its CPU must keep "
     "up with the accelerator. This sentence is only here to give the encoders real speech."
@@ -132,20 +133,22 @@ class Collector:
         self.sent = 0
         self.pending: list[int] = []
         self.done = False
-        self.ready = asyncio.Event()
+        self.waiter: asyncio.Future[None] | None = None
 
     def step(self, count: int) -> int:
         if self.sent >= len(self.tokens):
             return 0
         new = self.tokens[self.sent : self.sent + count]
         self.sent += len(new)
-        self.pending.extend(new)
-        self.ready.set()
+        self.pending += new
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
         return len(new)
 
     async def get(self) -> list[int]:
-        await self.ready.wait()
-        self.ready.clear()
+        if not self.pending:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
         delta, self.pending = self.pending, []
         self.done = self.sent >= len(self.tokens)
         return delta
@@ -198,6 +201,12 @@ def instant_codec(max_rows: int = 256, max_frames: int = 48):
             return bank[:rows, :, : frames * orpheus.SAMPLES_PER_FRAME]
 
     return InstantSnac(torch.nn.Identity(), torch.device("cpu"), GPU_CALL_FRAMES, buckets=False)
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """User + system CPU seconds of one thread of this process (Linux ``/proc``)."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class LoopLag:
@@ -276,10 +285,50 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
         return web.json_response(
             {
                 "cpu_s": times.user + times.system,
+                "loop_cpu_s": thread_cpu_s(threading.get_native_id()),
                 "lag_p99_ms": float(np.percentile(lags, 99) * 1000) if lags else None,
                 "lag_max_ms": float(max(lags) * 1000) if lags else None,
                 "tokens": source.tokens,
                 "encode_threads": getattr(getattr(runtime, "encoders", None), "threads", 0),
+            }
+        )
+
+    async def idle(request: web.Request) -> web.Response:
+        """The server's CPU per second with nothing to do (its timers, the lag ticker)."""
+        start, wall = os.times(), time.perf_counter()
+        await asyncio.sleep(float(request.query.get("seconds", "2")))
+        end, wall = os.times(), time.perf_counter() - wall
+        return web.json_response(
+            {"cpu_per_s": (end.user + end.system - start.user - start.system) / wall}
+        )
+
+    async def source_only(request: web.Request) -> web.Response:
+        """The token source's own cost: N streams of ``SpeechEngine.audio_tokens``, read and
+        dropped (no frames, no decoding, no HTTP)."""
+        from voicehost import orpheus
+
+        streams = int(request.query["streams"])
+        engine = runtime.engine
+        voice = next(iter(runtime.voices.builtin.values()))
+        text = text_for(frames * orpheus.FRAME_SECONDS)
+
+        async def one() -> int:
+            prompt = engine.prompt(text, voice)
+            count = 0
+            async for delta in engine.audio_tokens(
+                prompt, voice, engine.sampling(text, None, len(prompt))
+            ):
+                count += len(delta)
+            return count
+
+        start, wall = os.times(), time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one() for _ in range(streams))))
+        end, wall = os.times(), time.perf_counter() - wall
+        return web.json_response(
+            {
+                "cpu_s": end.user + end.system - start.user - start.system,
+                "wall_s": wall,
+                "audio_s": tokens / orpheus.AUDIO_TOKENS_PER_SECOND,
             }
         )
 
@@ -295,6 +344,8 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
         return web.json_response({"profile": out.getvalue()})
 
     app.router.add_get("/bench/stats", stats)
+    app.router.add_get("/bench/idle", idle)
+    app.router.add_get("/bench/source", source_only)
     app.router.add_post("/bench/profile/start", profile_start)
     app.router.add_post("/bench/profile/stop", profile_stop)
     from voicehost.api.server import serve as run_server
@@ -358,10 +409,18 @@ class StreamTrace:
     error: str | None = None
 
 
-async def one_stream(session: Any, url: str, fmt: str, rate: int) -> StreamTrace:
+def text_for(seconds: float) -> str:
+    """About ``seconds`` of speech at 14 characters a second, in whole words."""
+    text = (SENTENCE * (1 + int(seconds * 14) // len(SENTENCE)))[: int(seconds * 14)]
+    return text.rsplit(" ", 1)[0] + "."
+
+
+async def one_stream(
+    session: Any, url: str, fmt: str, rate: int, seconds: float = 6.0
+) -> StreamTrace:
     trace = StreamTrace(time.perf_counter())
     counter = AudioCounter(fmt, rate)
-    body = {"input": TEXT, "voice": "tara", "response_format": fmt}
+    body = {"input": text_for(seconds), "voice": "tara", "response_format": fmt}
     try:
         async with session.post(f"{url}/v1/audio/speech", json=body) as response:
             if response.status != 200:
@@ -383,16 +442,21 @@ def output_rate(fmt: str) -> int:
 
 @dataclass
 class Level:
-    version: str
+    """One measurement: ``streams`` streams of ``fmt`` started at once on one server."""
+
+    version: str  # "after" (this checkout) or "before" (--baseline)
     cores: int
     fmt: str
     streams: int
-    mode: str  # "realtime" or "saturate"
+    mode: str  # "realtime", "saturate" (10x real time per stream), "probe", "profile"
     audio_s: float = 0.0
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    cpu_ms_per_audio_s: float = 0.0
-    streams_per_core: float = 0.0
+    cpu_ms_per_audio_s: float = 0.0  # the server's CPU (all its threads) per audio second
+    loop_ms_per_audio_s: float = 0.0  # of which the event loop's thread (the serial part)
+    # Amdahl: streams on 2 cores / on 1, if everything off the loop thread spreads over cores
+    scaling_1_to_2: float = 0.0
+    rt_streams_per_core: float = 0.0  # 1000 / cpu_ms_per_audio_s
     delivered_rt_streams: float = 0.0  # audio seconds delivered per wall second
     underrun_streams: int = 0
     underruns: int = 0
@@ -400,6 +464,7 @@ class Level:
     lag_p99_ms: float | None = None
     lag_max_ms: float | None = None
     ttfb_p50_ms: float | None = None
+    probe_idle_ttfb_ms: list[float] = field(default_factory=list)
     probe_ttfb_ms: list[float] = field(default_factory=list)
     errors: int = 0
 
@@ -409,9 +474,20 @@ async def get_json(session: Any, url: str, method: str = "GET") -> dict[str, Any
         return await response.json()
 
 
+async def probe_ttfb(session: Any, url: str, count: int) -> list[float]:
+    """Time to first byte of ``count`` short pcm requests, one after another."""
+    times = []
+    for _ in range(count):
+        probe = await one_stream(session, url, "pcm", 24000, seconds=1.0)
+        if probe.ttfb_s is not None:
+            times.append(round(probe.ttfb_s * 1000, 1))
+        await asyncio.sleep(0.2)
+    return times
+
+
 async def run_level(
-    url: str, level: Level, jitter_s: float, probes: int = 0
-) -> tuple[Level, str | None]:
+    url: str, level: Level, seconds: float, jitter_s: float, idle_cpu_per_s: float, probes: int = 0
+) -> Level:
     import aiohttp
 
     from voicehost.bench.playback import simulate_playback
@@ -419,24 +495,21 @@ async def run_level(
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        if probes:
+            level.probe_idle_ttfb_ms = await probe_ttfb(session, url, probes)
         before = await get_json(session, f"{url}/bench/stats")
         started = time.perf_counter()
+        rate = output_rate(level.fmt)
         tasks = [
-            asyncio.create_task(one_stream(session, url, level.fmt, output_rate(level.fmt)))
+            asyncio.create_task(one_stream(session, url, level.fmt, rate, seconds))
             for _ in range(level.streams)
         ]
-        probe_ttfb = []
         if probes:
             await asyncio.sleep(1.0)  # the streams are under way
-            for _ in range(probes):
-                probe = await one_stream(session, url, "pcm", 24000)
-                if probe.ttfb_s is not None:
-                    probe_ttfb.append(round(probe.ttfb_s * 1000, 1))
-                await asyncio.sleep(0.2)
+            level.probe_ttfb_ms = await probe_ttfb(session, url, probes)
         traces = await asyncio.gather(*tasks)
-        level.wall_s = time.perf_counter() - started
+        level.wall_s = round(time.perf_counter() - started, 3)
         after = await get_json(session, f"{url}/bench/stats")
-    rate = output_rate(level.fmt)
     ttfbs = []
     for trace in traces:
         if trace.error:
@@ -451,25 +524,45 @@ async def run_level(
         level.underrun_streams += playback.underruns > 0
         if trace.ttfb_s is not None:
             ttfbs.append(trace.ttfb_s)
-    level.cpu_s = after["cpu_s"] - before["cpu_s"]
+    level.cpu_s = round(after["cpu_s"] - before["cpu_s"], 3)
     if level.audio_s:
-        level.cpu_ms_per_audio_s = round(level.cpu_s / level.audio_s * 1000, 3)
-        level.streams_per_core = round(level.audio_s / level.cpu_s, 1) if level.cpu_s else 0.0
+        # Raw: the server's idle CPU (its lag ticker and token source, ``servers`` in the
+        # report) is spread over the audio of busy levels, not subtracted.
+        net = max(1e-9, level.cpu_s)
+        loop_net = max(1e-9, after["loop_cpu_s"] - before["loop_cpu_s"])
+        level.cpu_ms_per_audio_s = round(net / level.audio_s * 1000, 3)
+        level.loop_ms_per_audio_s = round(loop_net / level.audio_s * 1000, 3)
+        level.scaling_1_to_2 = round(min(2.0, net / loop_net), 2)
+        level.rt_streams_per_core = round(level.audio_s / net, 1)
         level.delivered_rt_streams = round(level.audio_s / level.wall_s, 1)
-    level.lag_p99_ms = after["lag_p99_ms"]
-    level.lag_max_ms = after["lag_max_ms"]
+    level.audio_s = round(level.audio_s, 2)
+    level.lag_p99_ms = after["lag_p99_ms"] and round(after["lag_p99_ms"], 2)
+    level.lag_max_ms = after["lag_max_ms"] and round(after["lag_max_ms"], 2)
     level.ttfb_p50_ms = round(float(np.median(ttfbs)) * 1000, 1) if ttfbs else None
-    level.probe_ttfb_ms = probe_ttfb
     level.stall_s = round(level.stall_s, 3)
-    return level, None
+    return level
 
 
-async def profiled_level(url: str, level: Level, jitter_s: float) -> str:
+async def server_figures(url: str, streams: int) -> dict[str, float]:
+    """The server's idle CPU per second, and its token source's own CPU per audio second."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        idle = await get_json(session, f"{url}/bench/idle?seconds=3")
+        source = await get_json(session, f"{url}/bench/source?streams={streams}")
+    net = source["cpu_s"]
+    return {
+        "idle_cpu_per_s": round(idle["cpu_per_s"], 4),
+        "source_cpu_ms_per_audio_s": round(net / source["audio_s"] * 1000, 3),
+    }
+
+
+async def profiled(url: str, level: Level, seconds: float, jitter_s: float) -> str:
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
         await get_json(session, f"{url}/bench/profile/start", "POST")
-    await run_level(url, level, jitter_s)
+    await run_level(url, level, seconds, jitter_s, 0.0)
     async with aiohttp.ClientSession() as session:
         return (await get_json(session, f"{url}/bench/profile/stop", "POST"))["profile"]
 
@@ -479,7 +572,7 @@ def bench_server(
     tree: Path, cores: list[int], rate: float, per_step: int, frames: int
 ) -> Iterator[str]:
     """A bench server running the code of ``tree`` on ``cores``; yields its URL."""
-    from voicehost.devserver import free_port
+    from voicehost.devserver import free_port, http_status
 
     port = free_port()
     env = {
@@ -489,20 +582,12 @@ def bench_server(
         "OMP_NUM_THREADS": "1",
     }
     log = tempfile.NamedTemporaryFile(prefix="bench-host-", suffix=".log", delete=False)
-    command = [
-        "taskset",
-        "-c",
-        ",".join(map(str, cores)),
-        sys.executable,
-        str(Path(__file__).resolve()),
-    ]
+    command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, __file__]
     command += ["--serve", str(port), "--rate", str(rate), "--per-step", str(per_step)]
     command += ["--frames", str(frames)]
     process = subprocess.Popen(command, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        from voicehost.devserver import http_status
-
         deadline = time.monotonic() + 300
         while http_status(f"{url}/readyz") != 200:
             if process.poll() is not None or time.monotonic() > deadline:
@@ -524,19 +609,25 @@ def code_tree(revision: str | None) -> Iterator[Path]:
         yield ROOT
         return
     folder = Path(tempfile.mkdtemp(prefix="bench-host-baseline-"))
+    git = ["git", "-C", str(ROOT), "worktree"]
     subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), revision],
-        check=True,
-        capture_output=True,
+        [*git, "add", "--detach", str(folder), revision], check=True, capture_output=True
     )
     try:
         yield folder
     finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
-            check=False,
-            capture_output=True,
-        )
+        subprocess.run([*git, "remove", "--force", str(folder)], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def client_cores(server_cores: list[int], available: list[int]) -> Iterator[None]:
+    """The client (this process) on the cores the server does not use, if there are any."""
+    spare = [c for c in available if c not in server_cores]
+    os.sched_setaffinity(0, spare or available)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, available)
 
 
 # --- vLLM's own output handling -------------------------------------------------------------
@@ -605,20 +696,48 @@ async def vllm_output_cost(streams: int, tokens: int) -> dict[str, float]:
 # --- the run ----------------------------------------------------------------------------------
 
 
+MARKDOWN_COLUMNS = (
+    "version",
+    "cores",
+    "mode",
+    "fmt",
+    "streams",
+    "cpu_ms_per_audio_s",
+    "loop_ms_per_audio_s",
+    "scaling_1_to_2",
+    "rt_streams_per_core",
+    "delivered_rt_streams",
+    "underrun_streams",
+    "lag_p99_ms",
+    "ttfb_p50_ms",
+    "probe_idle_ttfb_ms",
+    "probe_ttfb_ms",
+)
+
+
+def markdown(levels: list[Level]) -> str:
+    """The levels as a table, each "before" row above its "after" row."""
+    rows = ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    for lv in sorted(levels, key=lambda lv: (lv.mode, lv.fmt, lv.cores, lv.streams)):
+        values = asdict(lv)
+        rows.append("| " + " | ".join(str(values[c]) for c in MARKDOWN_COLUMNS) + " |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--formats", default="pcm,mp3,opus")
     parser.add_argument("--streams", default="1,16,64", help="comma list of stream counts")
     parser.add_argument("--seconds", type=float, default=6.0, help="audio per stream")
     parser.add_argument("--rate", type=float, default=90.0, help="tokens/s per stream")
-    parser.add_argument("--cores", default="2", help="comma list of core counts (1,2)")
-    parser.add_argument("--saturate", type=int, default=0, help="streams at 10x real time (0: off)")
+    parser.add_argument("--cores", default="1,2", help="comma list of core counts to pin to")
+    parser.add_argument("--saturate", type=int, default=32, help="streams at 10x real time")
     parser.add_argument("--saturate-formats", default="mp3,opus")
-    parser.add_argument("--probe", type=int, default=0, help="mp3 streams beside the probes")
-    parser.add_argument("--profile", default="", help="FORMAT:STREAMS to profile, e.g. pcm:64")
+    parser.add_argument("--probe", type=int, default=32, help="mp3 streams beside the probes")
+    parser.add_argument("--profile", default="pcm:64,mp3:64", help="FORMAT:STREAMS,... profiled")
     parser.add_argument("--jitter-buffer-ms", type=float, default=100.0)
     parser.add_argument("--baseline", help="git revision measured too, as 'before'")
-    parser.add_argument("--vllm", type=int, default=0, help="streams for the vLLM measurement")
+    parser.add_argument("--vllm", type=int, default=0, help="streams of the vLLM measurement")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--per-step", type=int, default=1, help=argparse.SUPPRESS)
@@ -630,55 +749,76 @@ def main() -> int:
         serve(args.serve, args.rate, args.per_step, args.frames)
         return 0
     frames = max(2, round(args.seconds / orpheus.FRAME_SECONDS))
-    formats = [f for f in args.formats.split(",") if f]
+    seconds = frames * orpheus.FRAME_SECONDS
     counts = [int(c) for c in args.streams.split(",") if c]
-    cores_available = sorted(os.sched_getaffinity(0))
-    core_counts = [int(c) for c in args.cores.split(",") if c]
+    available = sorted(os.sched_getaffinity(0))
+    core_counts = [min(int(c), len(available)) for c in args.cores.split(",") if c]
     jitter = args.jitter_buffer_ms / 1000
-    versions = [("after", None)] + ([("before", args.baseline)] if args.baseline else [])
+    versions = [("before", args.baseline)] if args.baseline else []
+    versions.append(("after", None))
     levels: list[Level] = []
     profiles: dict[str, str] = {}
+    servers: dict[str, dict[str, float]] = {}
+
+    def measure(
+        url: str, level: Level, idle: float, probes: int = 0, seconds: float = seconds
+    ) -> None:
+        asyncio.run(run_level(url, level, seconds, jitter, idle, probes))
+        levels.append(level)
+        print(json.dumps(asdict(level)), flush=True)
+
+    formats = [f for f in args.formats.split(",") if f]
+    if not (formats or args.saturate or args.probe or args.profile):
+        versions = []  # only --vllm
     for version, revision in versions:
         with code_tree(revision) as tree:
             for cores in core_counts:
-                pinned = cores_available[-cores:]
-                if args.saturate and version:
-                    # 10x real time per stream, 10 tokens a step: the process is the limit
-                    with bench_server(tree, pinned, args.rate, 10, frames) as url:
-                        for fmt in args.saturate_formats.split(","):
-                            level = Level(version, cores, fmt, args.saturate, "saturate")
-                            asyncio.run(run_level(url, level, jitter))
-                            levels.append(level)
-                            print(json.dumps(asdict(level)), flush=True)
-                if cores != max(core_counts):
-                    continue
-                with bench_server(tree, pinned, args.rate, 1, frames) as url:
-                    for fmt in formats:
-                        for count in counts:
-                            level = Level(version, cores, fmt, count, "realtime")
-                            asyncio.run(run_level(url, level, jitter))
-                            levels.append(level)
-                            print(json.dumps(asdict(level)), flush=True)
-                    if args.probe:
-                        level = Level(version, cores, "mp3", args.probe, "probe")
-                        asyncio.run(run_level(url, level, jitter, probes=5))
-                        levels.append(level)
-                        print(json.dumps(asdict(level)), flush=True)
-                    if args.profile:
-                        fmt, count = args.profile.split(":")
-                        level = Level(version, cores, fmt, int(count), "profile")
-                        profiles[version] = asyncio.run(profiled_level(url, level, jitter))
-                        print(profiles[version], flush=True)
-    vllm = asyncio.run(vllm_output_cost(args.vllm, 256)) if args.vllm else None
+                pinned = available[-cores:]
+                with client_cores(pinned, available):
+                    if args.saturate:  # 10 tokens a step, 3x as long: 11x real time
+                        with bench_server(tree, pinned, args.rate, 10, 3 * frames) as url:
+                            idle = asyncio.run(server_figures(url, 1))["idle_cpu_per_s"]
+                            for fmt in args.saturate_formats.split(","):
+                                level = Level(version, cores, fmt, args.saturate, "saturate")
+                                measure(url, level, idle, seconds=3 * seconds)
+                    if cores != max(core_counts):
+                        continue
+                    with bench_server(tree, pinned, args.rate, 1, frames) as url:
+                        figures = asyncio.run(server_figures(url, max(counts)))
+                        servers[version] = figures
+                        print(version, figures, flush=True)
+                        idle = figures["idle_cpu_per_s"]
+                        for fmt in formats:
+                            for count in counts:
+                                measure(url, Level(version, cores, fmt, count, "realtime"), idle)
+                        if args.probe:
+                            measure(url, Level(version, cores, "mp3", args.probe, "probe"), idle, 5)
+                        for spec in [p for p in args.profile.split(",") if p]:
+                            fmt, count = spec.split(":")
+                            level = Level(version, cores, fmt, int(count), "profile")
+                            text = asyncio.run(profiled(url, level, seconds, jitter))
+                            profiles[f"{version} {spec}"] = text
+                            print(f"{version} {spec}\n{text}", flush=True)
+    vllm = None
+    if args.vllm:
+        try:
+            vllm = asyncio.run(vllm_output_cost(args.vllm, 512))
+        except Exception as exc:  # the server figures above still stand
+            vllm = {"error": f"{type(exc).__name__}: {exc}"}
     report = {
         "rate_tokens_per_s": args.rate,
-        "seconds_per_stream": round(frames * orpheus.FRAME_SECONDS, 2),
+        "seconds_per_stream": round(seconds, 2),
         "jitter_buffer_ms": args.jitter_buffer_ms,
-        "cores_available": len(cores_available),
+        "cores_available": len(available),
+        "baseline": args.baseline,
+        "servers": servers,
         "levels": [asdict(level) for level in levels],
         "profiles": profiles,
         "vllm_output_handling": vllm,
     }
+    print(markdown(levels))
+    if vllm:
+        print(vllm)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report))
