@@ -58,3 +58,37 @@ def test_frames_held_for_a_bigger_window_play_before_the_listener_runs_dry_in_a_
     assert sum(size for _, size in before_end) == stall_after - 2
     assert all(lead > 0 for lead, _ in before_end[1:])
     assert synthesizer.metrics.stall_flushes._value.get() >= 1
+
+
+def test_closing_a_stream_closes_the_engine_stream_and_tokens_are_all_counted(codec):
+    """The frame reader is a task of its own: closing the listener's iterator after its first
+    chunk still closes the engine's stream (which aborts the request), and a stream played to
+    the end counts every token it read in the metric, updated per frame batch."""
+    frames = random_frames(12, seed=5)
+    closed: list[str] = []
+
+    async def engine(count: int):
+        try:
+            for frame in frames[:count]:
+                tokens = frame.tokens()
+                yield tokens[:3]  # deltas that split frames
+                await asyncio.sleep(0)
+                yield tokens[3:]
+            yield [orpheus.END_OF_SPEECH]
+        finally:
+            closed.append("closed")
+
+    async def run():
+        closing = Synthesizer(None, DecodeScheduler(codec), SpeechMetrics(), 2, 16)
+        chunks = closing.play(engine(12), time.monotonic())
+        first = await anext(chunks)
+        await chunks.aclose()
+        synthesizer = Synthesizer(None, DecodeScheduler(codec), SpeechMetrics(), 2, 16)
+        whole = [pcm async for pcm in synthesizer.play(engine(12), time.monotonic())]
+        return first, whole, synthesizer.metrics.audio_tokens._value.get()
+
+    first, whole, tokens = asyncio.run(run())
+    assert first.size == orpheus.SAMPLES_PER_FRAME
+    assert closed == ["closed", "closed"]
+    assert sum(pcm.size for pcm in whole) == 12 * orpheus.SAMPLES_PER_FRAME
+    assert tokens == 12 * orpheus.TOKENS_PER_FRAME + 1  # the stop token included
