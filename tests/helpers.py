@@ -258,10 +258,12 @@ def audio_form(paths: Sequence[Path], metadata: Path | None = None, **fields: st
     return form
 
 
-def adapter_form(dev_model: DevModelPaths, voice_id: str, config: dict | None = None):
-    """A ``POST /v1/voices`` adapter upload of dev-b's weights as ``voice_id``, with its
-    adapter config or ``config``."""
-    folder = dev_model.adapters / "dev-b"
+def adapter_form(
+    dev_model: DevModelPaths, voice_id: str, config: dict | None = None, source: str = "dev-b"
+):
+    """A ``POST /v1/voices`` adapter upload of a dev voice's weights (``source``'s) as
+    ``voice_id``, with its adapter config or ``config``."""
+    folder = dev_model.adapters / source
     form = aiohttp.FormData()
     form.add_field("voice_id", voice_id)
     form.add_field("name", "Uploaded")

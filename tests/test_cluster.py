@@ -34,6 +34,7 @@ from helpers import (
     wait_until,
 )
 
+from voicehost import devcorpus
 from voicehost.audit import verify
 from voicehost.cli import main
 from voicehost.devcorpus import build_corpus
@@ -54,6 +55,13 @@ KEYS = [
     {"id": "quota", "tenant": "q", "scopes": ["synthesize"], "sha256": hash_key(QUOTA_KEY)},
     {"id": "busy", "tenant": "busy", "scopes": ["synthesize"], "sha256": hash_key(BUSY_KEY)},
 ]
+CONSENT = {
+    "speaker_name": "Fleet Speaker",
+    "statement": "I agree that my voice is cloned for the voicehost cluster tests.",
+    "collected_by": "test suite",
+    "collected_at": "2026-12-01T10:00:00+00:00",
+    "purpose": "testing consent through a gateway",
+}
 LONG_TEXT = (
     "This is a long sentence that keeps the worker busy for a while, so that the stream is "
     "still running when something happens to the cluster around it. " * 3
@@ -96,6 +104,7 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         VOICEHOST_EVAL_MIN_SIMILARITY="0.999",
         VOICEHOST_EVAL_SENTENCES="2",
         VOICEHOST_EVAL_BASELINES="1",
+        VOICEHOST_REQUIRE_CONSENT="true",  # as in production, not as --dev would have it
     )
 
 
@@ -355,8 +364,18 @@ async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server
 async def test_a_clone_job_is_queued_in_redis_trained_by_a_worker_and_held_by_the_gate(
     cluster, http
 ):
+    """With its consent record and the speaker's recording of the statement (the training
+    audio's espeak-ng voice: accepted at the gateway), stored with the voice for its tenant."""
     corpus = build_corpus(cluster.root / "corpus", count=10)  # 25 s: 3 held out, 17 s to train
     form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+        assert response.status == 400, await response.text()  # consent is required here
+        assert (await response.json())["error"]["code"] == "consent_required"
+    recording = cluster.root / "consent.wav"
+    devcorpus.speak(CONSENT["statement"], recording, 0.2, "wav")
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
+    form.add_field("consent", json.dumps(CONSENT))
+    form.add_field("consent_recording", recording.read_bytes(), filename="consent.wav")
     async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
         assert response.status == 202, await response.text()
         job = (await response.json())["job"]
@@ -400,6 +419,86 @@ async def test_a_clone_job_is_queued_in_redis_trained_by_a_worker_and_held_by_th
     assert listed["fleet-voice"]["status"] == "ready"
     status, _, audio = await speak(http, cluster.gateway.url, "fleet-voice")
     assert status == 200 and audio
+    # the consent record is stored with the voice: in its manifest, the recording beside it
+    record = manifest["consent"]
+    assert record["speaker_name"] == CONSENT["speaker_name"]
+    assert record["recording"]["speaker_similarity"] >= 0.75
+    (stored,) = (cluster.root / "shared" / "adapters" / "fleet-voice").glob("*/consent_recording")
+    assert stored.read_bytes() == recording.read_bytes()
+
+
+async def spoken_version(http, gateway: Node, voice: str) -> tuple[int, str | None, int]:
+    """Status, version header and audio bytes of a seeded sentence (continuity off, as each
+    realtime segment below is spoken)."""
+    body = {"input": "After the rollback.", "voice": voice, "response_format": "pcm"}
+    body |= {"seed": 2, "continuity": False}
+    async with http.post(gateway.url + "/v1/audio/speech", json=body) as response:
+        audio = await response.read()
+        return response.status, response.headers.get("X-Voicehost-Voice-Version"), len(audio)
+
+
+async def test_a_rollback_through_a_gateway_is_seen_at_once_and_a_stream_keeps_its_version(
+    cluster, http, dev_model
+):
+    """Version 1 (dev-a's weights) and version 2 (dev-c's, live) of one voice: a socket opened
+    on version 2 before a rollback to version 1 finishes on version 2 (its second segment is
+    version 2's seeded audio, to the sample), while the next request through the gateway
+    speaks version 1 (gateways read the record per request: no poll to wait for); version 2
+    stays servable pinned, and the live version cannot be deleted."""
+    gateway = cluster.gateway.url
+    form = adapter_form(dev_model, "rolling", source="dev-a")
+    async with http.post(gateway + "/v1/voices", data=form) as response:
+        assert response.status == 201, await response.text()
+    form = adapter_form(dev_model, "rolling", source="dev-c")
+    async with http.post(gateway + "/v1/voices/rolling/versions", data=form) as response:
+        assert response.status == 201, await response.text()
+        assert (await response.json())["version"]["live"] is True
+    lengths = {}
+    for version in (1, 2):
+        status, header, lengths[version] = await spoken_version(
+            http, cluster.gateway, f"rolling@{version}"
+        )
+        assert (status, header) == (200, str(version))
+    assert lengths[1] != lengths[2], "precondition: the two adapters speak apart"
+    async with http.ws_connect(gateway + "/v1/audio/speech/ws") as ws:
+        config = {"type": "config", "voice": "rolling", "response_format": "pcm"}
+        await ws.send_json(config | {"seed": 1, "continuity": False})
+        ready = json.loads((await ws.receive(timeout=60)).data)
+        assert (ready["type"], ready["version"]) == ("ready", 2)
+        await ws.send_json({"type": "text", "text": "Before the rollback."})
+        await ws.send_json({"type": "flush"})
+        while (message := await ws.receive(timeout=60)).type != aiohttp.WSMsgType.TEXT or (
+            json.loads(message.data)["type"] != "segment.done"
+        ):
+            pass
+        async with http.post(gateway + "/v1/voices/rolling/versions/1/promote") as response:
+            assert response.status == 200, await response.text()
+        promoted = time.monotonic()  # the gateway reads the voice's record per request
+        status, header, length = await spoken_version(http, cluster.gateway, "rolling")
+        print(f"the rollback was heard {time.monotonic() - promoted:.2f} s after it")
+        assert (status, header, length) == (200, "1", lengths[1])
+        # the socket started on version 2 speaks its second segment (seed 1 + 1) on it
+        await ws.send_json({"type": "text", "text": "After the rollback."})
+        await ws.send_json({"type": "end"})
+        samples = []
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(message.data)
+                if event["type"] == "segment.done":
+                    samples.append(event["samples"])
+        assert samples == [lengths[2] // 2]
+    status, header, length = await spoken_version(http, cluster.gateway, "rolling@2")
+    assert (status, header, length) == (200, "2", lengths[2])
+    async with http.delete(gateway + "/v1/voices/rolling/versions/1") as response:
+        assert response.status == 409
+        assert (await response.json())["error"]["code"] == "version_live"
+    async with http.get(gateway + "/v1/voices/rolling/versions") as response:
+        listed = (await response.json())["versions"]
+    assert [(v["version"], v["status"]) for v in listed] == [(1, "ready"), (2, "retired")]
+    async with http.delete(gateway + "/v1/voices/rolling") as response:
+        assert response.status == 204
+    assert not (cluster.root / "shared" / "adapters" / "rolling").exists()
+    assert not [k for k in cluster.redis.client().keys("vh:voice:rolling*")]
 
 
 async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_returns(

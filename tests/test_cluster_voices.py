@@ -36,7 +36,13 @@ async def register(directory, dev_model, tmp_path, voice_id, tenant=None, versio
 
 
 async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev_model, tmp_path):
-    await register(directory, dev_model, tmp_path, "acme-voice", tenant="acme", version=3)
+    """Every version's record, and which one is live, come back from the store."""
+    await register(directory, dev_model, tmp_path, "acme-voice", tenant="acme")
+    second = tmp_path / "staging" / "acme-voice-2"
+    shutil.copytree(dev_model.adapters / "dev-c", second)
+    await directory.add_version("acme-voice", second, promote=True)
+    await directory.promote("acme-voice", 1)
+    await directory.promote("acme-voice", 2)  # the store's live pointer moved twice
     await register(directory, dev_model, tmp_path, "shared-voice")
     before = await directory.redis.hgetall(voice_key("acme-voice"))
     await directory.redis.flushall()
@@ -46,8 +52,12 @@ async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev
     after = await directory.redis.hgetall(voice_key("acme-voice"))
     for field in ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "version"):
         assert after[field] == before[field], field
-    assert after["tenant"] == "acme" and after["version"] == "3"
+    assert after["tenant"] == "acme" and after["version"] == "2" and after["newest"] == "2"
     assert (await directory.find("acme-voice")).tenant == "acme"
+    first = await directory.find("acme-voice", 1)
+    assert first.version == 1 and first.checksum != after["checksum"]
+    listed = [(v.version, v.status) for v in await directory.versions("acme-voice")]
+    assert listed == [(1, "retired"), (2, "ready")]
     assert (await directory.find("shared-voice")).tenant is None
     usable, _ = await directory.list_voices()
     assert {v.voice_id for v in usable} == {"tara", "acme-voice", "shared-voice"}

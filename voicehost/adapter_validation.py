@@ -25,6 +25,10 @@ MANIFEST = "voice.json"
 TENANT = "tenant"  # the manifest key naming the voice's tenant (absent: a shared voice)
 STATUS = "status"  # the manifest key saying whether a voice is ready or held (absent: ready)
 STATUSES: tuple[str, ...] = get_args(VoiceStatus)
+VERSION = "version"  # the manifest key holding which version of its voice an adapter is
+PROMOTED = (
+    "promoted_at"  # when a version first went live (absent: never; see voices.version_status)
+)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # First bytes of what torch.load would unpickle: a pickle (protocol 2-5) or a torch zip archive.
 PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")

@@ -6,8 +6,10 @@ job is deleted so a failed job can be retried), and the worker's ``progress.json
 The worker writes the voice into ``out/``; when it succeeds the voice is measured against the
 speaker (``evaluate``, through this process's engine; the job is ``evaluating``) and handed to
 the voice registry, ready (the job is ``done``) or held by the gate (``held``, with its
-reasons). Which job runs next comes from a ``JobQueue``: the jobs folder itself for one server
-(one job at a time, oldest first; on restart a job that was running is queued again and resumes
+reasons): as a new voice, or as the next version of one (``new_version``; live at once if it
+passed the gate, unless ``promote`` is off), with its consent record (``voicehost.consent``).
+Which job runs next comes from a ``JobQueue``: the jobs folder itself for one server (one job at
+a time, oldest first; on restart a job that was running is queued again and resumes
 from its last checkpoint), or a Redis stream shared by a cluster's workers
 (``voicehost.cluster.jobs``). A runner watches ``job.json`` while its worker runs, so a cancel
 written by any process stops the job.
@@ -29,9 +31,11 @@ from typing import Literal, Protocol
 
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
+from voicehost import consent
 from voicehost.adapter_validation import assign_tenant
 from voicehost.audit import Action, AuditTrail, Change, service_actor
 from voicehost.ids import child, is_job_id
+from voicehost.voices import Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,9 @@ class CloneJob:
     data: dict[str, object] | None = None  # the data report, from the end of prepare on
     eval: dict[str, object] | None = None  # the evaluation, once the voice has been measured
     held_reason: str | None = None  # why the gate held the voice (status "held")
+    new_version: bool = False  # the next version of an existing voice, not a new voice
+    promote: bool = True  # a new version that passes the gate goes live
+    version: int | None = None  # the version it became, once registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,19 @@ class FolderQueue:
         return None
 
 
-VoiceReady = Callable[[str, Path], Awaitable[object]]
+# Register a trained voice (the job, its folder); returns the voice (or version) it became.
+VoiceReady = Callable[[CloneJob, Path], Awaitable[object]]
+
+
+def registrar(voices: VoiceDirectory) -> VoiceReady:
+    """What registers a job's trained voice in ``voices``: a new voice, or its next version."""
+
+    async def register(job: CloneJob, folder: Path) -> Voice:
+        if job.new_version:
+            return await voices.add_version(job.voice_id, folder, job.promote)
+        return await voices.add(job.voice_id, folder)
+
+    return register
 
 
 class CloneJobs:
@@ -184,11 +203,31 @@ class CloneJobs:
         """Where the job's worker writes the voice folder."""
         return self._dir(job_id) / OUTPUT
 
-    async def submit(self, job_id: str, spec: VoiceJob, tenant: str | None = None) -> CloneJob:
+    def job_dir(self, job_id: str) -> Path:
+        """The job's folder (what it keeps besides its inputs: its consent record)."""
+        return self._dir(job_id)
+
+    async def submit(
+        self,
+        job_id: str,
+        spec: VoiceJob,
+        tenant: str | None = None,
+        new_version: bool = False,
+        promote: bool = True,
+    ) -> CloneJob:
         """Queue a job whose inputs are in place (``spec.adapters_dir`` is ``output_dir``)."""
         (self._dir(job_id) / SPEC).write_text(json.dumps(job_to_json(spec)))
         now = time.time()
-        job = CloneJob(job_id, spec.voice_id, "queued", now, now, tenant=tenant)
+        job = CloneJob(
+            job_id,
+            spec.voice_id,
+            "queued",
+            now,
+            now,
+            tenant=tenant,
+            new_version=new_version,
+            promote=promote,
+        )
         self._save(job)
         await self.queue.put(job_id)  # if this fails, the caller discards the job
         return job
@@ -320,6 +359,7 @@ class CloneJobs:
         error: str | None = None,
         even_if_queued: bool = False,
         verdict: Verdict | None = None,
+        version: int | None = None,
     ) -> None:
         """Record how a run ended, unless the job was cancelled (or re-queued) meanwhile."""
         job = self.get(job_id)
@@ -332,21 +372,36 @@ class CloneJobs:
         if verdict is not None:
             job.eval = verdict.eval
             job.held_reason = "; ".join(verdict.reasons) if verdict.status == "held" else None
+        if version is not None:
+            job.version = version
         self._save(job)
 
-    async def _record(self, job: CloneJob, action: Action, **details: object) -> None:
+    async def _record(
+        self, job: CloneJob, action: Action, version: int | None = None, **details: object
+    ) -> None:
         """Put what this runner did to ``job`` (or to its voice) on the audit trail."""
         if self.audit is not None:
             actor = service_actor(self.runner_id)
-            change = Change(action, actor, job.tenant, job.voice_id, job=job.id, details=details)
+            change = Change(
+                action, actor, job.tenant, job.voice_id, version, job=job.id, details=details
+            )
             await self.audit.record(change)
 
-    async def _record_registered(self, job: CloneJob, verdict: Verdict | None) -> None:
-        """The trained voice is registered: created, and held if the gate held it."""
+    async def _record_registered(
+        self, job: CloneJob, verdict: Verdict | None, version: int | None
+    ) -> None:
+        """The trained voice is registered: created (or its new version added), with its
+        consent record, and held if the gate held it."""
         status = verdict.status if verdict is not None else "ready"
-        await self._record(job, "voice.created", source="clone", status=status)
+        action: Action = "voice.version_added" if job.new_version else "voice.created"
+        promoted = job.new_version and job.promote and status == "ready"
+        await self._record(job, action, version, source="clone", status=status)
+        if (self._dir(job.id) / consent.RECORD_FILE).is_file():
+            await self._record(job, "voice.consent_recorded", version)
+        if promoted:
+            await self._record(job, "voice.promoted", version)
         if verdict is not None and verdict.status == "held":
-            await self._record(job, "voice.held", reasons=verdict.reasons)
+            await self._record(job, "voice.held", version, reasons=verdict.reasons)
 
     async def _record_end(self, job_id: str) -> None:
         """How a run ended (done, held or failed), unless it was cancelled meanwhile (the
@@ -380,20 +435,22 @@ class CloneJobs:
                 try:
                     if job.tenant is not None:
                         await asyncio.to_thread(assign_tenant, folder, job.tenant)
+                    await asyncio.to_thread(consent.attach, job_dir, folder)
                     if self.evaluate is not None:
                         if not self._evaluating(job.id):
                             return
                         verdict = await self.evaluate(job.voice_id, folder)
-                    await self.on_voice_ready(job.voice_id, folder)
-                    await self._record_registered(job, verdict)
-                except ValueError as exc:  # VoiceExists, InvalidAdapter
+                    registered = await self.on_voice_ready(job, folder)
+                    number = registered.version if isinstance(registered, Voice) else None
+                    await self._record_registered(job, verdict, number)
+                except (ValueError, LookupError) as exc:  # VoiceExists, InvalidAdapter, gone
                     self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
                     return
                 except RuntimeError as exc:  # the engine is away: retry the job later
                     self._finish(job.id, "failed", f"the trained voice was not evaluated: {exc}")
                     return
                 held = verdict is not None and verdict.status == "held"
-                self._finish(job.id, "held" if held else "done", verdict=verdict)
+                self._finish(job.id, "held" if held else "done", verdict=verdict, version=number)
                 await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
             else:
                 error = job_dir / ERROR

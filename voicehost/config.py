@@ -101,6 +101,16 @@ class Settings(BaseSettings):
         None,
         description="Evaluate clones without holding any (default: only with the dev model).",
     )
+    require_consent: bool | None = Field(
+        None,
+        description="Cloning from audio needs a consent record (default: yes, but not with --dev).",
+    )
+    consent_min_similarity: float = Field(
+        0.75,
+        ge=-1.0,
+        le=1.0,
+        description="A consent recording this unlike the training audio's speaker is refused.",
+    )
 
     # HTTP
     host: str = Field("127.0.0.1", description="Address to bind.")
@@ -291,6 +301,11 @@ class Settings(BaseSettings):
         if not self.model:
             raise ValueError("no model configured: pass --model (or VOICEHOST_MODEL) or --dev")
         return self.model
+
+    def consent_required(self) -> bool:
+        """Whether a clone from audio needs a consent record: ``require_consent``, by default
+        everywhere but the dev model."""
+        return not self.dev if self.require_consent is None else self.require_consent
 
     def stream_capacity(self) -> int:
         """Streams this process admits at once (and reports to the cluster)."""

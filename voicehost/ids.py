@@ -12,6 +12,9 @@ from pathlib import Path
 
 VOICE_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 JOB_ID_PATTERN = re.compile(r"^job-[0-9a-f]{16}$")
+# A version of a voice: 1, 2, ... (``anna@3`` names version 3 of ``anna``).
+VERSION_PATTERN = re.compile(r"^[1-9][0-9]{0,8}$")
+VERSION_SEPARATOR = "@"
 
 
 def is_voice_id(value: object) -> bool:
@@ -20,6 +23,20 @@ def is_voice_id(value: object) -> bool:
 
 def is_job_id(value: object) -> bool:
     return isinstance(value, str) and JOB_ID_PATTERN.fullmatch(value) is not None
+
+
+def is_version(value: object) -> bool:
+    return isinstance(value, str) and VERSION_PATTERN.fullmatch(value) is not None
+
+
+def split_voice_ref(ref: str) -> tuple[str, int | None]:
+    """``"anna@3"`` -> ``("anna", 3)``; ``"anna"`` -> ``("anna", None)`` (the live version).
+    A part after ``@`` that is not a version number is left in the id (which then fails the id
+    pattern where it is checked)."""
+    voice_id, separator, version = ref.rpartition(VERSION_SEPARATOR)
+    if separator and is_version(version):
+        return voice_id, int(version)
+    return ref, None
 
 
 def child(root: Path, name: str) -> Path:

@@ -19,7 +19,7 @@ from voicehost.adapter_validation import MANIFEST, AdapterRules, ModelShape, rea
 from voicehost.admission import Admission, WorkerLoad
 from voicehost.audio import EncoderPool
 from voicehost.audit import AuditTrail, FileAuditTrail
-from voicehost.cloning import CloneJobs, JobQueue, Verdict
+from voicehost.cloning import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths, ensure_dev_model
@@ -121,7 +121,7 @@ class Runtime:
         self.encoders = EncoderPool(settings.encode_threads)
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
-            jobs_dir, self.voices.add, queue, runner, self.evaluate_clone, audit=self.audit
+            jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
         )
         self._encoder: SpeakerEncoder | None = None
         self._started = asyncio.Event()  # start-up has ended, ready or failed

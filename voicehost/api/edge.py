@@ -27,7 +27,7 @@ from voicehost.audio import UnsupportedAudio, output_rate
 from voicehost.audit import Action, AuditTrail, Change, actor_of
 from voicehost.cloning import CloneJobs
 from voicehost.config import Settings
-from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, split_voice_ref
 from voicehost.keys import Principal, can_see
 from voicehost.lexicons import LexiconStore
 from voicehost.metrics import SpeechMetrics
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
+VERSION_HEADER = "X-Voicehost-Voice-Version"  # which version of the voice a response speaks
 # A JSON body (speech, routing) is read whole: 1 MiB holds VOICEHOST_MAX_INPUT_CHARS' default of
 # 100000 characters however they are escaped; uploads stream under their own caps.
 MAX_JSON_BODY_BYTES = 1 << 20
@@ -294,22 +295,25 @@ def voice_not_found(voice_id: str) -> ApiError:
 
 async def find_voice(
     directory: VoiceDirectory,
-    voice_id: str,
+    ref: str,
     principal: Principal | None,
     aliases: Mapping[str, str] | None = None,
 ) -> Voice:
-    """The voice ``principal`` speaks with: 400 for an id that breaks the pattern (as on every
-    route), 404 if there is none (or it is another tenant's, or a held voice it may not manage),
-    422 if its adapter is unusable (told only to an admin or in open mode: its tenant is
-    unknown). A held voice is spoken for its tenant and admins, to listen before publishing.
+    """The voice ``principal`` speaks with, ``ref`` naming its live version (``anna``) or a
+    pinned one (``anna@3``): 400 for an id that breaks the pattern (as on every route), 404 if
+    there is none (or no such version, or it is another tenant's, or a held voice or version it
+    may not manage), 422 if its adapter is unusable (told only to an admin or in open mode: its
+    tenant is unknown). A held voice is spoken for its tenant and admins, to listen before
+    publishing.
 
     ``aliases`` (``VOICEHOST_VOICE_ALIASES``): an id that names no voice ``principal`` can see
     is looked up as the voice its alias names; a voice of that id it can see comes first."""
+    voice_id, version = split_voice_ref(ref)
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
-    voice = await directory.find(voice_id)
+    voice = await directory.find(voice_id, version)
     seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
-    if not seen and aliases and voice_id in aliases:
+    if not seen and version is None and aliases and voice_id in aliases:
         target = aliases[voice_id]
         try:
             return await find_voice(directory, target, principal)
@@ -319,10 +323,10 @@ async def find_voice(
             message = f"voice {voice_id!r} is an alias of {target!r}, which does not exist"
             raise ApiError(404, "voice_not_found", message) from None
     if voice is None:
-        broken = directory.broken(voice_id)
+        broken = directory.broken(voice_id, version)
         if broken is not None and (principal is None or principal.admin):
-            raise ApiError(422, "voice_unusable", f"voice {voice_id!r} is unusable: {broken}")
-        raise voice_not_found(voice_id)
+            raise ApiError(422, "voice_unusable", f"voice {ref!r} is unusable: {broken}")
+        raise voice_not_found(ref)
     if not can_see(principal, voice.tenant, held=voice.status == "held"):
-        raise voice_not_found(voice_id)
+        raise voice_not_found(ref)
     return voice

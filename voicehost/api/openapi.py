@@ -20,6 +20,7 @@ from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
     AuditPage,
     CloneJobInfo,
+    ConsentRecord,
     ErrorDetail,
     ErrorResponse,
     LexiconDetail,
@@ -34,11 +35,13 @@ from voicehost.api.schemas import (
     RealtimeText,
     SpeechRequest,
     UsageReport,
+    VersionInfo,
+    VersionList,
     VoiceDetail,
     VoiceList,
 )
 from voicehost.audio import CONTENT_TYPES
-from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN
+from voicehost.ids import JOB_ID_PATTERN, VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.lexicons import LEXICON_NAME_PATTERN
 
 OPENAPI_VERSION = "3.1.0"
@@ -56,6 +59,9 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (LexiconSaved, "serialization"),
     (LexiconList, "serialization"),
     (LexiconDetail, "serialization"),
+    (ConsentRecord, "validation"),
+    (VersionList, "serialization"),
+    (VersionInfo, "serialization"),
     (VoiceList, "serialization"),
     (ModelList, "serialization"),
     (ModelInfo, "serialization"),
@@ -84,6 +90,13 @@ RETRY_AFTER = {
     "Retry-After": {
         "description": "Seconds to wait before trying again.",
         "schema": {"type": "integer", "minimum": 0},
+    }
+}
+VOICE_VERSION = {
+    "X-Voicehost-Voice-Version": {
+        "description": "The version of the voice spoken (its live one, or the one `voice@n` "
+        "pins; 1 for a built-in voice).",
+        "schema": {"type": "integer", "minimum": 1},
     }
 }
 WWW_AUTHENTICATE = {
@@ -234,13 +247,15 @@ def speech_paths() -> Json:
             "200": {
                 "description": "The audio, chunked, in `response_format`; or SSE events.",
                 "content": audio,
+                "headers": VOICE_VERSION,
             },
             **errors(
                 {
                     400: "`invalid_json` (not JSON, nested too deeply, an unpaired surrogate) "
                     "/ `invalid_request` / `invalid_voice_id` / `empty_input` / "
                     "`unsupported_format`.",
-                    404: "`voice_not_found` / `lexicon_not_found`.",
+                    404: "`voice_not_found` (no such voice, or no such version: `voice@n`) / "
+                    "`lexicon_not_found`.",
                     413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS` (also once its "
                     "lexicons have rewritten it), or over the model's context; "
                     "`body_too_large`: a JSON body over 1 MiB.",
@@ -280,7 +295,8 @@ def realtime_operation() -> Json:
         "A WebSocket (OpenAPI cannot describe one; this is its upgrade request). The client "
         f"sends JSON text messages, by `type`: {kinds}. `config` comes first and once; then "
         "`text` pieces as they come, `flush` (speak what is buffered), `cancel` (barge-in: stop "
-        "at once, drop what is queued) and finally `end`. The server answers `ready`, then per "
+        "at once, drop what is queued) and finally `end`. The server answers `ready` (with the "
+        "voice's `version`), then per "
         "segment `segment.started` (its span in the text sent), the audio as binary messages and "
         "`segment.done`; `cancelled` after `cancel`; `done` and a normal close after `end`; "
         '`{"type": "error", "error": {"code", "message"}}` for a bad message, a bad config '
@@ -316,6 +332,18 @@ def voice_paths() -> Json:
         "name": {"type": "string"},
         "voice_id": {"type": "string", "description": "Default: the name, slugged."},
     }
+    consenting = {
+        "consent": {
+            **ref(ConsentRecord),
+            "description": "The consent record, as JSON (a field or a file): required to clone "
+            "from audio where `VOICEHOST_REQUIRE_CONSENT` is on (400 `consent_required`).",
+        },
+        "consent_recording": {
+            **file,
+            "description": "The speaker reading the statement: must be the training audio's "
+            "speaker (422 `consent_speaker_mismatch`).",
+        },
+    }
     upload = {
         "description": "Audio to clone, or a ready-made adapter: one or the other, not both "
         "(400 `ambiguous_upload`).",
@@ -327,6 +355,7 @@ def voice_paths() -> Json:
                     "audio": {"type": "array", "items": file, "description": "Recordings."},
                     "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
                     **naming,
+                    **consenting,
                 },
                 "required": ["audio"],
                 "not": {
@@ -340,6 +369,7 @@ def voice_paths() -> Json:
                     "adapter_config": {**file, "description": "A PEFT adapter_config.json."},
                     "adapter_model": {**file, "description": "Its adapter_model.safetensors."},
                     "voice": {**file, "description": "An optional voice.json."},
+                    "consent": consenting["consent"],
                     **naming,
                 },
                 "required": ["adapter_config", "adapter_model"],
@@ -360,12 +390,15 @@ def voice_paths() -> Json:
                 {
                     400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
                     "`ambiguous_upload` / `invalid_transcripts` / `missing_transcripts` / "
-                    "`not_enough_speech` / `invalid_adapter`.",
+                    "`not_enough_speech` / `invalid_adapter` / `consent_required` / "
+                    "`invalid_consent` / `invalid_request`.",
                     409: "`voice_exists`.",
                     413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
                     415: "`unsupported_media_type`: not multipart; `not_audio`: a file that is "
                     "not audio; `unsupported_audio`: audio of a rate, channel count or codec "
                     "outside the allowlists.",
+                    422: "`consent_speaker_mismatch`: the consent recording's speaker is not the "
+                    "training audio's.",
                     **redis,
                 }
             ),
@@ -375,6 +408,53 @@ def voice_paths() -> Json:
         body={"required": True, "content": {"multipart/form-data": {"schema": upload}}},
     )
     not_found = {400: "`invalid_voice_id`: not a voice id.", 404: "`voice_not_found`.", **redis}
+    version = path_param("version", "A version of the voice (1, 2, ...).", VERSION_PATTERN.pattern)
+    version_upload = copy.deepcopy(upload)
+    for shape in version_upload["oneOf"]:
+        shape["properties"].pop("voice_id")
+        shape["properties"]["promote"] = {
+            "type": "string",
+            "enum": ["true", "false"],
+            "description": "`false`: keep the live version (default `true`: a version that "
+            "passes the gate goes live).",
+        }
+    versioned = wrapped("version", VersionInfo)
+    read_only = "`voice_read_only`: a built-in voice, or a shared one (admins only)."
+    bad_version = "`invalid_voice_id` / `invalid_version`: not a voice id or version number."
+    no_version = "`voice_not_found` / `version_not_found`."
+    add_version = operation(
+        "Add a version: clone it from audio (a job) or register a ready-made adapter",
+        {
+            "201": json_body(
+                versioned, "The adapter is the voice's next version.", {"Location": location}
+            ),
+            "202": json_body(
+                job, "A clone job for the next version is queued.", {"Location": location}
+            ),
+            **errors(
+                {
+                    400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
+                    "`ambiguous_upload` / `invalid_transcripts` / `missing_transcripts` / "
+                    "`not_enough_speech` / `invalid_adapter` / `consent_required` / "
+                    "`invalid_consent` / `invalid_request`.",
+                    403: read_only,
+                    404: "`voice_not_found`.",
+                    409: "`version_exists`: the voice has a version with this adapter; "
+                    "`job_in_progress`: a version of it is being trained.",
+                    413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
+                    415: "`unsupported_media_type` / `not_audio` / `unsupported_audio`.",
+                    422: "`consent_speaker_mismatch`.",
+                    **redis,
+                }
+            ),
+        },
+        tag="voices",
+        security=KEYED,
+        description="A version is immutable: one adapter (by checksum) with its own manifest, "
+        "data report, evaluation and consent record. Cloned from audio, it needs a consent "
+        "record as a new voice does.",
+        body={"required": True, "content": {"multipart/form-data": {"schema": version_upload}}},
+    )
     no_job = {400: "`invalid_job_id`: not a job id.", 404: "`job_not_found`.", **redis}
     return {
         "/v1/audio/voices": {"get": listing},
@@ -394,7 +474,7 @@ def voice_paths() -> Json:
                 security=KEYED,
             ),
             "delete": operation(
-                "Remove an adapter voice",
+                "Remove an adapter voice: every version, and its consent records",
                 {
                     "204": {"description": "Removed."},
                     **errors(
@@ -442,6 +522,63 @@ def voice_paths() -> Json:
                         }
                     },
                 },
+            ),
+        },
+        "/v1/voices/{voice_id}/versions": {
+            "parameters": [voice_id],
+            "post": add_version,
+            "get": operation(
+                "A voice's versions, oldest first, and which is live",
+                {
+                    "200": json_body(ref(VersionList), "The versions."),
+                    **errors(not_found),
+                },
+                tag="voices",
+                security=KEYED,
+            ),
+        },
+        "/v1/voices/{voice_id}/versions/{version}/promote": {
+            "parameters": [voice_id, version],
+            "post": operation(
+                "Make a version the live one (roll forward or back), at once everywhere",
+                {
+                    "200": json_body(versioned, "The version, live now."),
+                    **errors(
+                        {
+                            400: bad_version,
+                            403: read_only,
+                            404: no_version,
+                            409: "`version_held`: a held version (publish it first).",
+                            422: "`voice_unusable`: its adapter failed validation.",
+                            **redis,
+                        }
+                    ),
+                },
+                tag="voices",
+                security=KEYED,
+                description="The version it replaces stays servable when pinned (`voice@n`); "
+                "streams in flight finish on the version they started with.",
+            ),
+        },
+        "/v1/voices/{voice_id}/versions/{version}": {
+            "parameters": [voice_id, version],
+            "delete": operation(
+                "Remove a version (not the live one)",
+                {
+                    "204": {"description": "Removed."},
+                    **errors(
+                        {
+                            400: bad_version,
+                            403: read_only,
+                            404: no_version,
+                            409: "`version_live`: the live version (promote another first, or "
+                            "delete the voice).",
+                            **redis,
+                        }
+                    ),
+                },
+                tag="voices",
+                security=KEYED,
             ),
         },
         "/v1/jobs/{job_id}": {

@@ -140,6 +140,7 @@ class RealtimeSession:
             {
                 "type": "ready",
                 "voice": self.voice.voice_id,
+                "version": self.voice.version,
                 "response_format": self.encoder.fmt,
                 "sample_rate": self.encoder.sample_rate,
                 "speed": self.encoder.speed,

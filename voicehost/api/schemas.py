@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
 
 from voicehost.audio import FORMATS, SAMPLE_RATES
 from voicehost.lexicons import LEXICON_NAME_PATTERN
@@ -174,6 +183,48 @@ class PublishRequest(BaseModel):
         pattern=r"\S",
         description="Why it goes live despite its evaluation (recorded in its voice.json).",
     )
+    version: StrictInt | None = Field(
+        None, ge=1, lt=10**9, description="Which held version (default: the live one)."
+    )
+
+
+class ConsentRecord(BaseModel):
+    """The ``consent`` part of a clone from audio: who agreed to have their voice cloned, to
+    which statement, who collected that and when, and for what purpose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    speaker_name: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    statement: StrictStr = Field(
+        min_length=1,
+        max_length=4000,
+        pattern=r"\S",
+        description="What the speaker agreed to, word for word (what a consent recording says).",
+    )
+    collected_by: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    collected_at: AwareDatetime = Field(description="When, with its time zone (ISO 8601).")
+    purpose: StrictStr = Field(min_length=1, max_length=1000, pattern=r"\S")
+
+
+class VersionInfo(BaseModel):
+    """One version of a voice: ``held`` by the gate; else ``ready`` while live, ``retired``
+    once replaced, ``candidate`` if it has never been live. Its manifest holds its data report,
+    evaluation and consent record (the consent only for the voice's tenant and admins)."""
+
+    version: int
+    status: Literal["candidate", "ready", "held", "retired"]
+    live: bool
+    checksum: str | None = None
+    manifest: dict[str, object] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class VersionList(BaseModel):
+    """``GET /v1/voices/{id}/versions``: oldest first."""
+
+    voice_id: str
+    live: int
+    versions: list[VersionInfo]
 
 
 class VoiceDetail(BaseModel):

@@ -18,6 +18,7 @@ from voicehost.api import lifecycle, realtime
 from voicehost.api.auth import AUTH, bind_host, request_principal
 from voicehost.api.edge import (
     RUNTIME,
+    VERSION_HEADER,
     ApiError,
     check_speech_request,
     error_response,
@@ -73,7 +74,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     meter = runtime.usage.meter(principal, voice.voice_id)  # counts what is sent
     async with runtime.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
-        return await respond(request, runtime, body, events, meter)
+        version = {VERSION_HEADER: str(voice.version)}
+        return await respond(request, runtime, body, events, meter, version)
 
 
 async def respond(
@@ -82,9 +84,10 @@ async def respond(
     body: SpeechRequest,
     events: AsyncIterator[SpeechEvent],
     meter: StreamMeter,
+    headers: dict[str, str],
 ) -> web.StreamResponse:
-    """The response: ``events``' audio as ``body`` asks (raw bytes of its format, or SSE),
-    each chunk counted by ``meter`` once written."""
+    """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
+    format, or SSE), each chunk counted by ``meter`` once written."""
     async with aclosing(events), aclosing(audio_only(events, meter)) as chunks:
         try:
             first = await anext(chunks)
@@ -98,8 +101,8 @@ async def respond(
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = runtime.encoders.stream(body.response_format, body.sample_rate, body.speed)
         if body.stream_format == "sse":
-            return await send_sse(request, encoder, first, chunks, meter)
-        return await send_audio(request, encoder, first, chunks, meter)
+            return await send_sse(request, encoder, first, chunks, meter, headers)
+        return await send_audio(request, encoder, first, chunks, meter, headers)
 
 
 async def send_audio(
@@ -108,8 +111,9 @@ async def send_audio(
     first: np.ndarray,
     rest: AsyncIterator[np.ndarray],
     meter: StreamMeter,
+    headers: dict[str, str],
 ) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt)})
+    response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt), **headers})
     response.enable_chunked_encoding()
     await response.prepare(request)
     await response.write(await encoder.encode(first))
@@ -129,9 +133,10 @@ async def send_sse(
     first: np.ndarray,
     rest: AsyncIterator[np.ndarray],
     meter: StreamMeter,
+    headers: dict[str, str],
 ) -> web.StreamResponse:
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
     )
     await response.prepare(request)
 

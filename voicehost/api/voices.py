@@ -1,5 +1,9 @@
-"""Voice management over HTTP: clone from audio, register an adapter, publish a held voice,
-jobs, manifests."""
+"""Voice management over HTTP: clone from audio (with its consent record), register an
+adapter, versions (add, list, promote, delete), publish a held voice, jobs, manifests.
+
+Each change to a voice happens in one handler here: ``create_voice`` and ``add_version`` (both
+through ``_upload``), ``promote_version``, ``delete_version``, ``delete_voice``,
+``publish_voice``."""
 
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ from urllib.parse import unquote
 
 from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import ValidationError
 
 from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio, measure
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
+from voicehost import consent
 from voicehost.adapter_validation import (
     MANIFEST,
     PICKLE_SUFFIXES,
@@ -30,18 +36,47 @@ from voicehost.adapter_validation import (
     voice_tenant,
 )
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError, VoiceService, read_body, record, voice_not_found
+from voicehost.api.edge import (
+    SERVICE,
+    ApiError,
+    VoiceService,
+    load_json,
+    read_body,
+    record,
+    validation_message,
+    voice_not_found,
+)
 from voicehost.api.schemas import (
     CloneJobInfo,
+    ConsentRecord,
     PublishRequest,
+    VersionInfo,
+    VersionList,
     VoiceDetail,
     VoiceInfo,
     VoiceList,
 )
 from voicehost.cloning import FINISHED, CloneJob
-from voicehost.ids import JOB_ID_PATTERN, VOICE_ID_PATTERN, is_job_id, is_voice_id
+from voicehost.ids import (
+    JOB_ID_PATTERN,
+    VERSION_PATTERN,
+    VOICE_ID_PATTERN,
+    is_job_id,
+    is_version,
+    is_voice_id,
+)
 from voicehost.keys import Principal, can_manage, can_see, owner_tenant
-from voicehost.voices import NotHeld, ReadOnlyVoice, VoiceDirectory, VoiceExists
+from voicehost.voices import (
+    DuplicateVersion,
+    HeldVersion,
+    LiveVersion,
+    NoSuchVersion,
+    NotHeld,
+    ReadOnlyVoice,
+    VoiceDirectory,
+    VoiceExists,
+    VoiceVersion,
+)
 
 CHUNK = 1 << 16
 MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
@@ -59,6 +94,14 @@ def _safe_name(filename: str | None, index: int) -> str:
     and ``._-`` only, short, never hidden (the sent name never makes a path)."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename or "").name)[-MAX_NAME_CHARS:]
     return name if name and not name.startswith(".") else f"audio-{index}"
+
+
+def _path_version(request: web.Request) -> int:
+    """The version number in the route's path: 400 unless it is one (1, 2, ...)."""
+    value = request.match_info["version"]
+    if not is_version(value):
+        raise ApiError(400, "invalid_version", f"version must match {VERSION_PATTERN.pattern}")
+    return int(value)
 
 
 def _path_id(request: web.Request, key: str) -> str:
@@ -145,6 +188,11 @@ async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
     return voice_id
 
 
+async def _ensure_no_job(runtime: VoiceService, voice_id: str) -> None:
+    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
+        raise ApiError(409, "job_in_progress", f"a version of {voice_id!r} is being trained")
+
+
 async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
     if await runtime.voices.exists(voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
@@ -154,31 +202,87 @@ async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
 
 async def create_voice(request: web.Request) -> web.Response:
     """``POST /v1/voices``: audio files -> a clone job (202); a PEFT adapter -> a voice (201)."""
+    return await _upload(request, None)
+
+
+async def add_version(request: web.Request) -> web.Response:
+    """``POST /v1/voices/{id}/versions``: the voice's next version, cloned from audio (202 and
+    a job) or a ready-made adapter (201); live at once if it passes the gate, unless the form
+    says ``promote=false``."""
+    runtime = request.app[SERVICE]
+    voice_id = _path_id(request, "voice_id")
+    await _managed_voice(runtime, voice_id, request_principal(request))
+    return await _upload(request, voice_id)
+
+
+async def _upload(request: web.Request, version_of: str | None) -> web.Response:
+    """A new voice (``version_of`` None) or a new version of ``version_of``, from a multipart
+    upload: its consent record (required for audio where ``consent_required``), then an
+    adapter registered at once or audio queued as a clone job."""
     runtime = request.app[SERVICE]
     settings = runtime.settings
-    tenant = owner_tenant(request_principal(request))
+    principal = request_principal(request)
+    tenant = owner_tenant(principal)
+    if version_of is not None:  # a version is its voice's tenant's, whoever adds it
+        tenant = voice_tenant(await runtime.voices.manifest(version_of) or {})
     job_id, inputs = runtime.jobs.new_job_dir()
+    job_dir = runtime.jobs.job_dir(job_id)
+    promote = True
     try:
         upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
-        voice_id = await _voice_id(runtime, upload.fields)
+        consent_record, recording = _consent_parts(upload, job_dir)
+        if version_of is None:
+            voice_id = await _voice_id(runtime, upload.fields)
+        else:
+            voice_id = version_of
+            promote = _form_flag(upload.fields, "promote", True)
+            await _ensure_no_job(runtime, voice_id)
         adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
         if adapter and upload.files.get("audio"):
             raise ApiError(
                 400, "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
             )
+        if recording is not None and consent_record is None:
+            raise ApiError(
+                400, "consent_required", "a consent recording goes with its 'consent' record"
+            )
         if adapter:
-            voice = await _register_adapter(runtime, voice_id, upload, inputs, tenant)
+            if recording is not None:
+                raise ApiError(
+                    400, "invalid_consent", "a consent recording is checked against audio to clone"
+                )
+            response, added = await _register_adapter(
+                runtime, voice_id, upload, inputs, tenant, consent_record, version_of, promote
+            )
             runtime.jobs.discard(job_id)
-            await record(
-                request, "voice.created", tenant=tenant, voice=voice_id, details=_made(voice)
+            audited = {"tenant": tenant, "voice": voice_id, "version": added.version}
+            if version_of is None:
+                await record(request, "voice.created", **audited, details=_made(added))
+            else:
+                details = {"source": "adapter", "checksum": added.checksum, "live": added.live}
+                await record(request, "voice.version_added", **audited, details=details)
+                if added.live:
+                    await record(request, "voice.promoted", **audited)
+            if consent_record is not None:
+                await record(request, "voice.consent_recorded", **audited)
+            return response
+        if consent_record is None and settings.consent_required():
+            raise ApiError(
+                400,
+                "consent_required",
+                "cloning from audio needs a 'consent' part: the speaker's name, the statement "
+                "they agreed to, who collected it, when, and the purpose",
             )
-            return web.json_response(
-                {"voice": voice.model_dump()},
-                status=201,
-                headers={"Location": f"/v1/voices/{voice_id}"},
-            )
+        measured = None
+        if recording is not None and upload.files.get("audio"):  # the speaker before the data
+            measured = await _check_consent_recording(runtime, recording, upload.files["audio"])
         spec = await _check_audio(runtime, voice_id, upload, inputs, job_id)
-        await _ensure_free(runtime, voice_id)  # again: another upload may have taken it meanwhile
+        if consent_record is not None:
+            await asyncio.to_thread(
+                consent.save_for_job, job_dir, consent_record, recording, measured
+            )
+        if version_of is None:  # again: another upload may have taken it meanwhile
+            await _ensure_free(runtime, voice_id)
     except Exception:
         await asyncio.to_thread(runtime.jobs.discard, job_id)
         raise
@@ -186,7 +290,9 @@ async def create_voice(request: web.Request) -> web.Response:
         runtime.jobs.discard(job_id)
         raise
     try:
-        job = await runtime.jobs.submit(job_id, spec, tenant)
+        job = await runtime.jobs.submit(
+            job_id, spec, tenant, new_version=version_of is not None, promote=promote
+        )
     except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
         await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
         raise
@@ -196,6 +302,67 @@ async def create_voice(request: web.Request) -> web.Response:
         status=202,
         headers={"Location": f"/v1/jobs/{job.id}"},
     )
+
+
+def _form_flag(fields: dict[str, str], name: str, default: bool) -> bool:
+    value = fields.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in ("true", "false"):
+        raise ApiError(400, "invalid_request", f"{name} must be true or false")
+    return value == "true"
+
+
+def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | None]:
+    """The upload's consent record (the ``consent`` field or file, JSON, validated) and
+    consent recording, both taken out of the training inputs."""
+    text = upload.fields.pop("consent", None)
+    for path in upload.files.pop("consent", []):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        path.unlink()
+    recordings = upload.files.pop("consent_recording", [])
+    recording = None
+    for index, path in enumerate(recordings):
+        if index == 0:
+            recording = path.replace(job_dir / "consent_upload")
+        else:
+            path.unlink()
+    if len(recordings) > 1:
+        raise ApiError(400, "invalid_consent", "send one 'consent_recording' file")
+    if text is None:
+        return None, recording
+    try:
+        payload = load_json(text)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_consent", f"'consent' is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_consent", "'consent' must be a JSON object")
+    try:
+        record = ConsentRecord.model_validate(payload)
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_consent", validation_message(exc, "consent")) from exc
+    return record.model_dump(mode="json"), recording
+
+
+async def _check_consent_recording(
+    runtime: VoiceService, recording: Path, clips: list[Path]
+) -> float:
+    """The consent recording's similarity to the training audio's speaker: 422
+    ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
+    settings = runtime.settings
+    try:
+        encoder = await asyncio.to_thread(consent.shared_encoder, settings.speaker_encoder)
+        return await asyncio.to_thread(
+            consent.check_recording, encoder, recording, clips, settings.consent_min_similarity
+        )
+    except consent.ConsentMismatch as exc:
+        raise ApiError(422, "consent_speaker_mismatch", str(exc)) from exc
+    except AudioTooLong as exc:
+        raise ApiError(413, "audio_too_long", f"the consent recording: {exc}") from exc
+    except UnreadableAudio as exc:
+        raise ApiError(
+            415, "not_audio", f"the consent recording is not audio we can read: {exc}"
+        ) from exc
 
 
 def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> None:
@@ -262,8 +429,18 @@ async def _check_audio(
 
 
 async def _register_adapter(
-    runtime: VoiceService, voice_id: str, upload: Upload, inputs: Path, tenant: str | None
-) -> VoiceDetail:
+    runtime: VoiceService,
+    voice_id: str,
+    upload: Upload,
+    inputs: Path,
+    tenant: str | None,
+    consent_record: dict | None,
+    version_of: str | None,
+    promote: bool,
+) -> tuple[web.Response, VersionInfo]:
+    """Stage the uploaded adapter (with its consent record, if any) and register it: as a
+    new voice (201 and the voice), or as ``version_of``'s next version (201 and the version);
+    and the version it is."""
     files, fields = upload.files, upload.fields
     max_bytes = int(runtime.settings.max_adapter_mb * 1e6)
     staging = inputs / voice_id
@@ -282,23 +459,154 @@ async def _register_adapter(
         manifest = read_json_object(manifest_part[0]) if manifest_part else {}
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
+    manifest.pop(consent.CONSENT, None)  # only a validated record is stored as consent
     manifest = {
         "base_model": runtime.settings.served_base_name(),
         "prompt_style": "plain",
         **manifest,
         "voice_id": voice_id,
         "name": fields.get("name") or manifest.get("name") or voice_id,
-        "version": manifest.get("version", 1),
     }
+    if consent_record is not None:
+        manifest[consent.CONSENT] = consent_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
     try:
-        await runtime.voices.add(voice_id, staging)
+        if version_of is not None:
+            added = await runtime.voices.add_version(voice_id, staging, promote)
+        else:
+            await runtime.voices.add(voice_id, staging)
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", str(exc)) from exc
     except VoiceExists as exc:
         raise ApiError(409, "voice_exists", str(exc)) from exc
-    return await _voice_detail(runtime, voice_id, None)
+    except DuplicateVersion as exc:
+        raise ApiError(409, "version_exists", str(exc)) from exc
+    except NoSuchVersion as exc:  # deleted meanwhile
+        raise voice_not_found(voice_id) from exc
+    except ReadOnlyVoice as exc:
+        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    if version_of is not None:
+        info = await _version_info(runtime, voice_id, added.version, None)
+        response = web.json_response(
+            {"version": info.model_dump()},
+            status=201,
+            headers={"Location": f"/v1/voices/{voice_id}/versions/{added.version}"},
+        )
+        return response, info
+    voice = await _voice_detail(runtime, voice_id, None)
+    response = web.json_response(
+        {"voice": voice.model_dump()}, status=201, headers={"Location": f"/v1/voices/{voice_id}"}
+    )
+    return response, await _version_info(runtime, voice_id, 1, None)
+
+
+def _visible_manifest(manifest: dict, manageable: bool) -> dict:
+    """A manifest as a caller sees it: the consent record only for the voice's tenant and
+    admins (who may manage it), never for other tenants reading a shared voice."""
+    if manageable or consent.CONSENT not in manifest:
+        return manifest
+    return {k: v for k, v in manifest.items() if k != consent.CONSENT}
+
+
+async def _managed_voice(
+    runtime: VoiceService, voice_id: str, principal: Principal | None
+) -> VoiceDetail:
+    """The voice ``principal`` may change: 404 for one it cannot see, 403 ``voice_read_only``
+    for a built-in voice or a shared one (admins only)."""
+    detail = await _voice_detail(runtime, voice_id, principal)
+    if detail.kind == "builtin":
+        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is a built-in voice")
+    if not can_manage(principal, voice_tenant(detail.manifest)):
+        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
+    return detail
+
+
+def _version_of(entry: VoiceVersion, manageable: bool) -> VersionInfo:
+    return VersionInfo(
+        version=entry.version,
+        status=entry.status,
+        live=entry.live,
+        checksum=entry.checksum,
+        manifest=_visible_manifest(entry.manifest, manageable),
+        error=entry.error,
+    )
+
+
+async def _version_info(
+    runtime: VoiceService, voice_id: str, version: int, principal: Principal | None
+) -> VersionInfo:
+    entries = await runtime.voices.versions(voice_id) or []
+    for entry in entries:
+        if entry.version == version:
+            tenant = voice_tenant(entry.manifest)
+            return _version_of(entry, can_manage(principal, tenant))
+    raise ApiError(404, "version_not_found", f"voice {voice_id!r} has no version {version}")
+
+
+async def list_versions(request: web.Request) -> web.Response:
+    """``GET /v1/voices/{id}/versions``: every version, oldest first (held ones only for those
+    who may manage the voice)."""
+    runtime = request.app[SERVICE]
+    voice_id = _path_id(request, "voice_id")
+    principal = request_principal(request)
+    detail = await _voice_detail(runtime, voice_id, principal)
+    entries = await runtime.voices.versions(voice_id)
+    if entries is None:
+        raise voice_not_found(voice_id)
+    manageable = can_manage(principal, voice_tenant(detail.manifest))
+    live = next((e.version for e in entries if e.live), 1)
+    listed = [_version_of(e, manageable) for e in entries if e.status != "held" or manageable]
+    body = VersionList(voice_id=voice_id, live=live, versions=listed)
+    return web.json_response(body.model_dump())
+
+
+async def promote_version(request: web.Request) -> web.Response:
+    """``POST /v1/voices/{id}/versions/{n}/promote``: version n goes live (forward or back),
+    at once for every process; the one it replaces stays servable when pinned."""
+    runtime = request.app[SERVICE]
+    voice_id = _path_id(request, "voice_id")
+    version = _path_version(request)
+    principal = request_principal(request)
+    await _managed_voice(runtime, voice_id, principal)
+    try:
+        await runtime.voices.promote(voice_id, version)
+    except NoSuchVersion as exc:
+        raise ApiError(404, "version_not_found", str(exc)) from exc
+    except HeldVersion as exc:
+        raise ApiError(409, "version_held", str(exc)) from exc
+    except InvalidAdapter as exc:
+        raise ApiError(422, "voice_unusable", f"version {version}: {exc}") from exc
+    except ReadOnlyVoice as exc:
+        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    info = await _version_info(runtime, voice_id, version, principal)
+    tenant = voice_tenant(info.manifest)
+    await record(request, "voice.promoted", tenant=tenant, voice=voice_id, version=version)
+    return web.json_response({"version": info.model_dump()})
+
+
+async def delete_version(request: web.Request) -> web.Response:
+    """``DELETE /v1/voices/{id}/versions/{n}``: remove a version that is not the live one."""
+    runtime = request.app[SERVICE]
+    voice_id = _path_id(request, "voice_id")
+    version = _path_version(request)
+    detail = await _managed_voice(runtime, voice_id, request_principal(request))
+    try:
+        removed = await runtime.voices.remove_version(voice_id, version)
+    except LiveVersion as exc:
+        raise ApiError(409, "version_live", str(exc)) from exc
+    except NoSuchVersion as exc:
+        raise voice_not_found(voice_id) from exc
+    except ReadOnlyVoice as exc:
+        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    if not removed:
+        raise ApiError(404, "version_not_found", f"voice {voice_id!r} has no version {version}")
+    tenant = voice_tenant(detail.manifest)
+    details = {"only_version": True}  # the voice and its other versions stay
+    await record(
+        request, "voice.deleted", tenant=tenant, voice=voice_id, version=version, details=details
+    )
+    return web.Response(status=204)
 
 
 async def _voice_detail(
@@ -310,10 +618,12 @@ async def _voice_detail(
     ):
         raise voice_not_found(voice_id)
     builtin = runtime.voices.builtin.get(voice_id)
-    if builtin is not None:
+    if builtin is not None and not manifest:
         return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
     name = str(manifest.get("name") or voice_id)
-    return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=manifest)
+    manageable = can_manage(principal, voice_tenant(manifest))
+    visible = _visible_manifest(manifest, manageable)
+    return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=visible)
 
 
 async def voice_infos(
@@ -398,20 +708,27 @@ async def publish_voice(request: web.Request) -> web.Response:
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     try:
-        voice = await runtime.voices.publish(voice_id, published)
+        voice = await runtime.voices.publish(voice_id, published, body.version)
     except NotHeld as exc:
         raise ApiError(409, "voice_not_held", str(exc)) from exc
     if voice is None:  # deleted meanwhile
         raise voice_not_found(voice_id)
     detail = await _voice_detail(runtime, voice_id, principal)
     tenant = voice_tenant(detail.manifest)
-    await record(request, "voice.published", tenant=tenant, voice=voice_id, details=published)
+    await record(
+        request,
+        "voice.published",
+        tenant=tenant,
+        voice=voice_id,
+        version=voice.version,
+        details=published,
+    )
     return web.json_response({"voice": detail.model_dump()})
 
 
-def _made(voice: VoiceDetail) -> dict[str, object]:
+def _made(version: VersionInfo) -> dict[str, object]:
     """What an audit event says of a voice registered from an uploaded adapter."""
-    return {"source": "adapter", "name": voice.name, "version": voice.manifest.get("version")}
+    return {"source": "adapter", "name": version.manifest.get("name"), "checksum": version.checksum}
 
 
 def _job_info(job: CloneJob) -> CloneJobInfo:
@@ -453,7 +770,7 @@ async def retry_job(request: web.Request) -> web.Response:
     job = _job(request)
     if runtime.jobs.is_running(job.id):
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
-    if await runtime.voices.exists(job.voice_id):
+    if not job.new_version and await runtime.voices.exists(job.voice_id):
         raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in ("failed", "cancelled"):
         raise ApiError(
@@ -469,6 +786,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/voices/{voice_id}", get_voice)
     app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
     app.router.add_post("/v1/voices/{voice_id}/publish", publish_voice)
+    app.router.add_post("/v1/voices/{voice_id}/versions", add_version)
+    app.router.add_get("/v1/voices/{voice_id}/versions", list_versions)
+    app.router.add_post("/v1/voices/{voice_id}/versions/{version}/promote", promote_version)
+    app.router.add_delete("/v1/voices/{voice_id}/versions/{version}", delete_version)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
     app.router.add_delete("/v1/jobs/{job_id}", cancel_job)
     app.router.add_post("/v1/jobs/{job_id}/retry", retry_job)

@@ -18,6 +18,7 @@ import shutil
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +31,16 @@ SCHEME = "shared:"
 IN_USE_SECONDS = 60.0
 CHECKSUM = re.compile(r"[0-9a-f]{64}")
 CHECKSUM_PREFIX = re.compile(r"[0-9a-f]{32}")  # an adapter's folder in the store
+LIVE = "live"  # in a voice's folder of the store: the folder name of its live version's adapter
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVoice:
+    """A voice as the store holds it: the URI of its live version's adapter and of every
+    version's (what a lost registry record is rebuilt from)."""
+
+    live: str
+    adapters: tuple[str, ...]
 
 
 class AdapterFetchError(RuntimeError):
@@ -63,8 +74,13 @@ class AdapterStore(Protocol):
         """Replace the adapter's ``voice.json`` (its weights, and so its URI, stay)."""
         ...
 
-    def published(self) -> dict[str, str]:
-        """Every voice the store holds, with the URI of its newest adapter."""
+    def set_live(self, uri: str) -> None:
+        """Record that the adapter at ``uri`` is its voice's live version."""
+        ...
+
+    def published(self) -> dict[str, StoredVoice]:
+        """Every voice the store holds: its live adapter (as ``set_live`` said, else the
+        newest) and all of them."""
         ...
 
 
@@ -108,19 +124,37 @@ class SharedDirStore:
     def write_manifest(self, uri: str, manifest: dict) -> None:
         write_manifest(self.folder(uri), manifest)
 
-    def published(self) -> dict[str, str]:
-        found: dict[str, str] = {}
+    def set_live(self, uri: str) -> None:
+        folder = self.folder(uri)
+        staging = folder.parent / f".{LIVE}.{uuid.uuid4().hex}"
+        staging.write_text(folder.name)
+        os.replace(staging, folder.parent / LIVE)  # one rename: the old pointer or the new
+
+    def published(self) -> dict[str, StoredVoice]:
+        found: dict[str, StoredVoice] = {}
         root = self.root / "adapters"
         for voice in sorted(root.iterdir()) if root.is_dir() else []:
             if not is_voice_id(voice.name):
                 continue  # staging folders (".<uuid>") and strays
             try:
-                adapters = [
-                    p for p in voice.iterdir() if p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name)
-                ]
-                if adapters:
-                    newest = max(adapters, key=lambda p: p.stat().st_mtime)
-                    found[voice.name] = SCHEME + newest.relative_to(self.root).as_posix()
+                adapters = {
+                    p.name: p
+                    for p in voice.iterdir()
+                    if p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name)
+                }
+                if not adapters:
+                    continue
+                pointer = voice / LIVE
+                named = pointer.read_text().strip() if pointer.is_file() else ""
+                live = adapters.get(named) or max(
+                    adapters.values(), key=lambda p: p.stat().st_mtime
+                )
+                uris = tuple(
+                    SCHEME + p.relative_to(self.root).as_posix() for p in adapters.values()
+                )
+                found[voice.name] = StoredVoice(
+                    SCHEME + live.relative_to(self.root).as_posix(), uris
+                )
             except OSError:  # deleted meanwhile
                 continue
         return found
@@ -128,8 +162,11 @@ class SharedDirStore:
     def delete(self, uri: str) -> None:
         path = self._path(uri)
         shutil.rmtree(path, ignore_errors=True)
+        voice = path.parent
         try:
-            path.parent.rmdir()  # the voice's folder, once its last version is gone
+            if not any(p.is_dir() for p in voice.iterdir()):  # its last version is gone
+                (voice / LIVE).unlink(missing_ok=True)
+            voice.rmdir()  # the voice's folder, once its last version is gone
         except OSError:
             pass
 

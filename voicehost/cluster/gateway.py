@@ -33,6 +33,7 @@ from voicehost.admission import Refused
 from voicehost.api.auth import AUTH, bind_host, request_principal
 from voicehost.api.edge import (
     REQUEST_ID_HEADER,
+    VERSION_HEADER,
     WORKER_HEADER,
     ApiError,
     check_speech_request,
@@ -46,7 +47,7 @@ from voicehost.api.edge import (
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
-from voicehost.cloning import CloneJobs
+from voicehost.cloning import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
@@ -56,9 +57,11 @@ from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
 from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
+from voicehost.ids import split_voice_ref
 from voicehost.keys import Principal
 from voicehost.metrics import SpeechMetrics
 from voicehost.usage import UsageLedger
+from voicehost.voices import Voice
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ class Gateway:
         self.metrics.watch_registry(self.voices.missing)
         self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
         self.jobs = CloneJobs(
-            settings.shared_dir / "jobs", self.voices.add, queue, "gateway", audit=self.audit
+            settings.shared_dir / "jobs", registrar(self.voices), queue, "gateway", audit=self.audit
         )
         # a gateway speaks nothing: its ledger only reads the workers' sums
         self.usage = UsageLedger(RedisUsageStore(self.redis, settings.usage_retention_days), None)
@@ -325,6 +328,13 @@ def _error_of(text: str) -> tuple[str, str]:
         return "unavailable", text[:200]
 
 
+def _record_ref(voice: Voice, requested: str) -> str:
+    """Which record of ``voice`` a request names: its live one (``anna``, or an alias of it)
+    or the version it pins (``anna@2``)."""
+    pinned = split_voice_ref(requested)[1]
+    return voice.voice_id if pinned is None else f"{voice.voice_id}@{pinned}"
+
+
 def _worker_headers(
     request: web.Request, principal: Principal | None, voice: str
 ) -> dict[str, str]:
@@ -346,10 +356,10 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     principal = request_principal(request)
     # routed by the voice an alias names; the worker resolves the alias in the body again
     voice = await find_voice(gateway.voices, body.voice, principal, gateway.settings.voice_aliases)
-    forwarded = _worker_headers(request, principal, voice.voice_id)
+    forwarded = _worker_headers(request, principal, _record_ref(voice, body.voice))
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
-    opening = _on_a_worker(
+    opening = _on_a_worker(  # every version of a voice routes as the voice
         gateway, voice.voice_id, session_id, lambda w: _open_upstream(gateway, w, raw, forwarded)
     )
     async with opening as (upstream, first):
@@ -361,7 +371,7 @@ async def _relay(
 ) -> web.StreamResponse:
     """Copy the worker's answer to the client as it arrives."""
     headers = {"Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")}
-    for name in (WORKER_HEADER, "Retry-After"):
+    for name in (WORKER_HEADER, VERSION_HEADER, "Retry-After"):
         if name in upstream.headers:
             headers[name] = upstream.headers[name]
     if upstream.status != 200:  # the worker's own error answer (a 429 too), passed through
@@ -416,7 +426,7 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
     async def relay(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
         aliases = gateway.settings.voice_aliases
         voice = await find_voice(gateway.voices, config.voice, principal, aliases)
-        headers = _worker_headers(request, principal, voice.voice_id)
+        headers = _worker_headers(request, principal, _record_ref(voice, config.voice))
         session_id = request.headers.get(SESSION_HEADER)
         opening = _on_a_worker(
             gateway,

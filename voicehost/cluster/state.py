@@ -6,8 +6,9 @@
   gateway that Redis lost its data (workers that left or died leave it behind).
 - ``vh:session:<id>``: the worker a session is pinned to, expiring ``session_ttl_seconds`` after
   its last use.
-- ``vh:voice:<id>`` and the ``vh:voices`` index: the voice directory's records, the only keys
-  without a TTL.
+- ``vh:voice:<id>`` and the ``vh:voices`` index: the voice directory's records (the voice's live
+  version, and ``newest``), and ``vh:voice:<id>@<n>``: each version's; the only keys without a
+  TTL.
 - ``vh:lease:<key id>``: the streams an API key holds in the cluster (``leases.py``), each
   expiring unless its worker refreshes it.
 - ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
@@ -78,6 +79,12 @@ def usage_key(minute: int) -> str:
 def lexicons_key(tenant: str | None) -> str:
     """A tenant's lexicons (name -> document); ``_shared``: those of no tenant."""
     return f"{PREFIX}lexicons:{tenant or '_shared'}"
+
+
+def version_key(voice_id: str, version: int) -> str:
+    """One version's record; the voice's own record (``voice_key``) holds a copy of the live
+    one's fields, so that speaking with the live version is one read."""
+    return f"{PREFIX}voice:{voice_id}@{version}"
 
 
 def connect(settings: Settings) -> Redis:

@@ -3,7 +3,10 @@
 A record (``vh:voice:<id>``) holds the adapter's URI and checksum, owner, tenant, version and
 status (``publishing`` while it is claimed, then ``ready`` or ``held`` as its ``voice.json``
 says; the record's status is the one that counts, since a worker's cached copy of the files may
-predate a publish).
+predate a publish). It is the live version's: each version has a record of its own
+(``vh:voice:<id>@<n>``), and promoting one copies its fields into the voice's record in one
+script, so every gateway and worker, which read the record per request, speak the new live
+version from their next request on; ``newest`` counts the versions.
 Workers fetch the adapter into their local cache; gateways read it in the shared store. Both
 validate it (once per checksum) before they use it, so a broken adapter is refused alike (422).
 While Redis is down, records seen before still resolve.
@@ -26,14 +29,33 @@ from redis.exceptions import RedisError
 
 from voicehost.adapter_validation import (
     MANIFEST,
+    PROMOTED,
     STATUS,
+    VERSION,
     AdapterRules,
     InvalidAdapter,
+    assign_tenant,
+    read_json_object,
     validate_adapter,
+    voice_status,
+    write_manifest,
 )
-from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore
-from voicehost.cluster.state import VOICES, raise_if_cancelled, voice_key
-from voicehost.voices import BrokenAdapter, NotHeld, ReadOnlyVoice, Voice, VoiceExists
+from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore, StoredVoice
+from voicehost.cluster.state import VOICES, raise_if_cancelled, version_key, voice_key
+from voicehost.voice_folders import now_iso
+from voicehost.voices import (
+    BrokenAdapter,
+    DuplicateVersion,
+    HeldVersion,
+    LiveVersion,
+    NoSuchVersion,
+    NotHeld,
+    ReadOnlyVoice,
+    Voice,
+    VoiceExists,
+    VoiceVersion,
+    version_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +63,66 @@ PUBLISH_CLAIM_SECONDS = 300
 # A gateway sends the record of the voice it routes with the request, so that a worker that never
 # saw it can serve it while Redis is away (believed only with the internal token).
 RECORD_HEADER = "X-Voicehost-Voice-Record"
-FORWARDED_FIELDS = ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "status")
+FORWARDED_FIELDS = (
+    "voice_id",
+    "name",
+    "prompt_style",
+    "uri",
+    "checksum",
+    "tenant",
+    "status",
+    "version",
+)
 LISTED = ("ready", "held")  # the statuses of a registered voice (not a claim being published)
-# Publish a held voice: its status and manifest change together, once (the status is checked
-# in the same step, so of two publishes only one finds it held). Returns the status it found.
+# Publish a held version (KEYS[1]): its status and manifest change together, once (the status is
+# checked in the same step, so of two publishes only one finds it held), and in the voice's
+# record (KEYS[2]) too if it is the live one (ARGV[2]). Returns the status it found.
 PUBLISH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'held' then
   redis.call('HSET', KEYS[1], 'status', 'ready', 'manifest', ARGV[1])
+  if redis.call('HGET', KEYS[2], 'version') == ARGV[2] then
+    redis.call('HSET', KEYS[2], 'status', 'ready', 'manifest', ARGV[1])
+  end
 end
 return status
+"""
+# The next version number of a voice (KEYS[1]); -1 if it is not registered.
+NEXT_VERSION = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'ready' and status ~= 'held' then return -1 end
+local newest = redis.call('HGET', KEYS[1], 'newest') or redis.call('HGET', KEYS[1], 'version')
+newest = (tonumber(newest) or 1) + 1
+redis.call('HSET', KEYS[1], 'newest', newest)
+return newest
+"""
+# Add a version's record (KEYS[2], fields as JSON in ARGV[1]) to a registered voice (KEYS[1]),
+# and with ARGV[2] == '1' make it live in the same step.
+ADD_VERSION = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'ready' and status ~= 'held' then return 'missing' end
+local fields = cjson.decode(ARGV[1])
+for name, value in pairs(fields) do redis.call('HSET', KEYS[2], name, value) end
+if ARGV[2] == '1' then
+  for name, value in pairs(fields) do redis.call('HSET', KEYS[1], name, value) end
+end
+return 'ok'
+"""
+# Promote a version (KEYS[2]): its fields become the voice's record (KEYS[1]), at once.
+PROMOTE = """
+local status = redis.call('HGET', KEYS[2], 'status')
+if status ~= 'ready' and status ~= 'held' then return 'missing' end
+if status == 'held' then return 'held' end
+local current = redis.call('HGET', KEYS[1], 'status')
+if current ~= 'ready' and current ~= 'held' then return 'missing' end
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do redis.call('HSET', KEYS[1], fields[i], fields[i + 1]) end
+return 'ok'
+"""
+# Delete a version's record (KEYS[2]) unless it is the live one (ARGV[1]) of KEYS[1].
+DELETE_VERSION = """
+if redis.call('HGET', KEYS[1], 'version') == ARGV[1] then return 'live' end
+return redis.call('DEL', KEYS[2])
 """
 
 
@@ -78,27 +150,48 @@ class RedisVoiceDirectory:
         self._fetching: dict[tuple[str, str], asyncio.Lock] = {}
         self._missing = 0  # voices in the store without a record, at the last reconcile
         self._publish = redis.register_script(PUBLISH)
+        self._next_version = redis.register_script(NEXT_VERSION)
+        self._add_version = redis.register_script(ADD_VERSION)
+        self._promote = redis.register_script(PROMOTE)
+        self._delete_version = redis.register_script(DELETE_VERSION)
 
-    async def record(self, voice_id: str) -> dict[str, str] | None:
-        """The voice's record; while Redis is unreachable, the last one seen (or the error)."""
+    async def record(self, voice_id: str, version: int | None = None) -> dict[str, str] | None:
+        """The voice's record (its live version's), or ``version``'s; while Redis is
+        unreachable, the last one seen (or the error)."""
+        ref = _ref(voice_id, version)
         try:
-            record = await self.redis.hgetall(voice_key(voice_id))
+            if version is None:
+                record = await self.redis.hgetall(voice_key(voice_id))
+            else:
+                record = await self._version_record(voice_id, version)
         except RedisError:
-            if voice_id in self._records:
-                return self._records[voice_id]
+            if ref in self._records:
+                return self._records[ref]
             raise
         if record:
-            self._records[voice_id] = record
+            self._records[ref] = record
         else:
-            self._records.pop(voice_id, None)
+            self._records.pop(ref, None)
         return record or None
 
-    def forwarded_record(self, voice_id: str) -> str | None:
-        """The header value carrying the last record seen of ``voice_id`` (a gateway's)."""
-        record = self._records.get(voice_id)
+    async def _version_record(self, voice_id: str, version: int) -> dict[str, str]:
+        """A version's record; for a voice registered before versions had records of their
+        own, its record is version 1's."""
+        record = await self.redis.hgetall(version_key(voice_id, version))
+        if not record:
+            main = await self.redis.hgetall(voice_key(voice_id))
+            if main and main.get("version", "1") == str(version) and "newest" not in main:
+                return main
+        return record
+
+    def forwarded_record(self, ref: str) -> str | None:
+        """The header value carrying the last record seen of ``ref`` (``anna`` or
+        ``anna@2``; a gateway's)."""
+        record = self._records.get(ref)
         if record is None:
             return None
         fields = {k: record[k] for k in FORWARDED_FIELDS if k in record}
+        fields["ref"] = ref
         return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode()
 
     def offer(self, header: str) -> None:
@@ -106,25 +199,34 @@ class RedisVoiceDirectory:
         record read from Redis replaces it. A malformed one is ignored."""
         try:
             record = json.loads(base64.urlsafe_b64decode(header.encode()))
-            voice_id = record["voice_id"]
-            if not isinstance(voice_id, str) or not all(
+            voice_id, ref = record["voice_id"], record.get("ref", record["voice_id"])
+            if not isinstance(ref, str) or not all(
                 isinstance(record.get(k), str) for k in FORWARDED_FIELDS
             ):
                 return
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return
-        self._records.setdefault(voice_id, {k: record[k] for k in FORWARDED_FIELDS})
+        if _split_ref(ref)[0] != voice_id:
+            return
+        self._records.setdefault(ref, {k: record[k] for k in FORWARDED_FIELDS})
 
-    async def find(self, voice_id: str) -> Voice | None:
+    async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
         if voice_id in self.builtin:
-            return self.builtin[voice_id]
-        record = await self.record(voice_id)
+            return self.builtin[voice_id] if version in (None, 1) else None
+        ref = _ref(voice_id, version)
+        record = await self.record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
         status = record["status"]
+        number = int(record.get("version") or 1)
         key = (voice_id, record["checksum"])
         known = self._ready.get(key)
-        if self.cache is None and known is not None and known.status == status:
+        if (
+            self.cache is None
+            and known is not None
+            and known.status == status
+            and known.version == number
+        ):
             return known  # a gateway: the store's files, validated
         async with self._fetching.setdefault(key, asyncio.Lock()):  # one download per adapter
             try:
@@ -138,12 +240,12 @@ class RedisVoiceDirectory:
                             f"the record says {record['checksum']}"
                         )
             except (AdapterFetchError, InvalidAdapter) as exc:
-                self._broken[voice_id] = str(exc)
-                log.error("voice %s is unusable here: %s", voice_id, exc)
+                self._broken[ref] = str(exc)
+                log.error("voice %s is unusable here: %s", ref, exc)
                 return None
-        if voice.status != status:
-            voice = replace(voice, status=status)  # type: ignore[arg-type]
-        self._broken.pop(voice_id, None)
+        if voice.status != status or voice.version != number:
+            voice = replace(voice, status=status, version=number)  # type: ignore[arg-type]
+        self._broken.pop(ref, None)
         self._ready[key] = voice
         return voice
 
@@ -155,8 +257,8 @@ class RedisVoiceDirectory:
             return self.store.folder(record["uri"])
         return self.cache.fetch(record["uri"], record["checksum"], voice_id)
 
-    def broken(self, voice_id: str) -> str | None:
-        return self._broken.get(voice_id)
+    def broken(self, voice_id: str, version: int | None = None) -> str | None:
+        return self._broken.get(_ref(voice_id, version))
 
     def loaded(self) -> int:
         """Adapters fetched and validated by this process."""
@@ -185,9 +287,10 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin or not await self._claim(voice_id):
             raise VoiceExists(f"voice {voice_id!r} already exists")
         try:
+            await asyncio.to_thread(_set_manifest, folder, {VERSION: 1})
             checksum = voice.checksum or ""
             uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
-            await self._complete(voice, uri, _manifest_text(folder))
+            await self._complete([(voice, uri, _manifest_text(folder))], uri)
         except BaseException:
             with suppress(RedisError):  # otherwise the claim expires by itself
                 await self.redis.delete(voice_key(voice_id))
@@ -202,9 +305,9 @@ class RedisVoiceDirectory:
         await self.redis.expire(voice_key(voice_id), PUBLISH_CLAIM_SECONDS)
         return True
 
-    async def _complete(self, voice: Voice, uri: str, manifest: str) -> None:
-        """Write the claimed record of ``voice``, published at ``uri``, and list it."""
-        record = {
+    def _fields(self, voice: Voice, uri: str, manifest: str) -> dict[str, str]:
+        """The record of one version of ``voice``, published at ``uri``."""
+        return {
             "voice_id": voice.voice_id,
             "name": voice.name,
             "prompt_style": voice.prompt_style,
@@ -212,16 +315,150 @@ class RedisVoiceDirectory:
             "checksum": voice.checksum or "",
             "owner": self.owner,
             "tenant": voice.tenant or "",  # "": shared with every tenant
-            "version": str(json.loads(manifest).get("version", 1)),
+            "version": str(json.loads(manifest).get(VERSION, 1)),
             "created": str(time.time()),
             "manifest": manifest,
             "status": voice.status,  # its voice.json's: a held clone stays held in the cluster
         }
+
+    async def _complete(self, versions: list[tuple[Voice, str, str]], live: str) -> None:
+        """Write the claimed record of a voice, each of its ``versions`` (the voice, its URI,
+        its manifest) and which is live (by URI), and list it."""
+        records = [self._fields(*entry) for entry in versions]
+        (main,) = [r for r in records if r["uri"] == live]
+        voice_id = main["voice_id"]
+        newest = max(int(r["version"]) for r in records)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(voice_key(voice.voice_id), mapping=record)
-            pipe.persist(voice_key(voice.voice_id))
-            pipe.sadd(VOICES, voice.voice_id)
+            pipe.hset(voice_key(voice_id), mapping={**main, "newest": str(newest)})
+            pipe.persist(voice_key(voice_id))
+            for record in records:
+                pipe.hset(version_key(voice_id, int(record["version"])), mapping=record)
+            pipe.sadd(VOICES, voice_id)
             await pipe.execute()
+
+    # --- versions ----------------------------------------------------------------------------
+
+    async def _registered(self, voice_id: str) -> dict[str, str]:
+        """The voice's record: ``ReadOnlyVoice`` for a built-in voice, ``NoSuchVersion`` if it
+        is not registered."""
+        if voice_id in self.builtin:
+            raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
+        record = await self.redis.hgetall(voice_key(voice_id))
+        if not record or record.get("status") not in LISTED:
+            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+        return record
+
+    async def _version_records(self, voice_id: str, main: dict[str, str]) -> dict[int, dict]:
+        newest = int(main.get("newest") or main.get("version") or 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for number in range(1, newest + 1):
+                pipe.hgetall(version_key(voice_id, number))
+            found = await pipe.execute()
+        records = {n: r for n, r in enumerate(found, start=1) if r}
+        live = int(main.get("version") or 1)
+        if live not in records:  # registered before versions had records of their own
+            records[live] = main
+        return records
+
+    async def add_version(self, voice_id: str, folder: Path, promote: bool) -> Voice:
+        staged = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+        main = await self._registered(voice_id)
+        existing = await self._version_records(voice_id, main)
+        if any(r.get("checksum") == staged.checksum for r in existing.values()):
+            raise DuplicateVersion(f"voice {voice_id!r} has a version with this adapter")
+        number = int(await self._next_version(keys=[voice_key(voice_id)]))
+        if number < 0:
+            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+        tenant = main.get("tenant") or None
+        manifest = await asyncio.to_thread(_manifest_of, folder)
+        promote = promote and voice_status(manifest) == "ready"
+        extra: dict[str, object] = {VERSION: number}
+        if promote:
+            extra[PROMOTED] = now_iso()
+        await asyncio.to_thread(_set_manifest, folder, extra)
+        await asyncio.to_thread(assign_tenant, folder, tenant)  # the voice's tenant, always
+        voice = replace(staged, tenant=tenant, version=number, status=voice_status(manifest))
+        uri = await asyncio.to_thread(self.store.publish, folder, voice_id, voice.checksum or "")
+        fields = self._fields(voice, uri, await asyncio.to_thread(_manifest_text, folder))
+        result = await self._add_version(
+            keys=[voice_key(voice_id), version_key(voice_id, number)],
+            args=[json.dumps(fields), "1" if promote else "0"],
+        )
+        if result != "ok":  # deleted meanwhile
+            await asyncio.to_thread(self.store.delete, uri)
+            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+        if promote:
+            await asyncio.to_thread(self.store.set_live, uri)
+        return voice
+
+    async def promote(self, voice_id: str, version: int) -> Voice:
+        main = await self._registered(voice_id)
+        record = (await self._version_records(voice_id, main)).get(version)
+        if record is None:
+            raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
+        if record.get("status") == "held":
+            raise HeldVersion(f"version {version} of {voice_id!r} is held: publish it first")
+        manifest = json.loads(record.get("manifest") or "{}")
+        if PROMOTED not in manifest:  # when it first went live: a retired version, not a candidate
+            manifest[PROMOTED] = now_iso()
+            await self.redis.hset(version_key(voice_id, version), "manifest", json.dumps(manifest))
+            await asyncio.to_thread(self.store.write_manifest, record["uri"], manifest)
+        if record is not main:
+            result = await self._promote(keys=[voice_key(voice_id), version_key(voice_id, version)])
+            if result == "held":
+                raise HeldVersion(f"version {version} of {voice_id!r} is held: publish it first")
+            if result != "ok":
+                raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
+        await asyncio.to_thread(self.store.set_live, record["uri"])
+        voice = await self.find(voice_id, version)
+        if voice is None:
+            raise InvalidAdapter(self.broken(voice_id, version) or "the adapter is unusable")
+        return voice
+
+    async def remove_version(self, voice_id: str, version: int) -> bool:
+        main = await self._registered(voice_id)
+        if main.get("version", "1") == str(version):
+            raise LiveVersion(
+                f"version {version} is the live version of {voice_id!r}: promote another one "
+                "first, or delete the voice"
+            )
+        record = (await self._version_records(voice_id, main)).get(version)
+        if record is None:
+            return False
+        # the store's copy first: a reconciler never finds a deleted version's files
+        await asyncio.to_thread(self.store.delete, record["uri"])
+        result = await self._delete_version(
+            keys=[voice_key(voice_id), version_key(voice_id, version)], args=[str(version)]
+        )
+        if result == "live":
+            raise LiveVersion(f"version {version} of {voice_id!r} was promoted meanwhile")
+        self._records.pop(_ref(voice_id, version), None)
+        return True
+
+    async def versions(self, voice_id: str) -> list[VoiceVersion] | None:
+        if voice_id in self.builtin:
+            return [VoiceVersion(1, "ready", True, None, {})]
+        main = await self.record(voice_id)
+        if main is None or main.get("status") not in LISTED:
+            return None
+        live = int(main.get("version") or 1)
+        listed = []
+        for number, record in sorted((await self._version_records(voice_id, main)).items()):
+            if record.get("status") not in LISTED:
+                continue
+            manifest = json.loads(record.get("manifest") or "{}")
+            status = version_status(record["status"], number == live, PROMOTED in manifest)  # type: ignore[arg-type]
+            listed.append(
+                VoiceVersion(
+                    number,
+                    status,
+                    number == live,
+                    record.get("checksum"),
+                    manifest,
+                    self._broken.get(_ref(voice_id, number)),
+                )
+            )
+        return listed
 
     async def remove(self, voice_id: str) -> bool:
         """Delete the store's copy first, then the record: a reconciler never finds a deleted
@@ -232,13 +469,17 @@ class RedisVoiceDirectory:
         record = await self.redis.hgetall(voice_key(voice_id))
         if not record:
             return False
-        if record.get("uri"):
-            await asyncio.to_thread(self.store.delete, record["uri"])
+        versions = await self._version_records(voice_id, record)
+        for uri in {r["uri"] for r in versions.values() if r.get("uri")} | (
+            {record["uri"]} if record.get("uri") else set()
+        ):
+            await asyncio.to_thread(self.store.delete, uri)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(voice_key(voice_id))
+            pipe.delete(voice_key(voice_id), *(version_key(voice_id, n) for n in versions))
             pipe.srem(VOICES, voice_id)
             await pipe.execute()
-        self._records.pop(voice_id, None)
+        for ref in [r for r in self._records if _split_ref(r)[0] == voice_id]:
+            self._records.pop(ref, None)
         return True
 
     # --- Redis is a cache of the store: rebuilding what it lost ---------------------------------
@@ -263,27 +504,35 @@ class RedisVoiceDirectory:
         self._missing = len(left)
         return len(left)
 
-    async def _restore(self, voice_id: str, uri: str) -> bool:
-        """Rebuild one voice's record from the store; ``False`` if it cannot be."""
-        try:
-            folder = self.store.folder(uri)
-            voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
-            manifest = await asyncio.to_thread(_manifest_text, folder)
-        except (AdapterFetchError, InvalidAdapter, OSError) as exc:
-            log.warning("voice %s in the store cannot be restored: %s", voice_id, exc)
-            return False
+    async def _restore(self, voice_id: str, stored: StoredVoice) -> bool:
+        """Rebuild one voice's records (each version's, and which is live) from the store;
+        ``False`` if its live version cannot be."""
+        versions: list[tuple[Voice, str, str]] = []
+        for uri in stored.adapters:
+            try:
+                folder = self.store.folder(uri)
+                voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+                manifest = await asyncio.to_thread(_manifest_text, folder)
+            except (AdapterFetchError, InvalidAdapter, OSError) as exc:
+                log.warning("voice %s in the store (%s) cannot be restored: %s", voice_id, uri, exc)
+                if uri == stored.live:
+                    return False
+                continue
+            versions.append((voice, uri, manifest))
         if not await self._claim(voice_id):
             return True  # restored by another process, or registered meanwhile
         try:
-            await self._complete(voice, uri, manifest)
+            await self._complete(versions, stored.live)
         except BaseException:
             with suppress(RedisError):
                 await self.redis.delete(voice_key(voice_id))
             raise
-        if not await asyncio.to_thread(folder.is_dir):  # deleted while it was restored
-            await self.remove(voice_id)
+        if not await asyncio.to_thread(self.store.folder(stored.live).is_dir):
+            await self.remove(voice_id)  # deleted while it was restored
             return True
-        log.info("voice %s restored from the shared store (tenant %s)", voice_id, voice.tenant)
+        log.info(
+            "voice %s restored from the shared store (tenant %s)", voice_id, versions[0][0].tenant
+        )
         return True
 
     async def reconcile_forever(self, interval: float) -> None:
@@ -298,22 +547,28 @@ class RedisVoiceDirectory:
             raise_if_cancelled()
             await asyncio.sleep(interval)
 
-    async def manifest(self, voice_id: str) -> dict | None:
+    async def manifest(self, voice_id: str, version: int | None = None) -> dict | None:
         if voice_id in self.builtin:
-            return {}
-        record = await self.record(voice_id)
+            return {} if version in (None, 1) else None
+        record = await self.record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
         return json.loads(record.get("manifest") or "{}")
 
-    async def publish(self, voice_id: str, published: dict[str, object]) -> Voice | None:
-        """The record first (what every process reads), then the store's ``voice.json`` (what
+    async def publish(
+        self, voice_id: str, published: dict[str, object], version: int | None = None
+    ) -> Voice | None:
+        """The records first (what every process reads), then the store's ``voice.json`` (what
         a rebuild of the record reads): a crash between leaves the store saying held, so a
         lost record comes back held, never wrongly ready."""
         if voice_id in self.builtin:
             raise NotHeld(f"voice {voice_id!r} is a built-in voice")
-        record = await self.redis.hgetall(voice_key(voice_id))
-        if not record or record.get("status") not in LISTED:
+        main = await self.redis.hgetall(voice_key(voice_id))
+        if not main or main.get("status") not in LISTED:
+            return None
+        number = int(main.get("version") or 1) if version is None else version
+        record = (await self._version_records(voice_id, main)).get(number)
+        if record is None or record.get("status") not in LISTED:
             return None
         if record["status"] != "held":
             raise NotHeld(f"voice {voice_id!r} is not held")
@@ -322,18 +577,40 @@ class RedisVoiceDirectory:
             STATUS: "ready",
             "published": published,
         }
-        found = await self._publish(keys=[voice_key(voice_id)], args=[json.dumps(manifest)])
+        key = version_key(voice_id, number) if record is not main else voice_key(voice_id)
+        found = await self._publish(
+            keys=[key, voice_key(voice_id)], args=[json.dumps(manifest), str(number)]
+        )
         if found not in LISTED:
             return None  # deleted meanwhile
         if found != "held":
             raise NotHeld(f"voice {voice_id!r} is not held")
         await asyncio.to_thread(self.store.write_manifest, record["uri"], manifest)
-        return await self.find(voice_id)
+        return await self.find(voice_id, number)
 
 
 def _manifest_text(folder: Path) -> str:
     path = folder / MANIFEST
     return path.read_text() if path.exists() else "{}"
+
+
+def _manifest_of(folder: Path) -> dict:
+    path = folder / MANIFEST
+    return read_json_object(path) if path.exists() else {}
+
+
+def _set_manifest(folder: Path, values: dict[str, object]) -> None:
+    write_manifest(folder, {**_manifest_of(folder), **values})
+
+
+def _ref(voice_id: str, version: int | None) -> str:
+    """``anna`` (the live version) or ``anna@2``: what the caches here are keyed by."""
+    return voice_id if version is None else f"{voice_id}@{version}"
+
+
+def _split_ref(ref: str) -> tuple[str, int | None]:
+    voice_id, _, version = ref.partition("@")
+    return voice_id, int(version) if version.isdigit() else None
 
 
 def _record_voice(record: dict[str, str]) -> Voice:
@@ -346,4 +623,5 @@ def _record_voice(record: dict[str, str]) -> Voice:
         record["checksum"],
         record.get("tenant") or None,
         record["status"],  # type: ignore[arg-type]
+        int(record.get("version") or 1),
     )
