@@ -334,9 +334,11 @@ def voice_paths() -> Json:
     }
     consenting = {
         "consent": {
-            **ref(ConsentRecord),
-            "description": "The consent record, as JSON (a field or a file): required to clone "
-            "from audio where `VOICEHOST_REQUIRE_CONSENT` is on (400 `consent_required`).",
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The consent record, a JSON `ConsentRecord` (a field or a file): "
+            "required to clone from audio where `VOICEHOST_REQUIRE_CONSENT` is on (400 "
+            "`consent_required`).",
         },
         "consent_recording": {
             **file,
