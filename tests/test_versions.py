@@ -201,6 +201,15 @@ async def test_two_versions_of_one_voice_pins_promotion_and_deletion(server, dev
         assert not (server.adapters / "two-step").exists()
         status, _, _ = await spoken(http, server, "two-step@1")
         assert status == 404
+        async with http.get(server.url + "/v1/audit", params={"voice": "two-step"}) as r:
+            events = [(e["action"], e["version"]) for e in (await r.json())["events"]]
+        assert events == [  # each change once; the refused ones never
+            ("voice.version_added", 2),
+            ("voice.promoted", 2),
+            ("voice.promoted", 1),
+            ("voice.version_deleted", 2),
+            ("voice.deleted", None),
+        ]
 
 
 @pytest.fixture(scope="module")

@@ -602,10 +602,7 @@ async def delete_version(request: web.Request) -> web.Response:
     if not removed:
         raise ApiError(404, "version_not_found", f"voice {voice_id!r} has no version {version}")
     tenant = voice_tenant(detail.manifest)
-    details = {"only_version": True}  # the voice and its other versions stay
-    await record(
-        request, "voice.deleted", tenant=tenant, voice=voice_id, version=version, details=details
-    )
+    await record(request, "voice.version_deleted", tenant=tenant, voice=voice_id, version=version)
     return web.Response(status=204)
 
 
