@@ -4,24 +4,14 @@ suffix names and streams chunks, the async client's realtime session cancels on 
 
 from __future__ import annotations
 
-import io
 import wave
 
-import av
 import pytest
 
 from voicehost import cli
 from voicehost.client import ApiError, AsyncClient, Client, format_for
 
 TEXT = "Hi."  # the dev model speaks at most 1.4 s of it
-
-
-def decoded_seconds(data: bytes, container_format: str) -> float:
-    with av.open(io.BytesIO(data)) as container:
-        assert container.format.name == container_format
-        stream = container.streams.audio[0]
-        samples = sum(frame.samples for frame in container.decode(stream))
-        return samples / stream.codec_context.sample_rate
 
 
 @pytest.mark.unit
