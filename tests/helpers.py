@@ -44,6 +44,7 @@ __all__ = [
     "RedisServer",
     "Server",
     "adapter_form",
+    "adapter_parts",
     "alive",
     "audio_form",
     "dev_env",
@@ -269,6 +270,19 @@ def adapter_form(
     form.add_field("name", "Uploaded")
     cfg = config or json.loads((folder / "adapter_config.json").read_text())
     form.add_field("adapter_config", json.dumps(cfg).encode(), filename="adapter_config.json")
+    weights = (folder / "adapter_model.safetensors").read_bytes()
+    form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
+    return form
+
+
+def adapter_parts(dev_model, source: str, **fields: str) -> aiohttp.FormData:
+    """An adapter upload of the dev adapter ``source``'s files."""
+    folder = dev_model.adapters / source
+    form = aiohttp.FormData()
+    for key, value in fields.items():
+        form.add_field(key, value)
+    config = (folder / "adapter_config.json").read_bytes()
+    form.add_field("adapter_config", config, filename="adapter_config.json")
     weights = (folder / "adapter_model.safetensors").read_bytes()
     form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
     return form

@@ -1154,6 +1154,10 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     recorded = time.monotonic() - started
     takes = await page.locator("#clone-takes li span").all_text_contents()
     assert takes == clone_prompts()[:3]
+    # the consent form: the record goes with the upload and is kept with the voice
+    await page.locator("#consent-speaker").fill("Ada Speaker")
+    await page.locator("#consent-collected-by").fill("the playground test")
+    await page.locator("#consent-purpose").fill("a browser test")
     await page.locator("#clone-submit").click()
     status = page.locator("#clone-job-status")
     await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
@@ -1176,6 +1180,10 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     assert (await page.locator("#clone-reference").get_attribute("src")).startswith("blob:")
     await expect(page.locator("#speak-voice option[value=recorded]")).to_have_count(1)
     assert watch.problems() == []
+    async with http.get(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
+        consent = (await response.json())["voice"]["manifest"]["consent"]
+    assert (consent["speaker_name"], consent["purpose"]) == ("Ada Speaker", "a browser test")
+    assert consent["statement"].startswith("I agree to have my voice cloned")
     async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
         assert response.status == 204
 

@@ -8,7 +8,7 @@ import shutil
 
 import aiohttp
 import pytest
-from helpers import audio_form, read_socket
+from helpers import adapter_parts, audio_form, read_socket
 
 from voicehost.adapter_validation import (
     ADAPTER_WEIGHTS,
@@ -119,19 +119,6 @@ async def test_a_one_adapter_folder_is_version_1_and_becomes_versioned_on_its_se
 
 
 # --- through the dev server -----------------------------------------------------------------
-
-
-def adapter_parts(dev_model, source: str, **fields: str) -> aiohttp.FormData:
-    """An adapter upload of the dev adapter ``source``'s files."""
-    folder = dev_model.adapters / source
-    form = aiohttp.FormData()
-    for key, value in fields.items():
-        form.add_field(key, value)
-    config = (folder / "adapter_config.json").read_bytes()
-    form.add_field("adapter_config", config, filename="adapter_config.json")
-    weights = (folder / "adapter_model.safetensors").read_bytes()
-    form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
-    return form
 
 
 async def spoken(http, server, voice: str) -> tuple[int, str | None, bytes]:

@@ -140,6 +140,20 @@ async function firstTranscript(file) {
   return PROMPTS[0];
 }
 
+// The consent part (POST /v1/voices' ``consent``), when the form names a speaker; the
+// server says in words what is missing or wrong (400 invalid_consent / consent_required).
+function consentRecord() {
+  const speaker = $("consent-speaker").value.trim();
+  if (!speaker) return null;
+  return {
+    speaker_name: speaker,
+    statement: $("consent-statement").value.trim(),
+    collected_by: $("consent-collected-by").value.trim(),
+    collected_at: new Date().toISOString(),
+    purpose: $("consent-purpose").value.trim(),
+  };
+}
+
 async function submit() {
   const form = new FormData();
   const name = $("clone-name").value.trim();
@@ -161,6 +175,10 @@ async function submit() {
     if (transcripts) form.append("transcripts", transcripts, "metadata.csv");
     reference = { url: URL.createObjectURL(files[0]), sentence: await firstTranscript(files[0]) };
   }
+  const consent = consentRecord();
+  if (consent) form.append("consent", JSON.stringify(consent));
+  const recording = $("consent-recording").files[0];
+  if (recording) form.append("consent_recording", recording, recording.name);
   say("clone-status", "Uploading...");
   $("clone-submit").disabled = true;
   try {
