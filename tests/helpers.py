@@ -23,6 +23,7 @@ import psutil
 import pytest
 import redis
 
+from lora_training.recipe import VoiceJob
 from voicehost import devserver, orpheus
 from voicehost.config import Settings
 from voicehost.devmodel import DevModelPaths
@@ -54,8 +55,10 @@ __all__ = [
     "eventually",
     "free_port",
     "http_status",
+    "job_spec",
     "launch",
     "metric",
+    "no_registry",
     "open_playground",
     "process_tree",
     "random_frames",
@@ -286,6 +289,24 @@ def adapter_parts(dev_model, source: str, **fields: str) -> aiohttp.FormData:
     weights = (folder / "adapter_model.safetensors").read_bytes()
     form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
     return form
+
+
+async def no_registry(voice_id: str, folder: Path) -> None:
+    """A clone runner's ``on_voice_ready`` that registers nothing (the job alone is tested)."""
+    return None
+
+
+def job_spec(jobs_dir: Path, job_id: str, dev_model: DevModelPaths) -> VoiceJob:
+    """The dev model's clone of the audio in ``job_id``'s inputs folder, as a job runs it."""
+    return VoiceJob(
+        audio=[jobs_dir / job_id / "inputs"],
+        voice_id=f"v-{job_id[-6:]}",
+        base_model=str(dev_model.model),
+        base_model_name="voicehost-dev",
+        codec=str(dev_model.codec),
+        adapters_dir=jobs_dir / job_id / "out",
+        work_dir=jobs_dir / job_id / "work",
+    )
 
 
 async def say_over_socket(

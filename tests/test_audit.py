@@ -8,9 +8,8 @@ import shutil
 
 import aiohttp
 import pytest
-from helpers import adapter_form
+from helpers import adapter_form, job_spec, no_registry
 
-from lora_training.recipe import VoiceJob
 from voicehost.adapter_validation import MANIFEST, assign_tenant
 from voicehost.audit import (
     GENESIS,
@@ -204,22 +203,6 @@ def make_voice(root, source, voice_id, tenant, **manifest):
     (folder / MANIFEST).write_text(json.dumps({**data, **manifest}))
     assign_tenant(folder, tenant)
     return folder
-
-
-async def no_registry(voice_id, folder):
-    return None
-
-
-def job_spec(jobs_dir, job_id, dev_model):
-    return VoiceJob(
-        audio=[jobs_dir / job_id / "inputs"],
-        voice_id=f"v-{job_id[-6:]}",
-        base_model=str(dev_model.model),
-        base_model_name="voicehost-dev",
-        codec=str(dev_model.codec),
-        adapters_dir=jobs_dir / job_id / "out",
-        work_dir=jobs_dir / job_id / "work",
-    )
 
 
 async def events_of(http, url, voice):

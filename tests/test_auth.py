@@ -24,7 +24,9 @@ from helpers import (
     early_server,
     eventually,
     free_port,
+    job_spec,
     launch,
+    no_registry,
     open_playground,
     process_tree,
     say_over_socket,
@@ -35,7 +37,6 @@ from helpers import (
 )
 from playwright.async_api import expect
 
-from lora_training.recipe import VoiceJob
 from voicehost.adapter_validation import AdapterRules, assign_tenant
 from voicehost.admission import WorkerLoad
 from voicehost.api.auth import (
@@ -208,28 +209,12 @@ def test_a_voice_folder_records_its_tenant(dev_model, tmp_path):
     assert registry.get("mine").tenant is None
 
 
-async def no_registry(voice_id, folder):
-    return None
-
-
 @pytest.mark.unit
 async def test_a_job_keeps_its_tenant(tmp_path, dev_model):
     jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
     job_id, _ = jobs.new_job_dir()
     await jobs.submit(job_id, job_spec(tmp_path / "jobs", job_id, dev_model), tenant="A")
     assert CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry).get(job_id).tenant == "A"
-
-
-def job_spec(jobs_dir, job_id, dev_model):
-    return VoiceJob(
-        audio=[jobs_dir / job_id / "inputs"],
-        voice_id=f"v-{job_id[-6:]}",
-        base_model=str(dev_model.model),
-        base_model_name="voicehost-dev",
-        codec=str(dev_model.codec),
-        adapters_dir=jobs_dir / job_id / "out",
-        work_dir=jobs_dir / job_id / "work",
-    )
 
 
 @pytest.mark.unit
