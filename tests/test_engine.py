@@ -25,13 +25,8 @@ from voicehost.voices import Voice
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(
-    ("cuda", "capability", "expected"),
-    [(False, 0, None), (True, 80, None), (True, 89, "fp8"), (True, 90, "fp8")],
-)
-def test_quantization_auto_is_fp8_only_on_cuda_gpus_that_support_it(
-    monkeypatch, cuda, capability, expected
-):
+def pretend_platform(monkeypatch, cuda: bool, capability: int) -> None:
+    """vLLM's platform, as a CUDA GPU of ``capability`` (e.g. 89) or a machine without one."""
     from vllm.platforms import current_platform
 
     monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: cuda)
@@ -40,6 +35,16 @@ def test_quantization_auto_is_fp8_only_on_cuda_gpus_that_support_it(
         "has_device_capability",
         lambda self, wanted, device_id=0: cuda and capability >= wanted,
     )
+
+
+@pytest.mark.parametrize(
+    ("cuda", "capability", "expected"),
+    [(False, 0, None), (True, 80, None), (True, 89, "fp8"), (True, 90, "fp8")],
+)
+def test_quantization_auto_is_fp8_only_on_cuda_gpus_that_support_it(
+    monkeypatch, cuda, capability, expected
+):
+    pretend_platform(monkeypatch, cuda, capability)
     assert resolve_quantization("auto") == expected
 
 
@@ -61,14 +66,7 @@ def test_quantization_can_be_forced_or_switched_off():
 def test_kv_cache_dtype_auto_is_fp8_only_on_cuda_gpus_that_support_it(
     monkeypatch, cuda, capability, expected
 ):
-    from vllm.platforms import current_platform
-
-    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: cuda)
-    monkeypatch.setattr(
-        type(current_platform),
-        "has_device_capability",
-        lambda self, wanted, device_id=0: cuda and capability >= wanted,
-    )
+    pretend_platform(monkeypatch, cuda, capability)
     assert resolve_kv_cache_dtype("auto") == expected
     assert resolve_kv_cache_dtype("fp8_e5m2") == "fp8_e5m2"  # any vLLM value, as given
 

@@ -51,31 +51,30 @@ class InputTooLong(ValueError):
     """The prompt plus the speech it needs do not fit in the model's context."""
 
 
-def resolve_quantization(setting: str) -> str | None:
-    """``auto``: FP8 on CUDA GPUs that support it, none elsewhere; ``none``: off; else as given."""
+def gpu_has_fp8() -> bool:
+    """Whether this is a CUDA GPU with FP8 kernels (for weights and for the KV cache)."""
     from vllm.platforms import current_platform
 
+    # vLLM's platform check reads NVML, so CUDA stays uninitialised for vLLM's workers.
+    return current_platform.is_cuda() and current_platform.has_device_capability(FP8_MIN_CAPABILITY)
+
+
+def resolve_quantization(setting: str) -> str | None:
+    """``auto``: FP8 on CUDA GPUs that support it, none elsewhere; ``none``: off; else as given."""
     if setting == "none":
         return None
     if setting != "auto":
         return setting
-    # vLLM's platform check reads NVML, so CUDA stays uninitialised for vLLM's workers.
-    if current_platform.is_cuda() and current_platform.has_device_capability(FP8_MIN_CAPABILITY):
-        return "fp8"
-    return None
+    return "fp8" if gpu_has_fp8() else None
 
 
 def resolve_kv_cache_dtype(setting: str) -> str:
     """``auto``: FP8 (e4m3) on CUDA GPUs that support it, where a token's keys and values take
     half the memory of bf16 and twice the streams fit; vLLM's ``auto`` (the model's dtype)
     elsewhere; else the vLLM value as given."""
-    from vllm.platforms import current_platform
-
     if setting != "auto":
         return setting
-    if current_platform.is_cuda() and current_platform.has_device_capability(FP8_MIN_CAPABILITY):
-        return "fp8"
-    return "auto"
+    return "fp8" if gpu_has_fp8() else "auto"
 
 
 CPU_MAX_LORAS = 8  # the CPU engine's LoRA step grows with the slots; 8 covers its few streams
