@@ -1020,7 +1020,7 @@ async def gateway(keyed, tmp_path_factory):
     process = launch(command, env, log)
     settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=3600)
     redis = connect(settings)
-    presence = WorkerPresence(redis, settings, "keyed", url, lambda: WorkerLoad(0, 0, 64))
+    presence = WorkerPresence(redis, settings, "keyed", url, lambda: WorkerLoad(0, 0, 64, 64))
     try:
         await presence.heartbeat()
         await asyncio.to_thread(wait_ready, process, f"http://127.0.0.1:{port}", log)

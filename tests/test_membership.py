@@ -23,7 +23,7 @@ async def join(client, redis_server, *workers: str) -> None:
     settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=60)
     for worker in workers:
         presence = WorkerPresence(
-            client, settings, worker, f"http://{worker}", lambda: WorkerLoad(0, 0, 8)
+            client, settings, worker, f"http://{worker}", lambda: WorkerLoad(0, 0, 8, 8)
         )
         await presence.heartbeat()
 

@@ -92,3 +92,43 @@ def test_closing_a_stream_closes_the_engine_stream_and_tokens_are_all_counted(co
     assert closed == ["closed", "closed"]
     assert sum(pcm.size for pcm in whole) == 12 * orpheus.SAMPLES_PER_FRAME
     assert tokens == 12 * orpheus.TOKENS_PER_FRAME + 1  # the stop token included
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_playback_clock_counts_audio_sent_after_the_audio_before_it_has_played():
+    from prometheus_client import CollectorRegistry, Counter
+
+    from voicehost.synthesis import PlaybackClock
+
+    counter = Counter("underruns", "test", registry=CollectorRegistry())
+    clock = Clock()
+    playback = PlaybackClock(counter, clock)
+    second = orpheus.SAMPLE_RATE
+    playback.segment(clock.now)
+    playback.play(second)  # plays from now for 1 s
+    clock.now += 0.9
+    playback.play(second)  # in time: 1.1 s of audio left to play
+    clock.now += 1.5
+    playback.play(second)  # 0.4 s late: the listener heard a gap
+    assert playback.underruns == 1 and counter._value.get() == 1
+    clock.now += 0.5
+    playback.play(second)  # playback started again from the late chunk: in time
+    assert playback.underruns == 1
+    # text that came after the audio before it had played out: waiting for words, no stutter
+    clock.now += 5
+    playback.segment(clock.now)
+    playback.play(second)
+    assert playback.underruns == 1
+    # the next segment's text was there all along: its late first chunk is a stutter
+    arrived = clock.now
+    clock.now += 3
+    playback.segment(arrived)
+    playback.play(second)
+    assert playback.underruns == 2 and counter._value.get() == 2

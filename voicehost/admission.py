@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from voicehost.capacity import Realtime
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
@@ -17,6 +19,7 @@ class WorkerLoad:
     active_streams: int
     loaded_adapters: int
     capacity: int
+    headroom: int  # streams more it predicts it keeps real time (at most capacity - active)
 
 
 class Refused(Exception):
@@ -36,11 +39,14 @@ class Admission:
 
     ``capacity``: streams the process keeps real-time (beyond: 503, the process is full);
     ``per_key``: streams one key may hold at once (beyond: 429, that key is over its quota;
-    0: no quota). A stream is one speech request, or one open WebSocket session.
+    0: no quota); ``realtime``: measured capacity, which refuses (503) a stream within the
+    static capacity that would slow every stream below real time. A stream is one speech
+    request, or one open WebSocket session.
     """
 
     capacity: int
     per_key: int = 0
+    realtime: Realtime | None = None
     retry_after: int = 1  # seconds; streams last seconds, so a slot is soon free again
     active: int = 0
     by_key: dict[str, int] = field(default_factory=dict)
@@ -52,6 +58,11 @@ class Admission:
     async def idle(self) -> None:
         """Return once no stream is in progress."""
         await self._idle.wait()
+
+    def headroom(self) -> int:
+        """Streams more this process would admit and keep real time."""
+        room = self.capacity - self.active
+        return room if self.realtime is None else self.realtime.headroom(self.active, room)
 
     @contextmanager
     def admit(self, key: str | None) -> Iterator[None]:
@@ -71,6 +82,13 @@ class Admission:
                 503,
                 "at_capacity",
                 f"this server is at its capacity of {self.capacity} real-time streams",
+                self.retry_after,
+            )
+        if self.realtime is not None and (slower := self.realtime.refusal(self.active)):
+            raise Refused(
+                503,
+                "at_capacity",
+                f"this server is at its measured capacity: {slower}",
                 self.retry_after,
             )
         self.active += 1

@@ -213,6 +213,17 @@ class Settings(BaseSettings):
         description="Streams this process admits at once and reports to the cluster: those it "
         "keeps real-time (beyond: 503; default max_num_seqs).",
     )
+    realtime_tokens_per_second: float | None = Field(
+        None,
+        ge=0,
+        description="Audio tokens/s that play in real time (auto: 82, Orpheus' 7 per 85 ms "
+        "frame; off with --dev, whose CPU engine is not real time); a new stream is admitted "
+        "only while the per-stream rate measured and predicted with it stays at least margin x "
+        "this (0: off, the static capacity alone).",
+    )
+    realtime_margin: float = Field(
+        1.2, gt=0, description="How far above real time each stream must stay to admit one more."
+    )
     key_max_streams: int = Field(
         0, ge=0, description="Streams one API key may hold at once (beyond: 429; 0: no quota)."
     )
@@ -306,6 +317,12 @@ class Settings(BaseSettings):
         """Whether a clone from audio needs a consent record: ``require_consent``, by default
         everywhere but the dev model."""
         return not self.dev if self.require_consent is None else self.require_consent
+
+    def realtime_rate(self) -> float:
+        """The tokens/s measured-capacity admission keeps every stream above (0: off)."""
+        if self.realtime_tokens_per_second is not None:
+            return self.realtime_tokens_per_second
+        return 0.0 if self.dev else orpheus.AUDIO_TOKENS_PER_SECOND
 
     def stream_capacity(self) -> int:
         """Streams this process admits at once (and reports to the cluster)."""

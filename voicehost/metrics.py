@@ -39,6 +39,23 @@ class SpeechMetrics:
             "Tokens/s of the last finished stream.",
             registry=r,
         )
+        self.underruns = Counter(
+            "voicehost_stream_underruns",
+            "Audio sent later than its stream's playback clock (the listener's buffer ran dry: "
+            "a stutter), counted once per stall.",
+            registry=r,
+        )
+        self.request_tokens_per_second = Gauge(
+            "voicehost_request_tokens_per_second",
+            "Audio tokens/s per engine request, as measured by admission, by batch size.",
+            ["batch"],
+            registry=r,
+        )
+        self.realtime_headroom = Gauge(
+            "voicehost_realtime_headroom_streams",
+            "Streams more this process predicts it keeps real time (what it tells gateways).",
+            registry=r,
+        )
         self.audio_seconds = Counter("voicehost_audio_seconds", "Audio produced.", registry=r)
         self.stall_flushes = Counter(
             "voicehost_stall_flushes",

@@ -19,6 +19,7 @@ from voicehost.adapter_validation import MANIFEST, AdapterRules, ModelShape, rea
 from voicehost.admission import Admission, WorkerLoad
 from voicehost.audio import EncoderPool
 from voicehost.audit import AuditTrail, FileAuditTrail
+from voicehost.capacity import RateMeter, Realtime
 from voicehost.cloning import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.config import Settings
@@ -125,7 +126,11 @@ class Runtime:
         )
         self._encoder: SpeakerEncoder | None = None
         self._started = asyncio.Event()  # start-up has ended, ready or failed
-        self.admission = Admission(settings.stream_capacity(), settings.key_max_streams)
+        self.meter = RateMeter()  # the engine's tokens/s per request, by batch size
+        realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
+        self.admission = Admission(
+            settings.stream_capacity(), settings.key_max_streams, realtime=realtime
+        )
         self.draining = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -184,7 +189,8 @@ class Runtime:
     def load(self) -> WorkerLoad:
         """What a cluster worker reports with each heartbeat."""
         loaded = self.voices.loaded()
-        return WorkerLoad(self.active_streams, loaded, self.settings.stream_capacity())
+        capacity = self.settings.stream_capacity()
+        return WorkerLoad(self.active_streams, loaded, capacity, self.admission.headroom())
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish."""
@@ -218,6 +224,19 @@ class Runtime:
             asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
         )
         self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
+        self._tasks.append(asyncio.create_task(self._measure(), name="voicehost-rate-meter"))
+
+    async def _measure(self) -> None:
+        """Sample the engine's rate every interval, and show it (and the headroom it leaves) on
+        the metrics."""
+        gauge = self.metrics.request_tokens_per_second
+        while True:
+            await asyncio.sleep(self.meter.interval)
+            self.meter.sample()
+            gauge.clear()
+            for batch, rate in self.meter.measured().items():
+                gauge.labels(str(batch)).set(rate)
+            self.metrics.realtime_headroom.set(self.admission.headroom())
 
     async def _start(self) -> None:
         try:
@@ -274,12 +293,18 @@ class Runtime:
             log.info("captured CUDA graphs of SNAC for %d call shapes", graphs)
         self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
         synthesizer = Synthesizer(
-            self.engine, self.scheduler, self.metrics, s.lookahead_frames, s.codec_max_chunk_frames
+            self.engine,
+            self.scheduler,
+            self.metrics,
+            s.lookahead_frames,
+            s.codec_max_chunk_frames,
+            self.meter,
         )
         warm_voice = next(iter(self.voices.builtin.values()), None)
         if warm_voice is None:
             warm_voice = (await self.voices.list_voices())[0][0]
         await synthesizer.warm_up(warm_voice)
+        self.meter.forget()
         self.synthesizer = synthesizer
         log.info("ready")
 

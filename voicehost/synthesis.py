@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter
 
 from voicehost import orpheus
+from voicehost.capacity import RateMeter
 from voicehost.codec import DecodeScheduler, FrameDecoder
 from voicehost.engine import SpeechEngine
 from voicehost.metrics import SpeechMetrics
@@ -34,8 +37,14 @@ class FrameFeed:
     ``deltas``.
     """
 
-    def __init__(self, deltas: AsyncIterator[list[int]], assembler: orpheus.FrameAssembler) -> None:
+    def __init__(
+        self,
+        deltas: AsyncIterator[list[int]],
+        assembler: orpheus.FrameAssembler,
+        meter: RateMeter,
+    ) -> None:
         self.tokens = 0
+        self._meter = meter
         self._deltas = deltas
         self._assembler = assembler
         self._frames: list[orpheus.Frame] = []
@@ -45,15 +54,19 @@ class FrameFeed:
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="frame-feed")
 
     async def _read(self) -> None:
+        meter = self._meter
+        meter.begin()
         try:
             async for delta in self._deltas:
                 self.tokens += len(delta)
+                meter.tokens += len(delta)
                 if frames := self._assembler.push(delta):
                     self._frames += frames
                     self._wake()
         except Exception as exc:  # raised to the listener after the frames before it
             self._error = exc
         finally:
+            meter.end()
             self._ended = True
             self._wake()
 
@@ -144,6 +157,46 @@ class LeadingSilenceTrim:
         return pcm[cut:]
 
 
+class PlaybackClock:
+    """A stream's playback as its listener hears it, kept on the server: the audio plays from
+    its first chunk on, in real time. A chunk sent after all the audio before it has played is an
+    underrun (the listener heard a gap: a stutter): it is counted, and playback starts again from
+    it. A segment whose text came after the audio before it had played out starts afresh:
+    waiting for the next words is not a stutter."""
+
+    def __init__(
+        self, counter: Counter | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.counter = counter
+        self.clock = clock
+        self.started: float | None = None
+        self.samples = 0  # played since ``started``
+        self.underruns = 0
+
+    def played_out(self) -> float:
+        """When the audio sent so far has all played."""
+        if self.started is None:
+            return -math.inf
+        return self.started + self.samples / orpheus.SAMPLE_RATE
+
+    def segment(self, arrived: float) -> None:
+        """A segment starts whose text arrived at ``arrived``."""
+        if arrived >= self.played_out():
+            self.started = None
+
+    def play(self, samples: int) -> None:
+        """``samples`` (24 kHz) are sent to the listener now."""
+        now = self.clock()
+        if self.started is not None and now > self.played_out():
+            self.underruns += 1
+            if self.counter is not None:
+                self.counter.inc()
+            self.started = None
+        if self.started is None:
+            self.started, self.samples = now, 0
+        self.samples += samples
+
+
 @dataclass(frozen=True, slots=True)
 class SpeakOptions:
     """How a text of one or more segments is spoken."""
@@ -183,8 +236,10 @@ class Synthesizer:
         metrics: SpeechMetrics,
         lookahead: int,
         max_chunk: int,
+        meter: RateMeter | None = None,
     ) -> None:
         self.engine = engine
+        self.meter = meter or RateMeter()  # what admission measures the engine's rate by
         self.scheduler = scheduler
         self.metrics = metrics
         self.lookahead = lookahead
@@ -198,9 +253,11 @@ class Synthesizer:
         ``SegmentDone``. Segments with nothing to say (no letter, digit or tag) are skipped.
         Closing the iterator aborts the engine requests in progress."""
         trim = LeadingSilenceTrim(options.trim_db) if options.trim_db is not None else None
+        playback = PlaybackClock(self.metrics.underruns)
         async with aclosing(self._generated(segments, voice, options)) as generated:
-            async for index, segment, chunks in generated:
+            async for index, segment, arrived, chunks in generated:
                 self.metrics.segments.inc()
+                playback.segment(arrived)
                 yield SegmentStarted(index, segment)
                 samples = 0
                 async for pcm in chunks:
@@ -210,13 +267,15 @@ class Synthesizer:
                             self.metrics.trimmed_seconds.inc(trim.dropped / orpheus.SAMPLE_RATE)
                     if pcm.size:
                         samples += pcm.size
+                        playback.play(pcm.size)
                         yield pcm
                 yield SegmentDone(index, segment, samples)
 
     async def _generated(
         self, segments: AsyncIterator[Segment], voice: Voice, options: SpeakOptions
-    ) -> AsyncIterator[tuple[int, Segment, AsyncIterator[np.ndarray]]]:
-        """The segments to speak, in order, each with its PCM as it is generated.
+    ) -> AsyncIterator[tuple[int, Segment, float, AsyncIterator[np.ndarray]]]:
+        """The segments to speak, in order, each with when its text arrived and its PCM as it
+        is generated.
 
         Up to ``options.prefetch`` segments are generated at once (batched by the engine) and
         held until played; with continuity one at a time, as each prompt needs the frames of
@@ -227,7 +286,7 @@ class Synthesizer:
         continuity = Continuity(options.continuity_frames)
         at_once = 1 if options.continuity_frames else max(1, options.prefetch)
         slots = asyncio.Semaphore(at_once)
-        order: asyncio.Queue[tuple[int, Segment, Source] | BaseException | None]
+        order: asyncio.Queue[tuple[int, Segment, float, Source] | BaseException | None]
         order = asyncio.Queue()
         producers: list[asyncio.Task[None]] = []
 
@@ -240,9 +299,10 @@ class Synthesizer:
             except Exception as exc:
                 out.put_nowait(exc)
 
-        async def sources() -> AsyncIterator[tuple[int, Segment, Source]]:
+        async def sources() -> AsyncIterator[tuple[int, Segment, float, Source]]:
             index = 0
             async for segment in segments:
+                arrived = time.monotonic()
                 text = normalize(segment.speech) if options.normalize else segment.speech
                 if not any(ch.isalnum() for ch in text):
                     continue
@@ -252,10 +312,10 @@ class Synthesizer:
                 if index and at_once > 1:  # generated ahead, while the one before plays
                     source = asyncio.Queue()
                     producers.append(asyncio.create_task(produce(text, seed, source)))
-                yield index, segment, source
+                yield index, segment, arrived, source
                 index += 1
 
-        async def feed(rest: AsyncIterator[tuple[int, Segment, Source]]) -> None:
+        async def feed(rest: AsyncIterator[tuple[int, Segment, float, Source]]) -> None:
             try:
                 async for item in rest:
                     order.put_nowait(item)
@@ -281,13 +341,13 @@ class Synthesizer:
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                index, segment, source = item
+                index, segment, arrived, source = item
                 if isinstance(source, asyncio.Queue):
-                    yield index, segment, played(source)
+                    yield index, segment, arrived, played(source)
                 else:
                     text, seed = source
                     async with aclosing(self.stream(text, voice, seed, continuity)) as chunks:
-                        yield index, segment, chunks
+                        yield index, segment, arrived, chunks
                 slots.release()
         finally:
             tasks = [t for t in (feeder, *producers) if t is not None]
@@ -334,7 +394,7 @@ class Synthesizer:
         counted = 0  # tokens already in the metric: it is updated per frame batch, not per token
         self.metrics.active_streams.inc()
         self.active += 1
-        feed = FrameFeed(deltas, assembler)
+        feed = FrameFeed(deltas, assembler, self.meter)
         try:
             while (frames := await feed.next(decoder.due_in())) is not None:
                 if frames:

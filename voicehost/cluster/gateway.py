@@ -162,14 +162,20 @@ class Gateway:
         ring, workers = self.membership.ring, self.membership.workers  # one consistent view
         if pinned in workers and pinned not in exclude:
             return workers[pinned]
-        chosen = choose_worker(
-            ring,
-            voice_id,
-            self.in_flight,
-            self.settings.load_factor,
-            self.replicas(voice_id),
-            exclude,
-        )
+        # Workers that report no room (measured or static) only when no other has any.
+        full = frozenset(w for w, info in workers.items() if info.load.headroom <= 0)
+        chosen = None
+        for skipped in (exclude | full, exclude) if full - exclude else (exclude,):
+            chosen = choose_worker(
+                ring,
+                voice_id,
+                self.in_flight,
+                self.settings.load_factor,
+                self.replicas(voice_id),
+                skipped,
+            )
+            if chosen is not None:
+                break
         if chosen is None:
             return None
         if session_id:
@@ -486,6 +492,7 @@ async def cluster_view(request: web.Request) -> web.Response:
             "active_streams": w.load.active_streams,
             "loaded_adapters": w.load.loaded_adapters,
             "capacity": w.load.capacity,
+            "headroom": w.load.headroom,
             "gateway_in_flight": gateway.in_flight[w.worker_id],
         }
         for w in sorted(gateway.membership.workers.values(), key=lambda w: w.worker_id)

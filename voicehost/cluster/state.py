@@ -174,6 +174,7 @@ class WorkerPresence:
                     "active_streams": load.active_streams,
                     "loaded_adapters": load.loaded_adapters,
                     "capacity": load.capacity,
+                    "headroom": load.headroom,
                 },
             )
             pipe.pexpire(member_key(self.worker_id), self.ttl_ms)
@@ -248,10 +249,15 @@ class Membership:
         workers = {}
         for worker_id, record in zip(ids, records, strict=True):
             if record and record.get("url"):
-                load = WorkerLoad(
+                active, capacity = (
                     int(record.get("active_streams", 0)),
-                    int(record.get("loaded_adapters", 0)),
                     int(record.get("capacity", 0)),
+                )
+                load = WorkerLoad(
+                    active,
+                    int(record.get("loaded_adapters", 0)),
+                    capacity,
+                    int(record.get("headroom", max(0, capacity - active))),
                 )
                 workers[worker_id] = WorkerInfo(worker_id, record["url"], load)
         if not workers and self.workers and not await self.redis.exists(ALIVE):

@@ -1,0 +1,196 @@
+"""Measured capacity: how fast this process's engine generates audio tokens for each request, by
+how many requests generate at once, and whether one more stream would keep every stream real
+time.
+
+The engine gives every running request one token per decode step, so a request's rate is one
+over the step time, and the step time grows with the batch: a fixed part (the weights read once
+per step) and a part per request. ``RateMeter`` measures the per-request rate at each batch size
+it has seen over the last seconds; ``predict`` fits the step time as a line in the batch size
+through what it measured and reads the rate at a size it has not seen. Admission asks
+``Realtime.refusal`` before it admits a stream; a worker reports ``headroom`` to the gateways.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """What was measured at one batch size: the per-request rate (tokens/s, a moving average
+    weighted by time), how long it was observed, and when last."""
+
+    rate: float
+    seconds: float
+    seen: float
+
+
+class RateMeter:
+    """Counts the audio tokens the engine generates and how many requests generate them.
+
+    The engine side calls ``begin``/``end`` around each request's token stream and adds its
+    tokens to ``tokens``; ``sample`` (called every ``interval`` seconds, and before each
+    decision) turns what happened since the last sample into one observation: the tokens per
+    request-second, at the time-averaged number of requests generating. Observations older than
+    ``memory`` seconds are forgotten; ``half_life`` sets how fast newer ones outweigh older.
+    """
+
+    def __init__(
+        self,
+        interval: float = 0.5,
+        half_life: float = 5.0,
+        memory: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self.half_life = half_life
+        self.memory = memory
+        self.clock = clock
+        self.generating = 0  # engine requests whose tokens are still coming
+        self.tokens = 0  # audio tokens generated, all requests together
+        self._busy = 0.0  # request-seconds: the integral of ``generating`` over time
+        self._moved = clock()  # when ``_busy`` was last brought up to date
+        self._sampled = (self._moved, 0, 0.0)  # (time, tokens, busy) at the last sample
+        self.buckets: dict[int, _Bucket] = {}
+
+    def begin(self) -> None:
+        self._settle()
+        self.generating += 1
+
+    def end(self) -> None:
+        self._settle()
+        self.generating -= 1
+
+    def _settle(self) -> float:
+        now = self.clock()
+        self._busy += self.generating * (now - self._moved)
+        self._moved = now
+        return now
+
+    def sample(self) -> None:
+        """Close the observation since the last sample, if it has lasted ``interval``."""
+        now = self._settle()
+        then, tokens, busy = self._sampled
+        elapsed = now - then
+        if elapsed < self.interval:
+            return
+        self._sampled = (now, self.tokens, self._busy)
+        request_seconds = self._busy - busy
+        batch = round(request_seconds / elapsed)
+        if batch < 1 or self.tokens == tokens:  # idle, or every request still in its prefill
+            return
+        rate = (self.tokens - tokens) / request_seconds
+        bucket = self.buckets.get(batch)
+        if bucket is None or now - bucket.seen > self.memory:
+            self.buckets[batch] = _Bucket(rate, elapsed, now)
+            return
+        weight = 1 - 0.5 ** (elapsed / self.half_life)
+        bucket.rate += weight * (rate - bucket.rate)
+        bucket.seconds += elapsed
+        bucket.seen = now
+
+    def forget(self) -> None:
+        """Drop every observation (a cold engine's warm-up is no measure of its rate)."""
+        self.sample()
+        self.buckets.clear()
+
+    def measured(self) -> dict[int, float]:
+        """Per-request tokens/s by batch size, of the observations still remembered."""
+        now = self.clock()
+        for batch in [b for b, v in self.buckets.items() if now - v.seen > self.memory]:
+            del self.buckets[batch]
+        return {batch: bucket.rate for batch, bucket in sorted(self.buckets.items())}
+
+    def predict(self, batch: int) -> float | None:
+        """The per-request tokens/s expected with ``batch`` requests generating: what was
+        measured at that size, else the step-time line through what was; ``None`` before any
+        measurement."""
+        measured = self.measured()
+        if batch in measured:
+            return measured[batch]
+        if not measured:
+            return None
+        points = {b: (1 / r, self.buckets[b].seconds) for b, r in measured.items()}
+        intercept, slope = step_line(points)
+        step = intercept + slope * batch
+        return 1 / step if step > 0 else None
+
+
+PER_REQUEST_SHARE = 0.25  # of the step time, when only one batch size has been measured
+
+
+def step_line(points: dict[int, tuple[float, float]]) -> tuple[float, float]:
+    """The decode step's time as ``intercept + slope * batch``, fitted (weighted least squares)
+    through ``points`` (batch -> (step seconds, weight)), with neither part below 0.
+
+    From one batch size alone the split is unknown: a quarter of the step is taken to grow with
+    the batch (a GPU decoding a 3B model spends nearly all of a step reading the weights once
+    for the whole batch; the CPU dev engine measured a fifth per request). The meter learns the
+    real slope once a second size has been measured; ``margin`` absorbs the error meanwhile.
+    """
+    if len(points) == 1:
+        ((batch, (step, _)),) = points.items()
+        return step * (1 - PER_REQUEST_SHARE), step * PER_REQUEST_SHARE / batch
+    total = sum(w for _, w in points.values())
+    mean_b = sum(b * w for b, (_, w) in points.items()) / total
+    mean_s = sum(s * w for s, w in points.values()) / total
+    spread = sum(w * (b - mean_b) ** 2 for b, (_, w) in points.items())
+    slope = sum(w * (b - mean_b) * (s - mean_s) for b, (s, w) in points.items()) / spread
+    slope = max(0.0, slope)
+    intercept = mean_s - slope * mean_b
+    if intercept < 0:  # the line through the origin that fits best
+        intercept = 0.0
+        slope = sum(w * b * s for b, (s, w) in points.items()) / sum(
+            w * b * b for b, (_, w) in points.items()
+        )
+    return intercept, slope
+
+
+@dataclass
+class Realtime:
+    """Admission from measured capacity: a new stream only while the per-request rate predicted
+    with one more request stays at least ``margin`` x ``tokens_per_second`` (the rate that
+    plays in real time). ``tokens_per_second`` 0 turns it off."""
+
+    meter: RateMeter
+    tokens_per_second: float
+    margin: float
+
+    @property
+    def needed(self) -> float:
+        return self.tokens_per_second * self.margin
+
+    def refusal(self, streams: int) -> str | None:
+        """Why one more stream would slow the others below real time (``None``: admit it).
+        ``streams``: those admitted now. With none, a stream is always admitted: it slows
+        nobody down, even if this engine cannot keep even one real-time."""
+        if not self.tokens_per_second:
+            return None
+        self.meter.sample()
+        batch = max(streams, self.meter.generating)
+        if batch == 0:
+            return None
+        rate = self.meter.predict(batch + 1)
+        if rate is None or rate >= self.needed:
+            return None
+        return (
+            f"one more stream would generate {rate:.0f} audio tokens/s per stream, under the "
+            f"{self.margin:g} x {self.tokens_per_second:g} tokens/s that play in real time"
+        )
+
+    def headroom(self, streams: int, limit: int) -> int:
+        """How many more streams this process predicts it keeps real time (at most
+        ``limit``, the static capacity's room)."""
+        if not self.tokens_per_second:
+            return max(0, limit)
+        self.meter.sample()
+        batch = max(streams, self.meter.generating)
+        room = 0
+        while room < limit:
+            rate = self.meter.predict(batch + room + 1)
+            if batch + room and rate is not None and rate < self.needed:
+                break
+            room += 1
+        return room
