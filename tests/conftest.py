@@ -17,6 +17,11 @@ from voicehost.devmodel import DevModelPaths, ensure_dev_model
 # A test that means a Redis of its own must never reach the machine's: no URL from the
 # environment (Settings() has none by default, and connect() refuses to run without one).
 os.environ.pop("VOICEHOST_REDIS_URL", None)
+# One OpenMP thread per process, this one and the dev processes it starts (vLLM binds each dev
+# engine to one core anyway): on two cores shared by half a dozen booting servers, a torch that
+# parallelises each small op over two threads waits at every barrier for the thread the kernel
+# has descheduled. A speaker-encoder test took 64 s so, and 3.6 s with one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # The fixtures that start a server process (a dev server, workers, a gateway, a Redis): a test
@@ -39,6 +44,8 @@ SERVER_FIXTURES = frozenset(
 def pytest_runtest_setup(item: pytest.Item) -> None:
     helpers.unit_test = None
     if item.get_closest_marker("unit") is None:
+        # the unit tests are done (they run first): what was deferred boots beside these
+        helpers.start_early_servers(needed, item.session.config._tmp_path_factory, deferred=True)
         return
     helpers.unit_test = item.nodeid  # and helpers refuse to start a server while it runs
     servers = sorted(SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())))
@@ -97,21 +104,60 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=order)
 
 
+needed: list[str] = []  # the early servers the selected tests ask for, by first use
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the dev servers the selected tests will ask for (the shared one and the modules'
-    own), so that they boot side by side and while the tests before their first user run."""
+    own), so that they boot side by side and while the tests before their first user run; those
+    registered as deferred start with the first test that is not a unit test."""
     first_use: dict[str, int] = {}
     for index, item in enumerate(session.items):
         for name in getattr(item, "fixturenames", ()):
             first_use.setdefault(name, index)
-    factory = session.config._tmp_path_factory
-    for fixture in sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get):
-        helpers.early_servers[fixture] = helpers.EARLY_SERVERS[fixture](factory)
+    needed[:] = sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get)
+    helpers.start_early_servers(needed, session.config._tmp_path_factory, deferred=False)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for early in helpers.early_servers.values():  # started, but no test got to its fixture
         early.stop()
+    for thread in helpers.stopping:  # every process stopped in the background has ended
+        thread.join()
+
+
+# --- the hot server ------------------------------------------------------------------------------
+
+# A dev server sampling at temperature 1.5 (test_frame_constraint), that admits a stream only
+# while each keeps 1.2 x 45 audio tokens/s (test_admission): this CPU engine's dev streams make
+# about 95 tokens/s alone, 78 two at once, 63 three at once. One segment at a time per stream,
+# so that a stream is one engine request.
+HOT_ENV = {
+    "VOICEHOST_TEMPERATURE": "1.5",
+    "VOICEHOST_TOP_P": "1.0",
+    "VOICEHOST_REALTIME_TOKENS_PER_SECOND": "45",
+    "VOICEHOST_REALTIME_MARGIN": "1.2",
+    "VOICEHOST_SEGMENT_PREFETCH": "1",
+    "VOICEHOST_SEGMENT_MAX_CHARS": "120",
+}
+
+
+@helpers.start_early("hot_server")
+def start_hot_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
+    return helpers.EarlyServer(tmp_path_factory.mktemp("hot"), **HOT_ENV)
+
+
+@pytest.fixture(scope="session")
+def hot_server(
+    dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """``HOT_ENV``'s server. Its own: the temperature is a server setting, not a request option,
+    and at the shared server's 0.6 the dev model almost never samples a wrong position, so only
+    a hot engine shows that none gets through (unconstrained, this one drops about one frame in
+    five: docs/BENCHMARKS.md); and admission from measured capacity would refuse the streams
+    other tests open at once."""
+    with helpers.early_server("hot_server", tmp_path_factory) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

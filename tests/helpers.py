@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import psutil
@@ -52,6 +53,7 @@ __all__ = [
     "dev_server",
     "early_server",
     "engine_core_env",
+    "engines_stopped",
     "eventually",
     "free_port",
     "http_status",
@@ -66,6 +68,7 @@ __all__ = [
     "say_over_socket",
     "start_early",
     "stop",
+    "stop_in_background",
     "voicehost_command",
     "wait_ready",
     "wait_until",
@@ -135,6 +138,7 @@ class EarlyServer:
 
     def __init__(self, root: Path, **env: str) -> None:
         self.server = devserver.start_dev_server(root, **{**TEST_ENV, **env})
+        self.engines = 1
         self.failure: devserver.NotReady | None = None
         self.watch = threading.Thread(target=self._wait, daemon=True)
         self.watch.start()
@@ -154,31 +158,104 @@ class EarlyServer:
         return self.server
 
     def stop(self) -> None:
-        stop(self.server.process)
+        stop_in_background(self.server.process)
+        engines_stopped(self)
+
+
+# Processes told to stop whose end nobody waits for: a server's shutdown takes seconds (vLLM's
+# engine and workers), which the next module need not wait out. conftest waits for them all at
+# the end of the run.
+stopping: list[threading.Thread] = []
+
+
+def stop_in_background(*processes: subprocess.Popen) -> None:
+    """``stop`` each of ``processes`` (SIGTERM, then SIGKILL to its group) on a thread."""
+    for process in processes:
+        thread = threading.Thread(target=stop, args=(process,), daemon=True)
+        thread.start()
+        stopping.append(thread)
+
+
+class Early(Protocol):
+    """Something started before its first test: ``ready`` waits for it, ``stop`` ends it (and
+    calls ``engines_stopped``); ``engines``: the dev engines it runs."""
+
+    engines: int
+
+    def ready(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+# Each dev engine holds about 5 GB (API process, engine core, worker, 1 GiB KV cache): this many
+# fit beside the tests in the machine's 24 GiB. A deferred start waits until it fits.
+MAX_ENGINES = 4
+_running: dict[int, Early] = {}  # by id(): each Early whose engines are up
+
+
+def engines_running() -> int:
+    return sum(e.engines for e in _running.values())
+
+
+def engines_stopped(early: Early) -> None:
+    _running.pop(id(early), None)
+
+
+@dataclass(frozen=True)
+class EarlyStart:
+    start: Callable[[pytest.TempPathFactory], Early]
+    engines: int
+    # started at collection (False), or only once the unit tests are done (True): a boot that
+    # would only add to the boots the unit tests already run beside
+    deferred: bool
 
 
 # Dev servers to start early, by the name of the fixture that serves them: each module
 # registers its own at import (collection), and conftest starts those the selected tests need.
-EARLY_SERVERS: dict[str, Callable[[pytest.TempPathFactory], EarlyServer]] = {}
-early_servers: dict[str, EarlyServer] = {}  # started, not yet taken by their fixture
+EARLY_SERVERS: dict[str, EarlyStart] = {}
+early_servers: dict[str, Early] = {}  # started, not yet taken by their fixture
 
 
-def start_early(fixture: str) -> Callable:
-    """Register a function ``(tmp_path_factory) -> EarlyServer`` as the server of ``fixture``."""
+def start_early(fixture: str, *, deferred: bool = False, engines: int = 1) -> Callable:
+    """Register a function ``(tmp_path_factory) -> Early`` as what ``fixture`` serves."""
 
-    def register(start: Callable[[pytest.TempPathFactory], EarlyServer]) -> Callable:
-        EARLY_SERVERS[fixture] = start
+    def register(start: Callable[[pytest.TempPathFactory], Early]) -> Callable:
+        EARLY_SERVERS[fixture] = EarlyStart(start, engines, deferred)
         return start
 
     return register
 
 
+started_early: set[str] = set()
+
+
+def start_early_servers(
+    fixtures: Sequence[str], tmp_path_factory: pytest.TempPathFactory, *, deferred: bool
+) -> None:
+    """Start what ``fixtures`` serve that is registered with ``deferred`` and not yet started;
+    a deferred one only while its engines fit beside those running (``MAX_ENGINES``)."""
+    for fixture in fixtures:
+        early = EARLY_SERVERS.get(fixture)
+        if early is None or early.deferred != deferred or fixture in started_early:
+            continue
+        if deferred and engines_running() + early.engines > MAX_ENGINES:
+            continue
+        started = early.start(tmp_path_factory)
+        started_early.add(fixture)
+        early_servers[fixture] = started
+        _running[id(started)] = started
+
+
 @contextlib.contextmanager
-def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The server registered for ``fixture``, started early (or now, if it was not), ready
     when the block starts and stopped when it ends."""
     refuse_in_a_unit_test("a dev server")
-    early = early_servers.pop(fixture, None) or EARLY_SERVERS[fixture](tmp_path_factory)
+    early = early_servers.pop(fixture, None)
+    if early is None:  # not started early: now
+        early = EARLY_SERVERS[fixture].start(tmp_path_factory)
+        started_early.add(fixture)
+        _running[id(early)] = early
     try:
         yield early.ready()
     finally:

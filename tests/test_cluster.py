@@ -21,7 +21,9 @@ from helpers import (
     alive,
     audio_form,
     dev_env,
+    early_server,
     engine_core_env,
+    engines_stopped,
     eventually,
     free_port,
     http_status,
@@ -29,7 +31,9 @@ from helpers import (
     process_tree,
     read_socket,
     say_over_socket,
+    start_early,
     stop,
+    stop_in_background,
     wait_ready,
     wait_until,
 )
@@ -131,36 +135,53 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
         return {w["id"] for w in json.loads(response.read())["workers"]}
 
 
-@pytest.fixture(scope="module")
-def cluster(dev_model, tmp_path_factory):
+class EarlyCluster:
     """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
     one worker and drain the other. Each worker's engine computes on a core of its own (vLLM
-    binds every engine to the first by default), so the two start and generate side by side."""
-    root = tmp_path_factory.mktemp("cluster")
-    redis_server = RedisServer(free_port(), root)
-    redis_server.start()
-    env = cluster_env(root, redis_server)
-    workers = {}
-    for name in ("w1", "w2"):
-        port = free_port()
-        log = root / f"{name}.log"
-        command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
-        command += ["--worker-id", name]
-        process = launch(command, {**env, **engine_core_env()}, log)
-        workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
-    gateway = start_gateway(root, env, "gateway", "1")
-    nodes = [gateway, *workers.values()]
-    try:
-        for worker in workers.values():
+    binds every engine to the first by default), so the two start and generate side by side.
+    Started once the unit tests are done (deferred): its boots then run beside the tests of the
+    modules before this one, which leave a core mostly idle, not beside the other boots."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.redis = RedisServer(free_port(), root)
+        self.redis.start()
+        self.env = cluster_env(root, self.redis)
+        self.workers: dict[str, Node] = {}
+        for name in ("w1", "w2"):
+            port = free_port()
+            log = root / f"{name}.log"
+            command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
+            command += ["--worker-id", name]
+            process = launch(command, {**self.env, **engine_core_env()}, log)
+            self.workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
+        self.gateway = start_gateway(root, self.env, "gateway", "1")
+        self.engines = 2
+
+    def ready(self) -> Cluster:
+        for worker in self.workers.values():
             wait_ready(worker.process, worker.url, worker.log)
-        wait_ready(gateway.process, gateway.url, gateway.log)
-        cluster = Cluster(redis_server, gateway, workers, root, env)
+        wait_ready(self.gateway.process, self.gateway.url, self.gateway.log)
+        cluster = Cluster(self.redis, self.gateway, self.workers, self.root, self.env)
         wait_until(lambda: members(cluster) == {"w1", "w2"}, 10)
+        return cluster
+
+    def stop(self) -> None:
+        stop_in_background(self.gateway.process, *(w.process for w in self.workers.values()))
+        engines_stopped(self)
+        self.redis.stop()
+
+
+@start_early("cluster", deferred=True, engines=2)
+def start_cluster(tmp_path_factory) -> EarlyCluster:
+    return EarlyCluster(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_model, tmp_path_factory):
+    """The module's cluster (``EarlyCluster``), ready."""
+    with early_server("cluster", tmp_path_factory) as cluster:
         yield cluster
-    finally:
-        for node in nodes:
-            stop(node.process)
-        redis_server.stop()
 
 
 @pytest.fixture
@@ -205,6 +226,19 @@ async def release(cluster: Cluster, held: list[aiohttp.ClientWebSocketResponse])
     for ws in held:
         await ws.close()
     await eventually(lambda: not cluster.redis.client().exists("vh:lease:busy"), 5)
+    # and once the gateways have heard from the workers that they have room again (a worker
+    # that reports none is passed over)
+    await eventually(lambda: all_have_room(cluster), 5)
+
+
+def all_have_room(cluster: Cluster) -> bool:
+    """Whether the gateway sees every worker with its whole capacity free."""
+    import urllib.request
+
+    request = urllib.request.Request(cluster.gateway.url + "/v1/cluster", headers=bearer())
+    with urllib.request.urlopen(request, timeout=2) as response:
+        workers = json.loads(response.read())["workers"]
+    return all(w["headroom"] == WORKER_CAPACITY for w in workers)
 
 
 async def refusal_on_socket(gateway: Node, http, voice: str) -> tuple[dict, aiohttp.WSMessage]:
@@ -729,6 +763,51 @@ async def test_a_socket_a_full_worker_refuses_is_opened_on_the_next_one(cluster,
         assert (status, served_by) == (200, "w2")  # the HTTP path does the same
     finally:
         await release(cluster, held)
+
+
+async def test_a_worker_that_reports_no_room_is_passed_over_without_asking_it(cluster, http):
+    """Workers report their headroom with each heartbeat (here the static capacity's room: the
+    dev engine measures but admits by capacity alone); the gateway sends a stream past a worker
+    with none to one with room, without first being refused by it."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice = next((v for v in VOICES if owner[v] == "w1"), None)
+    assert voice is not None, f"w1 owns none of the voices: {owner}"
+
+    async def room() -> dict[str, int]:
+        async with http.get(cluster.gateway.url + "/v1/cluster") as response:
+            return {w["id"]: w["headroom"] for w in (await response.json())["workers"]}
+
+    for _ in range(100):  # the test before let its streams go: once a heartbeat says so
+        if (await room())["w1"] == WORKER_CAPACITY:
+            break
+        await asyncio.sleep(0.1)
+    assert (await room())["w1"] == WORKER_CAPACITY
+    held: list[aiohttp.ClientWebSocketResponse] = []
+    try:
+        await fill(http, cluster.workers["w1"], voice, held)
+        for _ in range(100):  # the next heartbeat says so
+            if (await room())["w1"] == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert (await room())["w1"] == 0
+        before = await gateway_metric(http, cluster.gateway, UPSTREAM_REFUSED)
+        status, served_by, _ = await speak(http, cluster.gateway.url, voice, "Hi.")
+        assert (status, served_by) == (200, "w2")
+        assert await gateway_metric(http, cluster.gateway, UPSTREAM_REFUSED) == before
+    finally:
+        await release(cluster, held)
+
+
+UPSTREAM_REFUSED = 'voicehost_errors_total{kind="upstream_before_first_byte"}'
+
+
+async def gateway_metric(http, gateway: Node, series: str) -> float:
+    """One series of the gateway's /metrics (0 while it was never counted)."""
+    async with http.get(gateway.url + "/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series)
+    )
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
