@@ -10,7 +10,8 @@ The figures (``EvalReport``), each with the speaker encoder's name:
   clips are: no clone measures far above it);
 - **start of speech**: each sample's leading silence (``voicehost.speech_start``, the runtime
   trim's threshold), p50 and p95;
-- **real-time factor**: generation time over audio time, per sample;
+- **real-time factor**: generation time over audio time, per sample (the samples are generated
+  side by side, a batch of a few streams);
 - **intelligibility**: word and character error rates against the sentence text, when an ASR
   backend is given; otherwise "not measured", never a made-up number.
 
@@ -236,19 +237,30 @@ async def evaluate(
     started = time.monotonic()
     reference_embeddings = await _embed_all(encoder, references)
     speaker = centroid(reference_embeddings)
-    samples = [await speak(voice, sentence) for sentence in sentences]
+    candidates = [v for v in baseline_voices if v != voice]
+    # Spoken side by side, as the engine batches them: the voice's sentences with each
+    # candidate's first one, then the rest for the closest candidate (with one candidate, that
+    # is known at once, and everything is spoken together).
+    rest_now = sentences[1:] if len(candidates) == 1 else []
+    spoken = await asyncio.gather(
+        *(speak(voice, sentence) for sentence in sentences),
+        *(speak(v, sentences[0]) for v in candidates),
+        *(speak(v, sentence) for v in candidates[:1] for sentence in rest_now),
+    )
+    samples = list(spoken[: len(sentences)])
     scores = await _scores(encoder, speaker, samples)
 
     baseline_voice, baseline = None, None
-    candidates = [v for v in baseline_voices if v != voice]
     if candidates:
-        first_scores = await _scores(
-            encoder, speaker, [await speak(v, sentences[0]) for v in candidates]
-        )
+        firsts = spoken[len(sentences) : len(sentences) + len(candidates)]
+        first_scores = await _scores(encoder, speaker, list(firsts))
         best = int(np.argmax(first_scores))
         baseline_voice = candidates[best]
-        rest = [await speak(baseline_voice, sentence) for sentence in sentences[1:]]
-        baseline = Spread.of([first_scores[best], *await _scores(encoder, speaker, rest)])
+        if rest_now:
+            rest = list(spoken[len(sentences) + len(candidates) :])
+        else:
+            rest = await asyncio.gather(*(speak(baseline_voice, s) for s in sentences[1:]))
+        baseline = Spread.of([first_scores[best], *await _scores(encoder, speaker, list(rest))])
 
     silences = [leading_silence_ms(s.samples) for s in samples]
     factors = [s.seconds_taken / max(s.audio_seconds, 1e-9) for s in samples]
