@@ -45,7 +45,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     helpers.unit_test = None
     if item.get_closest_marker("unit") is None:
         # the unit tests are done (they run first): what was deferred boots beside these
-        helpers.start_early_servers(needed, item.session.config._tmp_path_factory, deferred=True)
+        factory = item.session.config._tmp_path_factory
+        helpers.start_early_servers(needed, factory, deferred=True, module=item.module.__name__)
         return
     helpers.unit_test = item.nodeid  # and helpers refuse to start a server while it runs
     servers = sorted(SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())))

@@ -208,6 +208,8 @@ class EarlyStart:
     # started at collection (False), or only once the unit tests are done (True): a boot that
     # would only add to the boots the unit tests already run beside
     deferred: bool
+    # deferred until the first test of this module (its ``__name__``), if given
+    with_module: str | None = None
 
 
 # Dev servers to start early, by the name of the fixture that serves them: each module
@@ -216,11 +218,14 @@ EARLY_SERVERS: dict[str, EarlyStart] = {}
 early_servers: dict[str, Early] = {}  # started, not yet taken by their fixture
 
 
-def start_early(fixture: str, *, deferred: bool = False, engines: int = 1) -> Callable:
+def start_early(
+    fixture: str, *, deferred: bool = False, engines: int = 1, with_module: str | None = None
+) -> Callable:
     """Register a function ``(tmp_path_factory) -> Early`` as what ``fixture`` serves."""
 
     def register(start: Callable[[pytest.TempPathFactory], Early]) -> Callable:
-        EARLY_SERVERS[fixture] = EarlyStart(start, engines, deferred)
+        deferred_ = deferred or with_module is not None
+        EARLY_SERVERS[fixture] = EarlyStart(start, engines, deferred_, with_module)
         return start
 
     return register
@@ -230,13 +235,20 @@ started_early: set[str] = set()
 
 
 def start_early_servers(
-    fixtures: Sequence[str], tmp_path_factory: pytest.TempPathFactory, *, deferred: bool
+    fixtures: Sequence[str],
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    deferred: bool,
+    module: str | None = None,
 ) -> None:
     """Start what ``fixtures`` serve that is registered with ``deferred`` and not yet started;
-    a deferred one only while its engines fit beside those running (``MAX_ENGINES``)."""
+    a deferred one only while its engines fit beside those running (``MAX_ENGINES``), and one
+    deferred to a module only once a test of ``module`` runs."""
     for fixture in fixtures:
         early = EARLY_SERVERS.get(fixture)
         if early is None or early.deferred != deferred or fixture in started_early:
+            continue
+        if early.with_module is not None and early.with_module != module:
             continue
         if deferred and engines_running() + early.engines > MAX_ENGINES:
             continue
@@ -256,10 +268,20 @@ def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         early = EARLY_SERVERS[fixture].start(tmp_path_factory)
         started_early.add(fixture)
         _running[id(early)] = early
+    taken[fixture] = early
     try:
         yield early.ready()
     finally:
+        del taken[fixture]
         early.stop()
+
+
+taken: dict[str, Early] = {}  # taken by their fixture, not yet stopped
+
+
+def started(fixture: str) -> Early | None:
+    """What ``fixture`` serves, if it has been started and not stopped."""
+    return early_servers.get(fixture) or taken.get(fixture)
 
 
 # --- Redis -----------------------------------------------------------------------------------

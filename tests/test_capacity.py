@@ -113,11 +113,14 @@ def test_an_idle_process_admits_a_stream_it_cannot_keep_real_time():
 
 
 @pytest.mark.unit
-def test_before_any_measurement_and_when_off_only_the_static_capacity_counts():
+def test_before_any_measurement_one_stream_at_a_time_and_when_off_the_static_capacity():
     clock = Clock()
     meter = meter_with(clock)
-    assert Realtime(meter, 82, 1.2).refusal(5) is None
-    assert Realtime(meter, 82, 1.2).headroom(5, limit=3) == 3
+    cold = Realtime(meter, 82, 1.2)
+    assert cold.refusal(0) is None and cold.headroom(0, limit=3) == 1
+    reason = cold.refusal(1)  # a burst at a cold start: the rest wait for a measurement
+    assert reason is not None and "nothing is measured yet" in reason
+    assert cold.headroom(1, limit=3) == 0
     run(meter, clock, batch=1, rate=10, seconds=3)
     off = Realtime(meter, tokens_per_second=0, margin=1.2)
     assert off.refusal(5) is None and off.headroom(5, limit=3) == 3

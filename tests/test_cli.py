@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from helpers import free_port, http_status
@@ -54,6 +56,10 @@ def test_a_model_that_cannot_load_is_reported_not_fatal(tmp_path):
             raise AssertionError("start-up failure never reported on /healthz")
         assert http_status(url + "/readyz") == 503
         assert process.poll() is None  # still up, reporting it
+        with pytest.raises(urllib.error.HTTPError) as failed:  # said in words, and at once:
+            urllib.request.urlopen(url + "/healthz", timeout=5)  # before vLLM is imported
+        said = failed.value.read().decode()
+        assert "the model folder" in said and "does not exist" in said, said
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -3,11 +3,13 @@
 import asyncio
 import json
 import os
+import threading
 import time
 
 import aiohttp
+import helpers
 import pytest
-from helpers import adapter_form, audio_form
+from helpers import adapter_form, audio_form, early_server, start_early
 
 from lora_training.recipe import VoiceJob
 from voicehost.cloning import CloneJobs
@@ -45,14 +47,70 @@ async def wait_for_job(http, server, job_id, until):
     raise AssertionError(f"job stuck: {seen[-1]}")
 
 
-async def test_cloning_from_audio_makes_a_voice_that_speaks(http, server, corpus):
-    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Clone Test")
-    async with http.post(server.url + "/v1/voices", data=form) as response:
-        assert response.status == 202, await response.text()
-        job = (await response.json())["job"]
-        assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
+async def clone(server, corpus) -> tuple[aiohttp.ClientResponse, dict, list[dict]]:
+    """Upload ``corpus`` as "Clone Test" and follow its job to its end: the upload's answer,
+    its job then, and every state of the job seen on the way."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Clone Test")
+        async with http.post(server.url + "/v1/voices", data=form) as response:
+            assert response.status == 202, await response.text()
+            queued = (await response.json())["job"]
+        _, seen = await wait_for_job(http, server, queued["id"], {"done", "held", "failed"})
+        return response, queued, seen
+
+
+class EarlyClone:
+    """The REST clone, uploaded to the shared server with test_auth's first test: its job
+    trains and is evaluated (30 s) while test_auth's tests use a server of their own (its
+    shared-server tests would see the job's engine requests), and this module's test checks
+    it. Without a shared server then (this module alone), the test clones itself."""
+
+    engines = 0
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.shared = helpers.started("server")
+        self.corpus = build_corpus(tmp_path_factory.mktemp("early-clone-corpus"), count=16)
+        self.outcome: tuple | BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.shared is not None:
+                self.shared.watch.join()  # ready (or failed: the test then clones itself)
+                if self.shared.failure is None:
+                    self.outcome = asyncio.run(clone(self.shared.server, self.corpus))
+        except BaseException as exc:  # raised in the test that takes it
+            self.outcome = exc
+
+    def ready(self) -> "EarlyClone":
+        self.thread.join()
+        return self
+
+    def stop(self) -> None:
+        self.thread.join()
+
+
+@start_early("early_clone", engines=0, with_module="test_auth")
+def start_early_clone(tmp_path_factory) -> EarlyClone:
+    return EarlyClone(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def early_clone(server, tmp_path_factory):
+    with early_server("early_clone", tmp_path_factory) as early:
+        yield early
+
+
+async def test_cloning_from_audio_makes_a_voice_that_speaks(http, server, early_clone):
+    corpus = early_clone.corpus
+    outcome = early_clone.outcome
+    if isinstance(outcome, BaseException):
+        raise outcome
+    response, job, seen = outcome or await clone(server, corpus)
+    assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
     assert job["voice_id"] == "clone-test" and job["status"] == "queued"
-    job, seen = await wait_for_job(http, server, job["id"], {"done", "held", "failed"})
+    job = seen[-1]
     assert job["status"] == "done", job  # the dev model's gate only reports
     assert any(s["status"] == "training" for s in seen)
     # the data report is in the job from the end of prepare on, before training starts

@@ -44,7 +44,8 @@ LEAD_S = 0.5
 def espeak(voice: str, text: str, folder: Path, lead_s: float = LEAD_S) -> np.ndarray:
     """``text`` said by the espeak-ng ``voice`` after ``lead_s`` of silence, 24 kHz float."""
     folder.mkdir(parents=True, exist_ok=True)
-    raw, padded = folder / "raw.wav", folder / f"{abs(hash((voice, text)))}.wav"
+    name = abs(hash((voice, text)))  # one file each: evaluate() speaks side by side
+    raw, padded = folder / f"raw-{name}.wav", folder / f"{name}.wav"
     subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), str(padded), "pad", f"{lead_s:.3f}", "0"], check=True)
     return decode(padded)

@@ -165,7 +165,9 @@ class Realtime:
     def refusal(self, streams: int) -> str | None:
         """Why one more stream would slow the others below real time (``None``: admit it).
         ``streams``: those admitted now. With none, a stream is always admitted: it slows
-        nobody down, even if this engine cannot keep even one real-time."""
+        nobody down, even if this engine cannot keep even one real-time. Before the meter has
+        measured anything (a cold start), streams are admitted one at a time: a burst would
+        otherwise all be admitted on no evidence at all."""
         if not self.tokens_per_second:
             return None
         self.meter.sample()
@@ -173,7 +175,9 @@ class Realtime:
         if batch == 0:
             return None
         rate = self.meter.predict(batch + 1)
-        if rate is None or rate >= self.needed:
+        if rate is None:
+            return "nothing is measured yet: one stream at a time until the engine's rate is"
+        if rate >= self.needed:
             return None
         return (
             f"one more stream would generate {rate:.0f} audio tokens/s per stream, under the "
@@ -190,7 +194,7 @@ class Realtime:
         room = 0
         while room < limit:
             rate = self.meter.predict(batch + room + 1)
-            if batch + room and rate is not None and rate < self.needed:
+            if batch + room and (rate is None or rate < self.needed):
                 break
             room += 1
         return room

@@ -81,6 +81,12 @@ class NotReady(RuntimeError):
     """The engine is still starting (or failed to start)."""
 
 
+def is_missing_folder(model: str) -> bool:
+    """Whether ``model`` names a folder (absolute, relative to here or home, not a hub id)
+    that does not exist."""
+    return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
+
+
 class Runtime:
     """Engine, codec, voice directory, clone jobs and metrics of one process.
 
@@ -272,6 +278,10 @@ class Runtime:
         s = self.settings
         if s.dev:
             await asyncio.to_thread(ensure_dev_model, s.dev_dir)
+        model = s.served_model()
+        if await asyncio.to_thread(is_missing_folder, model):
+            # said at once, not after vLLM's import and its search of a hub it cannot reach
+            raise FileNotFoundError(f"the model folder {model} does not exist")
         config = Path(s.served_model()) / "config.json"
         if config.is_file():
             self.voices.rules = s.adapter_rules(ModelShape.from_config(config))
