@@ -65,12 +65,23 @@ SPEECH_TEXT = (
 # --- the server side: the real app, the LLM and SNAC replaced --------------------------------
 
 
+class PassThroughRenderer:
+    """vLLM's renderer's stand-in (``SpeechEngine.audio_tokens`` renders each prompt through
+    ``llm.renderer``): the prompt as it came."""
+
+    default_cmpl_tok_params = None
+
+    def render_cmpl(self, prompts: list[Any], params: Any) -> list[Any]:
+        return list(prompts)
+
+
 class TokenSource:
     """The engine's stand-in: every ``1 / steps`` seconds, each live request gets ``per_step``
     audio tokens (a delta), as vLLM's output handler puts each step's outputs into every
     request's collector; a consumer that lags gets the deltas merged, as vLLM merges them."""
 
     def __init__(self, steps_per_second: float, per_step: int, frames: int) -> None:
+        self.renderer = PassThroughRenderer()
         self.interval = 1.0 / steps_per_second
         self.per_step = per_step
         self.frames = frames

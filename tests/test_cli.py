@@ -11,6 +11,8 @@ import urllib.request
 import pytest
 from helpers import free_port, http_status
 
+from voicehost.devmodel import DevModelPaths, fingerprint
+
 
 def voicehost(*args, **kwargs):
     return subprocess.run(
@@ -24,6 +26,8 @@ def test_dev_model_command_builds_into_the_given_folder(tmp_path, dev_model):
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "dm" / "stamp.json").read_text())["seed"] == 1234
     assert (tmp_path / "dm" / "adapters" / "dev-c" / "adapter_model.safetensors").is_file()
+    # the same seed, the same weights as the session's own build (one build, not two, checks it)
+    assert fingerprint(DevModelPaths(tmp_path / "dm")) == fingerprint(dev_model)
 
 
 @pytest.mark.unit
