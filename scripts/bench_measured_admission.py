@@ -34,6 +34,7 @@ import aiohttp
 from voicehost import orpheus
 from voicehost.bench.levels import percentile
 from voicehost.devserver import dev_server
+from voicehost.metrics import series
 
 SPEECH = "/v1/audio/speech"
 # Segments of one sentence each, spoken one at a time: a stream is one engine request at a time.
@@ -50,12 +51,8 @@ BYTES_PER_SAMPLE = 2  # pcm: 16-bit
 async def rates(http: aiohttp.ClientSession, url: str) -> dict[int, float]:
     async with http.get(url + "/metrics") as response:
         text = await response.text()
-    name = 'voicehost_request_tokens_per_second{batch="'
-    return {
-        int(line[len(name) :].split('"')[0]): float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name)
-    }
+    measured = series(text, "voicehost_request_tokens_per_second", "batch")
+    return {int(batch): rate for batch, rate in measured.items()}
 
 
 async def stream(http: aiohttp.ClientSession, url: str, rate: float, seed: int) -> dict | None:

@@ -16,6 +16,7 @@ import pytest
 from helpers import EarlyServer, Server, early_server, metric, start_early
 
 from voicehost.admission import Admission, Refused, WorkerLoad
+from voicehost.metrics import series
 
 
 @pytest.mark.unit
@@ -255,12 +256,8 @@ async def request_rates(http: aiohttp.ClientSession, server: Server) -> dict[int
     """The server's measured per-request tokens/s, by batch size."""
     async with http.get(server.url + "/metrics") as response:
         text = await response.text()
-    name = 'voicehost_request_tokens_per_second{batch="'
-    return {
-        int(line[len(name) :].split('"')[0]): float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name)
-    }
+    rates = series(text, "voicehost_request_tokens_per_second", "batch")
+    return {int(batch): rate for batch, rate in rates.items()}
 
 
 async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at_once(hot_server):

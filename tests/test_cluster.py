@@ -421,7 +421,7 @@ async def test_a_clone_job_is_queued_in_redis_trained_by_a_worker_and_held_by_th
         seen.append(job["status"])
         if job["status"] in ("done", "held", "failed"):
             break
-        await asyncio.sleep(1)
+        await asyncio.sleep(0.25)
     # measured by the worker that trained it, below VOICEHOST_EVAL_MIN_SIMILARITY=0.999: held
     assert job["status"] == "held", job
     assert "training" in seen and "evaluating" in seen

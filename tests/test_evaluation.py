@@ -48,6 +48,7 @@ def espeak(voice: str, text: str, folder: Path, lead_s: float = LEAD_S) -> np.nd
     raw, padded = folder / f"raw-{name}.wav", folder / f"{name}.wav"
     subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), str(padded), "pad", f"{lead_s:.3f}", "0"], check=True)
+    raw.unlink()  # the folder holds the padded clips alone (a folder of references)
     return decode(padded)
 
 
@@ -141,7 +142,6 @@ def test_voicehost_eval_measures_a_builtin_voice_over_the_api(server, tmp_path, 
     references = tmp_path / "refs"
     for text in REFERENCE_TEXTS[:3]:
         espeak(SPEAKER, text, references)
-    (references / "raw.wav").unlink()
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("Hi there.\nSeven.\n")  # short: the dev model's audio is capped by it
     out, figure = tmp_path / "eval.json", tmp_path / "eval.png"

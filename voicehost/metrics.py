@@ -108,6 +108,17 @@ class SpeechMetrics:
         return generate_latest(self.registry)
 
 
+def series(text: str, name: str, label: str) -> dict[str, float]:
+    """The series of metric ``name`` in a ``/metrics`` text, by the value of ``label`` (the
+    one label they carry), as clients read back what ``render`` wrote."""
+    prefix = f'{name}{{{label}="'
+    return {
+        line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
 def open_tasks() -> float:
     """Tasks not yet done on this thread's running event loop (NaN outside one)."""
     try:
