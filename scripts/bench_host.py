@@ -262,6 +262,9 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
         jobs_dir=work / "jobs",
         worker_capacity=4096,
         max_num_seqs=4096,
+        # the token source's 90 tokens/s per stream is real time here; measured-capacity
+        # admission (1.2 x 82) would refuse all but one stream of it
+        realtime_tokens_per_second=0,
     )
     app = create_app(settings)
     runtime = app[RUNTIME]

@@ -12,6 +12,7 @@ through what it measured and reads the rate at a size it has not seen. Admission
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,15 +108,37 @@ class RateMeter:
         """The per-request tokens/s expected with ``batch`` requests generating: what was
         measured at that size, else the step-time line through what was; ``None`` before any
         measurement."""
+        line = self.line()
+        return None if line is None else line.rate(batch)
+
+    def line(self) -> StepLine | None:
+        """What was measured and the step-time line through it (``None``: nothing yet)."""
         measured = self.measured()
-        if batch in measured:
-            return measured[batch]
         if not measured:
             return None
         points = {b: (1 / r, self.buckets[b].seconds) for b, r in measured.items()}
-        intercept, slope = step_line(points)
-        step = intercept + slope * batch
-        return 1 / step if step > 0 else None
+        return StepLine(measured, *step_line(points))
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """The per-request rate at each batch size: measured where it was, else off the line."""
+
+    measured: dict[int, float]
+    intercept: float
+    slope: float
+
+    def rate(self, batch: int) -> float:
+        if batch in self.measured:
+            return self.measured[batch]
+        step = self.intercept + self.slope * batch
+        return 1 / step if step > 0 else math.inf
+
+    def largest_batch(self, rate: float) -> float:
+        """The largest batch the line keeps at ``rate`` per request (it falls with the batch)."""
+        if self.slope <= 0:
+            return math.inf if self.intercept <= 1 / rate else 0
+        return math.floor((1 / rate - self.intercept) / self.slope)
 
 
 PER_REQUEST_SHARE = 0.25  # of the step time, when only one batch size has been measured
@@ -191,10 +214,18 @@ class Realtime:
             return max(0, limit)
         self.meter.sample()
         batch = max(streams, self.meter.generating)
+        limit = max(0, limit)
+        line = self.meter.line()
+        if line is None:  # cold: one stream at a time
+            return min(limit, 1) if batch == 0 else 0
         room = 0
-        while room < limit:
-            rate = self.meter.predict(batch + room + 1)
-            if batch + room and (rate is None or rate < self.needed):
-                break
+        top = max(line.measured)
+        while room < limit and batch + room < top:  # through the sizes measured
+            if batch + room and line.rate(batch + room + 1) < self.needed:
+                return room
             room += 1
-        return room
+        if room < limit and batch + room == 0:
+            room = 1  # an idle process admits one whatever it measured
+        # beyond them, the line: at most as far as it keeps the rate (O(1), whatever the limit)
+        beyond = line.largest_batch(self.needed) - batch
+        return int(min(limit, max(room, beyond)))
