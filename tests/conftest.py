@@ -58,6 +58,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    helpers.unit_test = None
+
+
 # --- the shared server -------------------------------------------------------------------------
 
 SERVER_ENV = {
@@ -82,25 +86,21 @@ def start_shared_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.Ear
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Unit tests first, so the dev servers boot while they run: the modules with unit tests
     only, then the others with each module's unit tests before the rest. Tests marked
-    ``paced`` come last, when no server is booting beside them. Of the server modules, those
-    on the hot server go first: it stops after its last test (``pytest_runtest_teardown``), which
-    makes room for the cluster's engines sooner. A module's tests stay together (its module
-    fixtures start once) and otherwise in the order they were written."""
+    ``paced`` come last, when no server is booting beside them. A module's tests stay together
+    (its module fixtures start once) and otherwise in the order they were written."""
 
     def is_unit(item: pytest.Item) -> bool:
         return item.get_closest_marker("unit") is not None
 
     modules = {item.module: index for index, item in reversed(list(enumerate(items)))}
     servers_in = {item.module for item in items if not is_unit(item)}
-    hot = {item.module for item in items if "hot_server" in getattr(item, "fixturenames", ())}
 
-    def order(item: pytest.Item) -> tuple[int, bool, int, bool]:
+    def order(item: pytest.Item) -> tuple[int, int, bool]:
         if item.get_closest_marker("paced") is not None:
             group = 2
         else:
             group = 1 if item.module in servers_in else 0
-        index = modules[item.module] if group else 0
-        return group, item.module not in hot, index, not is_unit(item)
+        return group, modules[item.module] if group else 0, not is_unit(item)
 
     items.sort(key=order)
 
@@ -117,20 +117,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for name in getattr(item, "fixturenames", ()):
             first_use.setdefault(name, index)
     needed[:] = sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get)
-    for item in session.items:
-        if "hot_server" in getattr(item, "fixturenames", ()):
-            last_use["hot_server"] = item.nodeid
     helpers.start_early_servers(needed, session.config._tmp_path_factory, deferred=False)
-
-
-last_use: dict[str, str] = {}  # session-scoped early fixture -> nodeid of its last test
-
-
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    helpers.unit_test = None
-    for fixture, nodeid in last_use.items():
-        if item.nodeid == nodeid:  # nothing after this asks for it: stop it now, not at the end
-            helpers.stop_now(fixture)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -279,13 +279,6 @@ def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 taken: dict[str, Early] = {}  # taken by their fixture, not yet stopped
 
 
-def stop_now(fixture: str) -> None:
-    """Stop what ``fixture`` serves before its fixture ends (its last test is done)."""
-    early = taken.get(fixture) or early_servers.get(fixture)
-    if early is not None:
-        early.stop()
-
-
 def started(fixture: str) -> Early | None:
     """What ``fixture`` serves, if it has been started and not stopped."""
     return early_servers.get(fixture) or taken.get(fixture)
