@@ -10,19 +10,21 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 
-# The dependencies in their own layer, read from pyproject.toml; torch comes from the PyTorch CPU
-# index (its +cpu builds sort above PyPI's CUDA builds of the same version).
+# The dependencies in their own layer, read from pyproject.toml (no engine extra) and pinned by the
+# CPU lock; torch==2.13.0+cpu comes from the PyTorch CPU index (PyPI carries only CUDA builds).
 WORKDIR /src
 COPY pyproject.toml ./
+COPY locks/cpu.txt ./locks/
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
  && pip install --no-cache-dir --upgrade pip \
  && pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
-      -r /tmp/requirements.txt
+      -c locks/cpu.txt -r /tmp/requirements.txt
 
 COPY README.md ./
 COPY voicehost ./voicehost
 COPY lora_training ./lora_training
-RUN pip install --no-cache-dir --no-deps . \
+# The speaker encoder, without its declared deps (as the Makefile installs it; see pyproject.toml).
+RUN pip install --no-cache-dir --no-deps . "resemblyzer==0.1.4" \
  && python -c "import voicehost.cli" \
  && rm -rf /src /tmp/requirements.txt
 

@@ -2,8 +2,8 @@
 # A GPU worker: the vLLM engine, the SNAC decoder and the worker HTTP API on port 8080.
 # Build from the repository root:
 #   docker build -f deploy/worker.Dockerfile -t voicehost-worker .
-# The vLLM wheels bring their own CUDA libraries; the base image only has to match the driver
-# (CUDA 12.8 needs driver >= 570, or an older one with the forward-compatibility package).
+# The locked torch and vLLM wheels bring their own CUDA libraries (CUDA 13: driver >= 580, or an
+# older one with the forward-compatibility package); the base image only supplies the runtime.
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu22.04
 FROM ${CUDA_IMAGE}
 
@@ -25,18 +25,21 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# The dependencies (with the `gpu` extra: vllm) in their own layer, read from pyproject.toml, so
-# a code change does not reinstall vLLM and torch.
+# The dependencies (with the `gpu` extra: vllm) in their own layer, read from pyproject.toml and
+# pinned by the GPU lock (what `make serve` installs on a GPU machine), so a code change does not
+# reinstall vLLM and torch, and the image holds the versions the project was tested with.
 WORKDIR /src
 COPY pyproject.toml ./
+COPY locks/gpu.txt ./locks/
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > /tmp/requirements.txt \
  && pip install --no-cache-dir --upgrade pip \
- && pip install --no-cache-dir -r /tmp/requirements.txt
+ && pip install --no-cache-dir -c locks/gpu.txt -r /tmp/requirements.txt
 
 COPY README.md ./
 COPY voicehost ./voicehost
 COPY lora_training ./lora_training
-RUN pip install --no-cache-dir --no-deps ".[gpu]" \
+# The speaker encoder, without its declared deps (as the Makefile installs it; see pyproject.toml).
+RUN pip install --no-cache-dir --no-deps ".[gpu]" "resemblyzer==0.1.4" \
  && python -c "import vllm, voicehost.cli" \
  && rm -rf /src /tmp/requirements.txt
 

@@ -68,7 +68,8 @@ def compile_command(uv: str, engine: str, out: Path) -> list[str]:
         if LOCAL_WHEELS.is_dir():
             command += ["--find-links", str(LOCAL_WHEELS)]
         else:
-            command += ["--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
+            command += ["--extra-index-url", TORCH_CPU_INDEX]
+            command += ["--index-strategy", "unsafe-best-match"]
     return command
 
 

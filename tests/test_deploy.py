@@ -556,10 +556,29 @@ def check_image(path: Path, subcommand: str) -> None:
     assert voicehost_argvs(dockerfile_argv(cmd)) == [[subcommand]], path.name
 
 
+def check_locked_install(path: Path, engine: str) -> None:
+    """The image installs what `make serve` does: pinned by the engine's lock (copied into the
+    build context), the speaker encoder at the Makefile's pin, and no test extra."""
+    instructions = dockerfile(path)
+    lock = f"locks/{engine}.txt"
+    copies = " ".join(rest for word, rest in instructions if word == "COPY")
+    assert lock in copies, f"{path.name} does not copy {lock}"
+    ignore = Path(f"{path}.dockerignore").read_text().splitlines()
+    assert f"!{lock}" in ignore, f"{path.name}'s build context leaves out {lock}"
+    runs = " ".join(rest for word, rest in instructions if word == "RUN")
+    installs = [part for part in runs.split("&&") if "pip install" in part and "-r " in part]
+    assert installs and all(f"-c {lock}" in part for part in installs), path.name
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    [resemblyzer] = re.findall(r"^RESEMBLYZER := (\S+)$", makefile, re.MULTILINE)
+    assert f'"{resemblyzer}"' in runs, f"{path.name} does not install {resemblyzer}"
+    assert "[test]" not in runs and ",test]" not in runs
+
+
 def test_the_worker_image_runs_the_gpu_build_as_a_user():
     assert base_image(WORKER_DOCKERFILE).startswith(("nvidia/cuda:", "vllm/vllm-openai"))
     runs = " ".join(rest for word, rest in dockerfile(WORKER_DOCKERFILE) if word == "RUN")
     assert "python3.11" in runs and '".[gpu]"' in runs
+    check_locked_install(WORKER_DOCKERFILE, "gpu")
     check_image(WORKER_DOCKERFILE, "worker")
 
 
@@ -567,6 +586,7 @@ def test_the_gateway_image_is_slim_python_without_the_engine():
     assert base_image(GATEWAY_DOCKERFILE) == "python:3.11-slim"
     runs = " ".join(rest for word, rest in dockerfile(GATEWAY_DOCKERFILE) if word == "RUN")
     assert "[gpu]" not in runs and "vllm" not in runs
+    check_locked_install(GATEWAY_DOCKERFILE, "cpu")
     check_image(GATEWAY_DOCKERFILE, "gateway")
 
 

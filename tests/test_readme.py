@@ -22,6 +22,8 @@ def test_every_setting_is_in_the_configuration_table():
         assert f"| `VOICEHOST_{name.upper()}` |" in table, name
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_and_nothing_else():
     ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
-    assert "\nmake test\n" in ci
+    commands = [line for line in ci.splitlines()[1:] if line and not line.startswith("#")]
+    assert commands[-1] == "exec make test"
+    assert all(line.startswith(("set ", "cd ")) for line in commands[:-1]), commands
