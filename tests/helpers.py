@@ -59,6 +59,7 @@ __all__ = [
     "http_status",
     "job_spec",
     "launch",
+    "manage_versions_as_a_tenant",
     "metric",
     "no_registry",
     "open_playground",
@@ -375,6 +376,49 @@ def adapter_form(
     weights = (folder / "adapter_model.safetensors").read_bytes()
     form.add_field("adapter_model", weights, filename="adapter_model.safetensors")
     return form
+
+
+async def manage_versions_as_a_tenant(
+    http: aiohttp.ClientSession,
+    url: str,
+    dev_model: DevModelPaths,
+    voice: str,
+    own: dict[str, str],
+    other: dict[str, str],
+) -> None:
+    """A tenant's key with the ``voices`` scope (``own``'s headers) adds, lists, promotes and
+    deletes its own voice's versions; another tenant's key (``other``) gets 404 for each."""
+    form = adapter_form(dev_model, voice, source="dev-a")
+    async with http.post(url + "/v1/voices", data=form, headers=own) as r:
+        assert r.status == 201, await r.text()
+    versions = f"{url}/v1/voices/{voice}/versions"
+    async with http.post(versions, data=adapter_parts(dev_model, "dev-c"), headers=own) as r:
+        assert r.status == 201, await r.text()
+        assert (await r.json())["version"]["version"] == 2
+    for method, target in [
+        ("POST", versions),
+        ("GET", versions),
+        ("POST", versions + "/1/promote"),
+        ("DELETE", versions + "/2"),
+    ]:
+        form = (
+            adapter_parts(dev_model, "dev-b") if method == "POST" and target == versions else None
+        )
+        async with http.request(method, target, data=form, headers=other) as r:
+            assert r.status == 404, (method, target, r.status, await r.text())
+            assert (await r.json())["error"]["code"] == "voice_not_found"
+    async with http.get(versions, headers=own) as r:
+        assert r.status == 200, await r.text()
+        listed = await r.json()
+    assert listed["live"] == 2 and [v["version"] for v in listed["versions"]] == [1, 2]
+    async with http.post(versions + "/1/promote", headers=own) as r:
+        assert r.status == 200, await r.text()
+    async with http.delete(versions + "/2", headers=own) as r:
+        assert r.status == 204, await r.text()
+    async with http.get(versions, headers=own) as r:
+        assert [v["version"] for v in (await r.json())["versions"]] == [1]
+    async with http.delete(f"{url}/v1/voices/{voice}", headers=own) as r:
+        assert r.status == 204, await r.text()
 
 
 def adapter_parts(dev_model, source: str, **fields: str) -> aiohttp.FormData:

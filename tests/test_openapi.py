@@ -13,8 +13,9 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from voicehost.api.auth import PUBLIC_ROUTES
-from voicehost.api.openapi import REF_TEMPLATE, document
+from voicehost.api.auth import PUBLIC
+from voicehost.api.openapi import DOCUMENT, REF_TEMPLATE
+from voicehost.api.routes import PUBLIC_ROUTES, document
 from voicehost.api.schemas import ErrorResponse, SpeechRequest
 from voicehost.api.server import create_app
 from voicehost.cluster.gateway import create_gateway_app
@@ -23,6 +24,7 @@ from voicehost.devmodel import DEV_VOICES
 
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 GATEWAY_ONLY = {("GET", "/v1/cluster"), ("POST", "/v1/cluster/route")}  # the cluster's own view
+ACCESS = {(r.method, r.path): r.access for r in PUBLIC_ROUTES}
 SPEECH = "/v1/audio/speech"
 
 
@@ -56,9 +58,11 @@ def test_every_served_route_is_documented_and_nothing_else(local_settings):
     assert app_routes(create_app(local_settings)) == documented(document())
 
 
-def test_the_gateway_documents_its_public_routes(tmp_path, redis_server):
+def test_the_gateway_documents_its_public_routes_and_its_own(tmp_path, redis_server):
     settings = Settings(dev=True, redis_url=redis_server.url, shared_dir=tmp_path)
-    assert app_routes(create_gateway_app(settings)) - GATEWAY_ONLY == documented(document())
+    app = create_gateway_app(settings)
+    assert app_routes(app) == documented(app[DOCUMENT])
+    assert app_routes(app) - GATEWAY_ONLY == documented(document())
 
 
 @pytest.mark.unit
@@ -106,7 +110,8 @@ def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry
             for status, response in responses.items():
                 if int(status) >= 400:
                     assert response["content"]["application/json"]["schema"] == error_ref
-            keyed = path not in PUBLIC_ROUTES  # the probes, this document, the playground
+            # open: the probes, this document, the playground
+            keyed = ACCESS[(method.upper(), path)] != PUBLIC
             assert ({"bearerAuth": []} in op["security"]) == keyed, path
             assert ({"401", "403"} <= set(responses)) == keyed, path
             if (method, path) in streams:
@@ -131,7 +136,7 @@ async def test_server_serves_the_document(server):
         assert await r.json() == document()
 
 
-async def test_gateway_serves_the_same_document(tmp_path, redis_server):
+async def test_gateway_serves_the_same_document_with_its_own_routes(tmp_path, redis_server):
     settings = Settings(dev=True, redis_url=redis_server.url, shared_dir=tmp_path)
     gateway = TestServer(create_gateway_app(settings), host="127.0.0.1")
     await gateway.start_server()
@@ -139,7 +144,11 @@ async def test_gateway_serves_the_same_document(tmp_path, redis_server):
         async with aiohttp.ClientSession() as http:
             async with http.get(gateway.make_url("/openapi.json")) as r:
                 assert r.status == 200
-                assert await r.json() == document()
+                served = await r.json()
+        own = {path: served["paths"].pop(path) for path in ("/v1/cluster", "/v1/cluster/route")}
+        assert served == document()
+        assert own["/v1/cluster"]["get"]["x-scopes"] == ["admin"]
+        assert own["/v1/cluster/route"]["post"]["operationId"] == "cluster_route"
     finally:
         await gateway.close()
 

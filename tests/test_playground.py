@@ -19,8 +19,9 @@ from helpers import adapter_form, adapter_parts, metric, open_playground
 from playwright.async_api import expect
 
 from voicehost.api import playground
-from voicehost.api.auth import AUTH, PUBLIC_ROUTES, Authenticator
+from voicehost.api.auth import AUTH, PUBLIC, ROUTE_ACCESS, Authenticator
 from voicehost.api.edge import auth_middleware
+from voicehost.api.routes import PUBLIC_ROUTES, add_route, route_access
 from voicehost.keys import ApiKey, hash_key
 from voicehost.orpheus import SAMPLE_RATE
 
@@ -75,10 +76,18 @@ def modules_loaded(source: str) -> list[str]:
     return found
 
 
+PAGE_ROUTES = [r for r in PUBLIC_ROUTES if r.handler in (playground.page, playground.page_file)]
+
+
+def add_page_routes(app: web.Application) -> None:
+    for route in PAGE_ROUTES:
+        add_route(app, route, route.handler)
+
+
 @pytest.fixture
 async def page_client():
     app = web.Application()
-    playground.add_routes(app)
+    add_page_routes(app)
     async with TestClient(TestServer(app)) as client:
         yield client
 
@@ -149,16 +158,19 @@ def test_the_page_has_no_inline_script_or_style_and_names_no_other_host():
 
 @pytest.mark.unit
 async def test_with_keys_configured_the_page_is_open_and_the_api_is_not():
-    assert set(playground.ROUTES) <= PUBLIC_ROUTES
+    assert {r.path for r in PAGE_ROUTES} == {"/", "/playground", "/playground/{file}"}
+    assert {r.access for r in PAGE_ROUTES} == {PUBLIC}
     key = ApiKey(id="k", tenant="t", scopes=["synthesize"], sha256=hash_key("secret-key"))
 
     async def voices(request):
         return web.json_response({"voices": []})
 
+    listing = next(r for r in PUBLIC_ROUTES if r.path == "/v1/audio/voices")
     app = web.Application(middlewares=[auth_middleware])
     app[AUTH] = Authenticator([key], None)
-    app.router.add_get("/v1/audio/voices", voices)
-    playground.add_routes(app)
+    app[ROUTE_ACCESS] = route_access([*PAGE_ROUTES, listing])
+    add_route(app, listing, voices)
+    add_page_routes(app)
     async with TestClient(TestServer(app)) as client:
         for path in ("/", "/playground", "/playground/app.js"):
             assert (await client.get(path)).status == 200, path

@@ -117,8 +117,3 @@ async def usage_report(request: web.Request) -> web.Response:
             },
         }
     )
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/audit", list_audit)
-    app.router.add_get("/v1/usage", usage_report)

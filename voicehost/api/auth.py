@@ -34,35 +34,17 @@ TENANT_HEADER = "X-Voicehost-Tenant"
 SCOPES_HEADER = "X-Voicehost-Scopes"
 FORWARDED_HEADERS = (KEY_ID_HEADER, TENANT_HEADER, SCOPES_HEADER)
 
-# and the playground's page and files (voicehost.api.playground.ROUTES): it asks for a key itself
-PUBLIC_ROUTES = frozenset(
-    {"/healthz", "/readyz", "/openapi.json", "/", "/playground", "/playground/{file}"}
-)
+# Who may call a route (declared with the route, in ``voicehost.api.routes``): anyone, only the
+# cluster's gateway (the worker-internal routes, under INTERNAL_PREFIX), or a key holding one of
+# a set of scopes (admin holds them all). A route the app does not know needs admin.
+Access = frozenset[str] | Literal["public", "internal"]
+PUBLIC: Access = "public"
+INTERNAL: Access = "internal"
+ADMIN: Access = frozenset({"admin"})
+ROUTE_ACCESS = web.AppKey("route_access", dict[tuple[str, str], Access])
 INTERNAL_PREFIX = "/internal/"
+METRICS_ROUTE = "/metrics"  # open too while VOICEHOST_METRICS_PUBLIC is on
 WS_ROUTE = "/v1/audio/speech/ws"  # browsers cannot set headers on a WebSocket: ?api_key= too
-# (method, route) -> the scopes of which a key needs one; every other route needs admin.
-ROUTE_SCOPES: dict[tuple[str, str], frozenset[str]] = {
-    ("POST", "/v1/audio/speech"): frozenset({"synthesize"}),
-    ("GET", WS_ROUTE): frozenset({"synthesize"}),
-    ("GET", "/v1/audio/voices"): frozenset({"synthesize", "voices"}),
-    ("GET", "/v1/voices"): frozenset({"synthesize", "voices"}),
-    ("GET", "/v1/models"): frozenset({"synthesize", "voices"}),
-    ("GET", "/v1/models/{model}"): frozenset({"synthesize", "voices"}),
-    ("POST", "/v1/voices"): frozenset({"voices"}),
-    ("GET", "/v1/voices/{voice_id}"): frozenset({"voices"}),
-    ("DELETE", "/v1/voices/{voice_id}"): frozenset({"voices"}),
-    ("POST", "/v1/voices/{voice_id}/publish"): frozenset({"voices"}),
-    ("GET", "/v1/jobs/{job_id}"): frozenset({"voices"}),
-    ("DELETE", "/v1/jobs/{job_id}"): frozenset({"voices"}),
-    ("POST", "/v1/jobs/{job_id}/retry"): frozenset({"voices"}),
-    ("GET", "/v1/audit"): frozenset({"voices"}),  # a tenant's key: its own voices' events
-    ("GET", "/v1/usage"): frozenset({"synthesize", "voices"}),  # ... its own tenant's usage
-    ("GET", "/v1/lexicons"): frozenset({"synthesize", "voices"}),
-    ("GET", "/v1/lexicons/{name}"): frozenset({"synthesize", "voices"}),
-    ("PUT", "/v1/lexicons/{name}"): frozenset({"voices"}),
-    ("DELETE", "/v1/lexicons/{name}"): frozenset({"voices"}),
-}
-ADMIN_ONLY = frozenset({"admin"})
 
 
 class Authenticator:
@@ -239,10 +221,14 @@ def identify(auth: Authenticator, request: web.Request) -> Principal | None:
     for a key without the route's scope, or for an internal route called by anyone but the
     gateway."""
     route = _route(request)
-    if not auth.enabled or route in PUBLIC_ROUTES or (route == "/metrics" and auth.metrics_public):
+    method = "GET" if request.method == "HEAD" else request.method
+    access = request.app[ROUTE_ACCESS].get((method, route or ""), ADMIN)
+    if request.match_info.http_exception is not None:
+        access = ADMIN  # no such route (404), or not with this method (405)
+    if not auth.enabled or access == PUBLIC or (route == METRICS_ROUTE and auth.metrics_public):
         return None
     gateway = auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))
-    if route is not None and route.startswith(INTERNAL_PREFIX):
+    if access == INTERNAL:
         if not gateway:
             raise AccessDenied(
                 403, "forbidden", "internal routes accept only the cluster's gateway"
@@ -263,10 +249,9 @@ def identify(auth: Authenticator, request: web.Request) -> Principal | None:
         if principal is None:
             raise AccessDenied(401, "invalid_api_key", "the API key is not valid")
     if principal is not None and request.match_info.http_exception is None:
-        method = "GET" if request.method == "HEAD" else request.method
-        needed = ROUTE_SCOPES.get((method, route or ""), ADMIN_ONLY)
-        if not principal.allows(needed):
-            wanted = " or ".join(f"'{s}'" for s in sorted(needed))
+        assert not isinstance(access, str)  # public and internal returned above
+        if not principal.allows(access):
+            wanted = " or ".join(f"'{s}'" for s in sorted(access))
             message = f"this API key needs the {wanted} scope"
             raise AccessDenied(403, "insufficient_scope", message, principal)
     return principal

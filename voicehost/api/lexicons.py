@@ -143,13 +143,6 @@ async def list_lexicons(request: web.Request) -> web.Response:
     return web.json_response(LexiconList(lexicons=[_info(x) for x in found]).model_dump())
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/lexicons", list_lexicons)
-    app.router.add_put("/v1/lexicons/{name}", put_lexicon)
-    app.router.add_get("/v1/lexicons/{name}", get_lexicon)
-    app.router.add_delete("/v1/lexicons/{name}", delete_lexicon)
-
-
 # --- the lexicon a request is spoken with ------------------------------------------------------
 
 

@@ -2,13 +2,16 @@
 
 Request and response bodies are the pydantic models of ``voicehost.api.schemas``, turned into
 JSON Schema here; this module only says which route takes and answers what. ``tests/test_openapi``
-keeps it true: every public route of the app is in it and nothing else.
+keeps it true: the paths come from the app's route table (``voicehost.api.routes``), each
+route's operation from here by its id.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from voicehost import __version__
+from voicehost.api.auth import PUBLIC, WS_ROUTE, Access
 from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
     AuditPage,
@@ -33,6 +37,7 @@ from voicehost.api.schemas import (
     RealtimeConfig,
     RealtimeControl,
     RealtimeText,
+    RouteRequest,
     SpeechRequest,
     UsageReport,
     VersionInfo,
@@ -55,6 +60,7 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (RealtimeText, "validation"),
     (RealtimeControl, "validation"),
     (PublishRequest, "validation"),
+    (RouteRequest, "validation"),
     (LexiconUpload, "validation"),
     (LexiconSaved, "serialization"),
     (LexiconList, "serialization"),
@@ -163,7 +169,6 @@ def operation(
     responses: dict[str, Json],
     *,
     tag: str,
-    security: list[Json] | None = None,
     description: str | None = None,
     parameters: list[Json] | None = None,
     body: Json | None = None,
@@ -175,8 +180,7 @@ def operation(
         op["parameters"] = parameters
     if body:
         op["requestBody"] = body
-    op["security"] = security if security is not None else []
-    return op
+    return op  # its security comes from its route's access (build_document)
 
 
 def path_param(name: str, description: str, pattern: str | None = None) -> Json:
@@ -189,6 +193,22 @@ def path_param(name: str, description: str, pattern: str | None = None) -> Json:
         "required": True,
         "description": description,
         "schema": schema,
+    }
+
+
+def path_params() -> dict[str, Json]:
+    """Every path parameter, by name: a route's path names the ones it takes."""
+    return {
+        "voice_id": path_param("voice_id", "A voice id.", VOICE_ID_PATTERN.pattern),
+        "version": path_param(
+            "version", "A version of the voice (1, 2, ...).", VERSION_PATTERN.pattern
+        ),
+        "job_id": path_param("job_id", "A clone job id.", JOB_ID_PATTERN.pattern),
+        "name": path_param(
+            "name", "A lexicon's name (the caller's tenant's).", LEXICON_NAME_PATTERN.pattern
+        ),
+        "model": path_param("model", "A model name, as GET /v1/models lists them."),
+        "file": path_param("file", "A file name, e.g. `app.js`."),
     }
 
 
@@ -219,7 +239,7 @@ SSE_EVENTS: Json = {
 }
 
 
-def speech_paths() -> Json:
+def speech_operations() -> dict[str, Json]:
     audio = {
         content: {"schema": {"type": "string", "format": "binary"}}
         for content in CONTENT_TYPES.values()
@@ -269,7 +289,6 @@ def speech_paths() -> Json:
             ),
         },
         tag="speech",
-        security=KEYED,
         body={
             "required": True,
             "content": {
@@ -280,10 +299,7 @@ def speech_paths() -> Json:
             },
         },
     )
-    return {
-        "/v1/audio/speech": {"post": speak},
-        "/v1/audio/speech/ws": {"get": realtime_operation()},
-    }
+    return {"speak": speak, "speak_realtime": realtime_operation()}
 
 
 def realtime_operation() -> Json:
@@ -312,20 +328,16 @@ def realtime_operation() -> Json:
             ),
         },
         tag="speech",
-        security=[*KEYED, {"apiKeyQuery": []}],
         description=description,
     )
 
 
-def voice_paths() -> Json:
-    voice_id = path_param("voice_id", "A voice id.", VOICE_ID_PATTERN.pattern)
-    job_id = path_param("job_id", "A clone job id.", JOB_ID_PATTERN.pattern)
+def voice_operations() -> dict[str, Json]:
     redis = {503: REDIS_DOWN}
     listing = operation(
         "The voices that can be spoken, and adapters that failed validation",
         {"200": json_body(ref(VoiceList), "Every voice the caller may use."), **errors(redis)},
         tag="voices",
-        security=KEYED,
     )
     file = {"type": "string", "format": "binary"}
     naming = {
@@ -406,11 +418,9 @@ def voice_paths() -> Json:
             ),
         },
         tag="voices",
-        security=KEYED,
         body={"required": True, "content": {"multipart/form-data": {"schema": upload}}},
     )
     not_found = {400: "`invalid_voice_id`: not a voice id.", 404: "`voice_not_found`.", **redis}
-    version = path_param("version", "A version of the voice (1, 2, ...).", VERSION_PATTERN.pattern)
     version_upload = copy.deepcopy(upload)
     for shape in version_upload["oneOf"]:
         shape["properties"].pop("voice_id")
@@ -451,7 +461,6 @@ def voice_paths() -> Json:
             ),
         },
         tag="voices",
-        security=KEYED,
         description="A version is immutable: one adapter (by checksum) with its own manifest, "
         "data report, evaluation and consent record. Cloned from audio, it needs a consent "
         "record as a new voice does.",
@@ -459,167 +468,135 @@ def voice_paths() -> Json:
     )
     no_job = {400: "`invalid_job_id`: not a job id.", 404: "`job_not_found`.", **redis}
     return {
-        "/v1/audio/voices": {"get": listing},
-        "/v1/voices": {
-            "get": {**listing, "summary": "The voices (same as GET /v1/audio/voices)"},
-            "post": create,
-        },
-        "/v1/voices/{voice_id}": {
-            "parameters": [voice_id],
-            "get": operation(
-                "A voice and its manifest",
-                {
-                    "200": json_body(wrapped("voice", VoiceDetail), "The voice."),
-                    **errors(not_found),
+        "list_audio_voices": listing,
+        "list_voices": {**listing, "summary": "The voices (same as GET /v1/audio/voices)"},
+        "create_voice": create,
+        "get_voice": operation(
+            "A voice and its manifest",
+            {
+                "200": json_body(wrapped("voice", VoiceDetail), "The voice."),
+                **errors(not_found),
+            },
+            tag="voices",
+        ),
+        "delete_voice": operation(
+            "Remove an adapter voice: every version, and its consent records",
+            {
+                "204": {"description": "Removed."},
+                **errors(
+                    {
+                        403: "`voice_read_only`: a built-in or dev voice, or a shared one "
+                        "(admins only).",
+                        **not_found,
+                    }
+                ),
+            },
+            tag="voices",
+        ),
+        "publish_voice": operation(
+            "Publish a held voice: make it ready anyway",
+            {
+                "200": json_body(wrapped("voice", VoiceDetail), "The voice, ready now."),
+                **errors(
+                    {
+                        400: "`invalid_voice_id`: not a voice id; `invalid_json` / "
+                        '`invalid_request`: the body is not `{"reason": "..."}`.',
+                        404: "`voice_not_found`: none, another tenant's, or a held voice "
+                        "the caller may not manage.",
+                        409: "`voice_not_held`: the voice is ready already (or built in).",
+                        413: "`body_too_large`: a JSON body over 1 MiB.",
+                        **redis,
+                    }
+                ),
+            },
+            tag="voices",
+            description="A clone that measured below the evaluation gate is held: listed "
+            'with `status: "held"` and spoken only for its tenant and admins. Its tenant '
+            "or an admin may publish it; the reason, the key and the time are recorded in "
+            "its `voice.json` (`published`).",
+            body={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": ref(PublishRequest),
+                        "example": {"reason": "Listened to it: it sounds like her."},
+                    }
                 },
-                tag="voices",
-                security=KEYED,
-            ),
-            "delete": operation(
-                "Remove an adapter voice: every version, and its consent records",
-                {
-                    "204": {"description": "Removed."},
-                    **errors(
-                        {
-                            403: "`voice_read_only`: a built-in or dev voice, or a shared one "
-                            "(admins only).",
-                            **not_found,
-                        }
-                    ),
-                },
-                tag="voices",
-                security=KEYED,
-            ),
-        },
-        "/v1/voices/{voice_id}/publish": {
-            "parameters": [voice_id],
-            "post": operation(
-                "Publish a held voice: make it ready anyway",
-                {
-                    "200": json_body(wrapped("voice", VoiceDetail), "The voice, ready now."),
-                    **errors(
-                        {
-                            400: "`invalid_voice_id`: not a voice id; `invalid_json` / "
-                            '`invalid_request`: the body is not `{"reason": "..."}`.',
-                            404: "`voice_not_found`: none, another tenant's, or a held voice "
-                            "the caller may not manage.",
-                            409: "`voice_not_held`: the voice is ready already (or built in).",
-                            413: "`body_too_large`: a JSON body over 1 MiB.",
-                            **redis,
-                        }
-                    ),
-                },
-                tag="voices",
-                security=KEYED,
-                description="A clone that measured below the evaluation gate is held: listed "
-                'with `status: "held"` and spoken only for its tenant and admins. Its tenant '
-                "or an admin may publish it; the reason, the key and the time are recorded in "
-                "its `voice.json` (`published`).",
-                body={
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": ref(PublishRequest),
-                            "example": {"reason": "Listened to it: it sounds like her."},
-                        }
-                    },
-                },
-            ),
-        },
-        "/v1/voices/{voice_id}/versions": {
-            "parameters": [voice_id],
-            "post": add_version,
-            "get": operation(
-                "A voice's versions, oldest first, and which is live",
-                {
-                    "200": json_body(ref(VersionList), "The versions."),
-                    **errors(not_found),
-                },
-                tag="voices",
-                security=KEYED,
-            ),
-        },
-        "/v1/voices/{voice_id}/versions/{version}/promote": {
-            "parameters": [voice_id, version],
-            "post": operation(
-                "Make a version the live one (roll forward or back), at once everywhere",
-                {
-                    "200": json_body(versioned, "The version, live now."),
-                    **errors(
-                        {
-                            400: bad_version,
-                            403: read_only,
-                            404: no_version,
-                            409: "`version_held`: a held version (publish it first).",
-                            422: "`voice_unusable`: its adapter failed validation.",
-                            **redis,
-                        }
-                    ),
-                },
-                tag="voices",
-                security=KEYED,
-                description="The version it replaces stays servable when pinned (`voice@n`); "
-                "streams in flight finish on the version they started with.",
-            ),
-        },
-        "/v1/voices/{voice_id}/versions/{version}": {
-            "parameters": [voice_id, version],
-            "delete": operation(
-                "Remove a version (not the live one)",
-                {
-                    "204": {"description": "Removed."},
-                    **errors(
-                        {
-                            400: bad_version,
-                            403: read_only,
-                            404: no_version,
-                            409: "`version_live`: the live version (promote another first, or "
-                            "delete the voice).",
-                            **redis,
-                        }
-                    ),
-                },
-                tag="voices",
-                security=KEYED,
-            ),
-        },
-        "/v1/jobs/{job_id}": {
-            "parameters": [job_id],
-            "get": operation(
-                "A clone job's state and progress",
-                {"200": json_body(job, "The job."), **errors(no_job)},
-                tag="jobs",
-                security=KEYED,
-            ),
-            "delete": operation(
-                "Cancel a queued or running job; delete a finished one and its inputs",
-                {
-                    "200": json_body(job, "The job, cancelled."),
-                    "204": {"description": "The finished job is deleted."},
-                    **errors({409: "`job_busy`: its worker is still stopping.", **no_job}),
-                },
-                tag="jobs",
-                security=KEYED,
-            ),
-        },
-        "/v1/jobs/{job_id}/retry": {
-            "parameters": [job_id],
-            "post": operation(
-                "Queue a failed or cancelled job again",
-                {
-                    "202": json_body(job, "The job, queued."),
-                    **errors(
-                        {
-                            409: "`job_not_retryable` / `voice_exists`: the job is not failed "
-                            "or cancelled, its worker is stopping, or the voice id is taken.",
-                            **no_job,
-                        }
-                    ),
-                },
-                tag="jobs",
-                security=KEYED,
-            ),
-        },
+            },
+        ),
+        "add_version": add_version,
+        "list_versions": operation(
+            "A voice's versions, oldest first, and which is live",
+            {
+                "200": json_body(ref(VersionList), "The versions."),
+                **errors(not_found),
+            },
+            tag="voices",
+        ),
+        "promote_version": operation(
+            "Make a version the live one (roll forward or back), at once everywhere",
+            {
+                "200": json_body(versioned, "The version, live now."),
+                **errors(
+                    {
+                        400: bad_version,
+                        403: read_only,
+                        404: no_version,
+                        409: "`version_held`: a held version (publish it first).",
+                        422: "`voice_unusable`: its adapter failed validation.",
+                        **redis,
+                    }
+                ),
+            },
+            tag="voices",
+            description="The version it replaces stays servable when pinned (`voice@n`); "
+            "streams in flight finish on the version they started with.",
+        ),
+        "delete_version": operation(
+            "Remove a version (not the live one)",
+            {
+                "204": {"description": "Removed."},
+                **errors(
+                    {
+                        400: bad_version,
+                        403: read_only,
+                        404: no_version,
+                        409: "`version_live`: the live version (promote another first, or "
+                        "delete the voice).",
+                        **redis,
+                    }
+                ),
+            },
+            tag="voices",
+        ),
+        "get_job": operation(
+            "A clone job's state and progress",
+            {"200": json_body(job, "The job."), **errors(no_job)},
+            tag="jobs",
+        ),
+        "cancel_job": operation(
+            "Cancel a queued or running job; delete a finished one and its inputs",
+            {
+                "200": json_body(job, "The job, cancelled."),
+                "204": {"description": "The finished job is deleted."},
+                **errors({409: "`job_busy`: its worker is still stopping.", **no_job}),
+            },
+            tag="jobs",
+        ),
+        "retry_job": operation(
+            "Queue a failed or cancelled job again",
+            {
+                "202": json_body(job, "The job, queued."),
+                **errors(
+                    {
+                        409: "`job_not_retryable` / `voice_exists`: the job is not failed "
+                        "or cancelled, its worker is stopping, or the voice id is taken.",
+                        **no_job,
+                    }
+                ),
+            },
+            tag="jobs",
+        ),
     }
 
 
@@ -633,7 +610,7 @@ def query_param(name: str, description: str, schema: Json) -> Json:
     }
 
 
-def audit_paths() -> Json:
+def audit_operations() -> dict[str, Json]:
     since = query_param(
         "since",
         "From this time on: ISO 8601 (UTC unless it names a zone) or Unix seconds.",
@@ -645,54 +622,45 @@ def audit_paths() -> Json:
         "`invalid_voice_id`: `voice` is not a voice id."
     }
     return {
-        "/v1/audit": {
-            "get": operation(
-                "The audit trail: every change to voices and jobs, and scope refusals",
-                {"200": json_body(ref(AuditPage), "Events in order."), **errors(audit_bad)},
-                tag="audit",
-                security=KEYED,
-                description="Admins read every event (and the log's `head`); a tenant's key "
-                "(`voices` scope) only the events of its tenant's voices and jobs. Each event "
-                "carries the SHA-256 of the one before it (`prev`); `voicehost audit verify` "
-                "checks the chain.",
-                parameters=[
-                    query_param("voice", "Only this voice's events.", {"type": "string"}),
-                    since,
-                    query_param(
-                        "after",
-                        "Only events after this seq (paging: the answer's `next_after`).",
-                        {"type": "integer", "minimum": 0},
-                    ),
-                    query_param(
-                        "limit",
-                        "At most this many events (default 100).",
-                        {"type": "integer", "minimum": 1, "maximum": 1000},
-                    ),
-                ],
-            )
-        },
-        "/v1/usage": {
-            "get": operation(
-                "Characters and audio seconds sent, per API key, tenant and voice",
-                {"200": json_body(ref(UsageReport), "The sums."), **errors(bad_query)},
-                tag="usage",
-                security=KEYED,
-                description="Counted as audio is sent (a stream cancelled half-way counts what "
-                "was sent), summed per minute over every worker of a cluster. Admins read "
-                "every tenant's (or `tenant`'s); any other key its own tenant's.",
-                parameters=[
-                    query_param("tenant", "Only this tenant (admins).", {"type": "string"}),
-                    since,
-                ],
-            )
-        },
+        "list_audit": operation(
+            "The audit trail: every change to voices and jobs, and scope refusals",
+            {"200": json_body(ref(AuditPage), "Events in order."), **errors(audit_bad)},
+            tag="audit",
+            description="Admins read every event (and the log's `head`); a tenant's key "
+            "(`voices` scope) only the events of its tenant's voices and jobs. Each event "
+            "carries the SHA-256 of the one before it (`prev`); `voicehost audit verify` "
+            "checks the chain.",
+            parameters=[
+                query_param("voice", "Only this voice's events.", {"type": "string"}),
+                since,
+                query_param(
+                    "after",
+                    "Only events after this seq (paging: the answer's `next_after`).",
+                    {"type": "integer", "minimum": 0},
+                ),
+                query_param(
+                    "limit",
+                    "At most this many events (default 100).",
+                    {"type": "integer", "minimum": 1, "maximum": 1000},
+                ),
+            ],
+        ),
+        "usage_report": operation(
+            "Characters and audio seconds sent, per API key, tenant and voice",
+            {"200": json_body(ref(UsageReport), "The sums."), **errors(bad_query)},
+            tag="usage",
+            description="Counted as audio is sent (a stream cancelled half-way counts what "
+            "was sent), summed per minute over every worker of a cluster. Admins read "
+            "every tenant's (or `tenant`'s); any other key its own tenant's.",
+            parameters=[
+                query_param("tenant", "Only this tenant (admins).", {"type": "string"}),
+                since,
+            ],
+        ),
     }
 
 
-def lexicon_paths() -> Json:
-    name = path_param(
-        "name", "A lexicon's name (the caller's tenant's).", LEXICON_NAME_PATTERN.pattern
-    )
+def lexicon_operations() -> dict[str, Json]:
     bad_name = {400: "`invalid_lexicon_name`: not a lexicon name.", 503: REDIS_DOWN}
     missing = {**bad_name, 404: "`lexicon_not_found`: none of the caller's tenant."}
     saved = json_body(ref(LexiconSaved), "Stored.")
@@ -715,84 +683,66 @@ def lexicon_paths() -> Json:
     }
     location = {"Location": {"description": "The lexicon's URL.", "schema": {"type": "string"}}}
     return {
-        "/v1/lexicons": {
-            "get": operation(
-                "The caller's tenant's pronunciation lexicons",
-                {"200": json_body(ref(LexiconList), "Each lexicon."), **errors({503: REDIS_DOWN})},
-                tag="lexicons",
-                security=KEYED,
-            )
-        },
-        "/v1/lexicons/{name}": {
-            "parameters": [name],
-            "put": operation(
-                "Store a pronunciation lexicon (JSON or W3C PLS), replacing one of that name",
-                {
-                    "200": saved,
-                    "201": {**json_body(ref(LexiconSaved), "Stored, new."), "headers": location},
-                    **errors(
-                        {
-                            **bad_name,
-                            400: "`invalid_lexicon_name` / `invalid_json` / `invalid_request` / "
-                            "`invalid_lexicon`: not a lexicon; `unsafe_lexicon`: a PLS document "
-                            "with a DTD, entities or nesting deeper than 8, refused unexpanded; "
-                            "`lexicon_entry_too_long`: over `VOICEHOST_LEXICON_MAX_ENTRY_CHARS`; "
-                            "`too_many_lexicons`: the tenant keeps "
-                            "`VOICEHOST_LEXICONS_PER_TENANT` already.",
-                            413: "`lexicon_too_large`: over `VOICEHOST_LEXICON_MAX_ENTRIES` "
-                            "entries; `body_too_large`: a body over 1 MiB.",
-                        }
-                    ),
-                },
-                tag="lexicons",
-                security=KEYED,
-                body=upload,
-            ),
-            "get": operation(
-                "A lexicon and its entries",
-                {
-                    "200": json_body(wrapped("lexicon", LexiconDetail), "The lexicon."),
-                    **errors(missing),
-                },
-                tag="lexicons",
-                security=KEYED,
-            ),
-            "delete": operation(
-                "Delete a lexicon",
-                {"204": {"description": "Deleted."}, **errors(missing)},
-                tag="lexicons",
-                security=KEYED,
-            ),
-        },
+        "list_lexicons": operation(
+            "The caller's tenant's pronunciation lexicons",
+            {"200": json_body(ref(LexiconList), "Each lexicon."), **errors({503: REDIS_DOWN})},
+            tag="lexicons",
+        ),
+        "put_lexicon": operation(
+            "Store a pronunciation lexicon (JSON or W3C PLS), replacing one of that name",
+            {
+                "200": saved,
+                "201": {**json_body(ref(LexiconSaved), "Stored, new."), "headers": location},
+                **errors(
+                    {
+                        **bad_name,
+                        400: "`invalid_lexicon_name` / `invalid_json` / `invalid_request` / "
+                        "`invalid_lexicon`: not a lexicon; `unsafe_lexicon`: a PLS document "
+                        "with a DTD, entities or nesting deeper than 8, refused unexpanded; "
+                        "`lexicon_entry_too_long`: over `VOICEHOST_LEXICON_MAX_ENTRY_CHARS`; "
+                        "`too_many_lexicons`: the tenant keeps "
+                        "`VOICEHOST_LEXICONS_PER_TENANT` already.",
+                        413: "`lexicon_too_large`: over `VOICEHOST_LEXICON_MAX_ENTRIES` "
+                        "entries; `body_too_large`: a body over 1 MiB.",
+                    }
+                ),
+            },
+            tag="lexicons",
+            body=upload,
+        ),
+        "get_lexicon": operation(
+            "A lexicon and its entries",
+            {
+                "200": json_body(wrapped("lexicon", LexiconDetail), "The lexicon."),
+                **errors(missing),
+            },
+            tag="lexicons",
+        ),
+        "delete_lexicon": operation(
+            "Delete a lexicon",
+            {"204": {"description": "Deleted."}, **errors(missing)},
+            tag="lexicons",
+        ),
     }
 
 
-def model_paths() -> Json:
-    model = path_param("model", "A model name, as GET /v1/models lists them.")
+def model_operations() -> dict[str, Json]:
     return {
-        "/v1/models": {
-            "get": operation(
-                "The model names a speech request may send (OpenAI's shape)",
-                {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")}
-                | errors({}),
-                tag="models",
-                security=KEYED,
-            )
-        },
-        "/v1/models/{model}": {
-            "parameters": [model],
-            "get": operation(
-                "One model name (OpenAI's shape)",
-                {"200": json_body(ref(ModelInfo), "The model.")}
-                | errors({404: "`model_not_found`."}),
-                tag="models",
-                security=KEYED,
-            ),
-        },
+        "list_models": operation(
+            "The model names a speech request may send (OpenAI's shape)",
+            {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")}
+            | errors({}),
+            tag="models",
+        ),
+        "get_model": operation(
+            "One model name (OpenAI's shape)",
+            {"200": json_body(ref(ModelInfo), "The model.")} | errors({404: "`model_not_found`."}),
+            tag="models",
+        ),
     }
 
 
-def service_paths() -> Json:
+def service_operations() -> dict[str, Json]:
     def probe(summary: str, value: str, unavailable: str) -> Json:
         return operation(
             summary,
@@ -804,46 +754,37 @@ def service_paths() -> Json:
         )
 
     return {
-        "/healthz": {
-            "get": probe(
-                "Liveness: can this process serve?",
-                "ok",
-                "`failed`: start-up failed or the engine died.",
-            )
-        },
-        "/readyz": {
-            "get": probe(
-                "Readiness: is the engine warm (and not draining)?",
-                "ready",
-                "`not_ready` / `no_workers`: not yet, or draining.",
-            )
-        },
-        "/metrics": {
-            "get": operation(
-                "Prometheus metrics (needs an admin key when `VOICEHOST_METRICS_PUBLIC` is off)",
-                {
-                    "200": {
-                        "description": "Prometheus text format 0.0.4.",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    },
-                    **errors({}),
+        "healthz": probe(
+            "Liveness: can this process serve?",
+            "ok",
+            "`failed`: start-up failed or the engine died.",
+        ),
+        "readyz": probe(
+            "Readiness: is the engine warm (and not draining)?",
+            "ready",
+            "`not_ready` / `no_workers`: not yet, or draining.",
+        ),
+        "metrics": operation(
+            "Prometheus metrics (needs an admin key when `VOICEHOST_METRICS_PUBLIC` is off)",
+            {
+                "200": {
+                    "description": "Prometheus text format 0.0.4.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
                 },
-                tag="service",
-                security=KEYED,
-            )
-        },
-        "/openapi.json": {
-            "get": operation(
-                "This document",
-                {"200": json_body({"type": "object"}, "The OpenAPI 3.1 document.")},
-                tag="service",
-            )
-        },
-        **playground_paths(),
+                **errors({}),
+            },
+            tag="service",
+        ),
+        "openapi": operation(
+            "This document",
+            {"200": json_body({"type": "object"}, "The OpenAPI 3.1 document.")},
+            tag="service",
+        ),
+        **playground_operations(),
     }
 
 
-def playground_paths() -> Json:
+def playground_operations() -> dict[str, Json]:
     """The web playground (``voicehost.api.playground``): open, it asks for a key itself."""
     page = operation(
         "The web playground: speak, clone, voices (a client of this API, in the browser)",
@@ -861,12 +802,11 @@ def playground_paths() -> Json:
             **errors({404: "`not_found`: the playground has no such file."}, keyed=False),
         },
         tag="playground",
-        parameters=[path_param("file", "A file name, e.g. `app.js`.")],
     )
     return {
-        "/": {"get": page},
-        "/playground": {"get": page},
-        "/playground/{file}": {"get": page_file},
+        "playground": page,
+        "playground_alias": page,
+        "playground_file": page_file,
     }
 
 
@@ -875,8 +815,98 @@ def component_schemas() -> dict[str, Json]:
     return top["$defs"]
 
 
+def cluster_operations() -> dict[str, Json]:
+    """A gateway's own view of its cluster (``voicehost.cluster.gateway``), for admins."""
+    worker = {
+        "type": "object",
+        "properties": {
+            "id": TEXT,
+            "url": TEXT,
+            **{
+                name: {"type": "integer"}
+                for name in (
+                    "active_streams",
+                    "loaded_adapters",
+                    "capacity",
+                    "headroom",
+                    "gateway_in_flight",
+                )
+            },
+        },
+    }
+    view = {
+        "type": "object",
+        "properties": {
+            "redis_ok": {"type": "boolean"},
+            "workers": {"type": "array", "items": worker},
+        },
+        "required": ["redis_ok", "workers"],
+    }
+    owners = {
+        "type": "object",
+        "properties": {"owners": {"type": "object", "additionalProperties": TEXT}},
+        "required": ["owners"],
+    }
+    return {
+        "cluster_view": operation(
+            "The workers this gateway routes to, with their load (a gateway's own route)",
+            {"200": json_body(view, "The workers."), **errors({})},
+            tag="cluster",
+        ),
+        "cluster_route": operation(
+            "Each voice's owner on the ring (a gateway's own route)",
+            {
+                "200": json_body(owners, "The owners, by voice."),
+                **errors(
+                    {
+                        400: "`invalid_json` / `invalid_request`.",
+                        413: "`body_too_large`: a JSON body over 1 MiB.",
+                    }
+                ),
+            },
+            tag="cluster",
+            body={"required": True, "content": {"application/json": {"schema": ref(RouteRequest)}}},
+        ),
+    }
+
+
 @functools.cache
-def _document() -> Json:
+def operations() -> dict[str, Json]:
+    """Every operation of the public API, by its id (the route table's ``operation``)."""
+    return {
+        **speech_operations(),
+        **voice_operations(),
+        **model_operations(),
+        **audit_operations(),
+        **lexicon_operations(),
+        **service_operations(),
+    }
+
+
+DocumentedRoute = tuple[str, str, str, Access]  # method, path, operation id, who may call it
+DOCUMENT = web.AppKey("openapi_document", dict)
+
+
+def build_document(routes: Iterable[DocumentedRoute], own: Mapping[str, Json]) -> Json:
+    """The document of an app answering ``routes``, whose operations are this module's or the
+    app's ``own``; each operation's security follows its route's access."""
+    known = {**operations(), **own}
+    params = path_params()
+    paths: dict[str, Json] = {}
+    for method, path, operation_id, access in routes:
+        if operation_id not in known:
+            raise ValueError(f"{method} {path}: no OpenAPI operation {operation_id!r}")
+        op = {**copy.deepcopy(known[operation_id]), "operationId": operation_id}
+        if access == PUBLIC:
+            op["security"] = []
+        else:
+            op["security"] = KEYED + ([{"apiKeyQuery": []}] if path == WS_ROUTE else [])
+            op["x-scopes"] = sorted(access)
+        item = paths.setdefault(path, {})
+        names = re.findall(r"\{(\w+)\}", path)
+        if names:
+            item["parameters"] = [params[name] for name in names]
+        item[method.lower()] = op
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -885,26 +915,15 @@ def _document() -> Json:
             "description": "Self-hosted voice-cloning TTS. Errors are always "
             '`{"error": {"code", "message"}}`. When the server is configured with API keys, '
             "every route but `/healthz`, `/readyz` and this document needs one "
-            "(`Authorization: Bearer <key>`; 401/403 otherwise); a stream over its key's quota "
+            "(`Authorization: Bearer <key>`; 401/403 otherwise; `x-scopes` names the scopes "
+            "of which a key needs one, admin holding them all); a stream over its key's quota "
             "or the server's capacity is refused with 429/503 and `Retry-After`.",
         },
-        "paths": {
-            **speech_paths(),
-            **voice_paths(),
-            **model_paths(),
-            **audit_paths(),
-            **lexicon_paths(),
-            **service_paths(),
-        },
+        "paths": paths,
         "components": {"schemas": component_schemas(), "securitySchemes": SECURITY_SCHEMES},
     }
 
 
-def document() -> Json:
-    """The OpenAPI document (a fresh copy: callers may change it)."""
-    return copy.deepcopy(_document())
-
-
 async def openapi(request: web.Request) -> web.Response:
-    """``GET /openapi.json``."""
-    return web.json_response(_document())
+    """``GET /openapi.json``: the document of the app's own routes."""
+    return web.json_response(request.app[DOCUMENT])

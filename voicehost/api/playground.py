@@ -20,7 +20,6 @@ from voicehost.api.edge import error_response
 STATIC = Path(__file__).with_name("static")
 PAGE = "index.html"
 FILE_ROUTE = "/playground/{file}"
-ROUTES = ("/", "/playground", FILE_ROUTE)  # open: the page asks for a key itself
 FILE_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*(\.[a-z0-9]+)+")
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -91,9 +90,3 @@ async def page(request: web.Request) -> web.Response:
 async def page_file(request: web.Request) -> web.Response:
     """``GET /playground/NAME``: one of the page's scripts, styles or images; 404 otherwise."""
     return _answer(request.match_info["file"])
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/", page)
-    app.router.add_get("/playground", page)
-    app.router.add_get(FILE_ROUTE, page_file)

@@ -1,17 +1,36 @@
 """The public API's route table and the application every front end starts from.
 
+Each route is declared once, here: its method, path, handler, who may call it and its OpenAPI
+operation. The app's router, the authentication's scopes (``auth.ROUTE_ACCESS``) and the OpenAPI
+document's paths are all derived from the table, so they cannot drift; ``tests/test_routes.py``
+fails on a route without its documentation.
+
 ``voicehost serve``, a cluster worker and a gateway answer the same routes; only speech and
-health differ (spoken here, or proxied to a worker), so those handlers are parameters.
+health differ (spoken here, or proxied to a worker), so those handlers are named slots that each
+role fills. A role's own routes (the worker's ``/internal/...``, the gateway's ``/v1/cluster``)
+are ``Route`` entries of the same kind, passed in by that role.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from aiohttp import web
 
 from voicehost.api import audit, lexicons, models, playground, voices
-from voicehost.api.auth import AUTH, Authenticator, redact_access_log
+from voicehost.api.auth import (
+    ADMIN,
+    AUTH,
+    INTERNAL,
+    INTERNAL_PREFIX,
+    PUBLIC,
+    ROUTE_ACCESS,
+    Access,
+    Authenticator,
+    redact_access_log,
+)
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
     SERVICE,
@@ -21,8 +40,26 @@ from voicehost.api.edge import (
     error_middleware,
     name_request,
 )
-from voicehost.api.openapi import openapi
+from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
 from voicehost.config import Settings
+
+Slot = Literal["speech", "speech_ws", "healthz", "readyz"]
+SYNTHESIZE = frozenset({"synthesize"})
+VOICES = frozenset({"voices"})
+READ = SYNTHESIZE | VOICES  # listings a speaking key needs as much as a managing one
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One route: ``method`` (a GET answers HEAD too) on ``path``, answered by ``handler`` (or
+    the role's handler for a slot), open to ``access``, documented by the OpenAPI operation
+    ``operation`` (its id; ``None`` only for an internal route, which is no public API)."""
+
+    method: str
+    path: str
+    handler: Handler | Slot
+    access: Access
+    operation: str | None
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -30,18 +67,66 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
+VOICE = "/v1/voices/{voice_id}"
+VERSION = VOICE + "/versions/{version}"
+JOB = "/v1/jobs/{job_id}"
+LEXICON = "/v1/lexicons/{name}"
+
+PUBLIC_ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/audio/speech", "speech", SYNTHESIZE, "speak"),
+    Route("GET", "/v1/audio/speech/ws", "speech_ws", SYNTHESIZE, "speak_realtime"),
+    Route("GET", "/v1/audio/voices", voices.list_voices, READ, "list_audio_voices"),
+    Route("GET", "/v1/voices", voices.list_voices, READ, "list_voices"),
+    Route("POST", "/v1/voices", voices.create_voice, VOICES, "create_voice"),
+    Route("GET", VOICE, voices.get_voice, VOICES, "get_voice"),
+    Route("DELETE", VOICE, voices.delete_voice, VOICES, "delete_voice"),
+    Route("POST", VOICE + "/publish", voices.publish_voice, VOICES, "publish_voice"),
+    Route("POST", VOICE + "/versions", voices.add_version, VOICES, "add_version"),
+    Route("GET", VOICE + "/versions", voices.list_versions, VOICES, "list_versions"),
+    Route("POST", VERSION + "/promote", voices.promote_version, VOICES, "promote_version"),
+    Route("DELETE", VERSION, voices.delete_version, VOICES, "delete_version"),
+    Route("GET", JOB, voices.get_job, VOICES, "get_job"),
+    Route("DELETE", JOB, voices.cancel_job, VOICES, "cancel_job"),
+    Route("POST", JOB + "/retry", voices.retry_job, VOICES, "retry_job"),
+    # a tenant's key reads its own voices' events, and its own tenant's usage
+    Route("GET", "/v1/audit", audit.list_audit, VOICES, "list_audit"),
+    Route("GET", "/v1/usage", audit.usage_report, READ, "usage_report"),
+    Route("GET", "/v1/lexicons", lexicons.list_lexicons, READ, "list_lexicons"),
+    Route("GET", LEXICON, lexicons.get_lexicon, READ, "get_lexicon"),
+    Route("PUT", LEXICON, lexicons.put_lexicon, VOICES, "put_lexicon"),
+    Route("DELETE", LEXICON, lexicons.delete_lexicon, VOICES, "delete_lexicon"),
+    Route("GET", "/v1/models", models.list_models, READ, "list_models"),
+    Route("GET", "/v1/models/{model}", models.get_model, READ, "get_model"),
+    Route("GET", "/healthz", "healthz", PUBLIC, "healthz"),
+    Route("GET", "/readyz", "readyz", PUBLIC, "readyz"),
+    # admin, or open with VOICEHOST_METRICS_PUBLIC (auth.METRICS_ROUTE)
+    Route("GET", "/metrics", metrics, ADMIN, "metrics"),
+    Route("GET", "/openapi.json", openapi, PUBLIC, "openapi"),
+    # the playground's page and files: open, the page asks for a key itself
+    Route("GET", "/", playground.page, PUBLIC, "playground"),
+    Route("GET", "/playground", playground.page, PUBLIC, "playground_alias"),
+    Route("GET", playground.FILE_ROUTE, playground.page_file, PUBLIC, "playground_file"),
+)
+
+
+def add_route(app: web.Application, route: Route, handler: Handler) -> None:
+    if route.method == "GET":
+        app.router.add_get(route.path, handler)  # and HEAD
+    else:
+        app.router.add_route(route.method, route.path, handler)
+
+
 def public_app(
     settings: Settings,
     role: Literal["serve", "worker", "gateway"],
     service: VoiceService,
-    *,
-    speech: Handler,
-    speech_ws: Handler,
-    healthz: Handler,
-    readyz: Handler,
+    slots: Mapping[Slot, Handler],
+    own_routes: Iterable[Route] = (),
+    own_operations: Mapping[str, Json] | None = None,
 ) -> web.Application:
-    """An application answering the public API, with the edge's middleware and ``role``'s
-    authentication; the caller adds its own routes and lifecycle."""
+    """An application answering the public API and ``own_routes`` (with their OpenAPI
+    ``own_operations``), with the edge's middleware and ``role``'s authentication; ``slots``
+    fills the speech and health handlers. The caller adds its own lifecycle."""
     app = web.Application(
         middlewares=[error_middleware, auth_middleware], client_max_size=MAX_JSON_BODY_BYTES
     )
@@ -49,18 +134,37 @@ def public_app(
     app[SERVICE] = service
     redact_access_log()
     app.on_response_prepare.append(name_request)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/speech/ws", speech_ws)
-    app.router.add_get("/v1/audio/voices", voices.list_voices)
-    app.router.add_get("/v1/voices", voices.list_voices)
-    voices.add_routes(app)
-    audit.add_routes(app)
-    lexicons.add_routes(app)
-    app.router.add_get("/v1/models", models.list_models)
-    app.router.add_get("/v1/models/{model}", models.get_model)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/openapi.json", openapi)
-    playground.add_routes(app)
+    routes = (*PUBLIC_ROUTES, *own_routes)
+    for route in routes:
+        handler = slots[route.handler] if isinstance(route.handler, str) else route.handler
+        add_route(app, route, handler)
+    app[ROUTE_ACCESS] = route_access(routes)
+    app[DOCUMENT] = build_document(documented(routes), own_operations or {})
     return app
+
+
+def document() -> Json:
+    """The OpenAPI document of ``voicehost serve`` (a gateway's adds its own routes)."""
+    return build_document(documented(PUBLIC_ROUTES), {})
+
+
+def documented(routes: Iterable[Route]) -> list[DocumentedRoute]:
+    return [(r.method, r.path, r.operation, r.access) for r in routes if r.operation is not None]
+
+
+def route_access(routes: Iterable[Route]) -> dict[tuple[str, str], Access]:
+    """(method, path) -> who may call it, for the authentication."""
+    table: dict[tuple[str, str], Access] = {}
+    for route in routes:
+        name = f"{route.method} {route.path}"
+        if (route.method, route.path) in table:
+            raise ValueError(f"{name} is declared twice")
+        if route.path.startswith(INTERNAL_PREFIX) != (route.access == INTERNAL):
+            raise ValueError(f"{name}: internal routes, and only they, are under {INTERNAL_PREFIX}")
+        if route.access != INTERNAL and route.operation is None:
+            raise ValueError(f"{name} has no OpenAPI operation")
+        table[(route.method, route.path)] = route.access
+    return table
+
+
+__all__ = ["ADMIN", "INTERNAL", "PUBLIC", "PUBLIC_ROUTES", "READ", "VOICES", "Route", "public_app"]

@@ -15,7 +15,7 @@ import numpy as np
 from aiohttp import web
 
 from voicehost.api import lifecycle, realtime
-from voicehost.api.auth import AUTH, bind_host, request_principal
+from voicehost.api.auth import AUTH, INTERNAL, bind_host, request_principal
 from voicehost.api.edge import (
     RUNTIME,
     VERSION_HEADER,
@@ -28,7 +28,7 @@ from voicehost.api.edge import (
     speak_options,
 )
 from voicehost.api.lexicons import said, speech_lexicon
-from voicehost.api.routes import public_app
+from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import SpeechRequest
 from voicehost.audio import StreamEncoder, content_type
 from voicehost.config import Settings
@@ -190,6 +190,13 @@ async def drain(request: web.Request) -> web.Response:
     )
 
 
+# a worker's load and drain, for its gateway (on serve too: a drain works the same)
+INTERNAL_ROUTES = (
+    Route("GET", "/internal/load", worker_load, INTERNAL, None),
+    Route("POST", "/internal/drain", drain, INTERNAL, None),
+)
+
+
 def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Application:
     """The application of a process that speaks; its runtime starts when the app starts.
 
@@ -201,10 +208,13 @@ def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Ap
         settings,
         "serve" if cluster is None else "worker",
         runtime,
-        speech=create_speech,
-        speech_ws=realtime.speech_ws,
-        healthz=healthz,
-        readyz=readyz,
+        {
+            "speech": create_speech,
+            "speech_ws": realtime.speech_ws,
+            "healthz": healthz,
+            "readyz": readyz,
+        },
+        own_routes=INTERNAL_ROUTES,
     )
     app[RUNTIME] = runtime
 
@@ -214,8 +224,6 @@ def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Ap
         await app[RUNTIME].close()
 
     app.cleanup_ctx.append(runtime_ctx)
-    app.router.add_get("/internal/load", worker_load)
-    app.router.add_post("/internal/drain", drain)
     return app
 
 

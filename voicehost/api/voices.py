@@ -776,17 +776,3 @@ async def retry_job(request: web.Request) -> web.Response:
     job = await runtime.jobs.retry(job.id)
     await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": _job_info(job).model_dump()}, status=202)
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/voices", create_voice)
-    app.router.add_get("/v1/voices/{voice_id}", get_voice)
-    app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
-    app.router.add_post("/v1/voices/{voice_id}/publish", publish_voice)
-    app.router.add_post("/v1/voices/{voice_id}/versions", add_version)
-    app.router.add_get("/v1/voices/{voice_id}/versions", list_versions)
-    app.router.add_post("/v1/voices/{voice_id}/versions/{version}/promote", promote_version)
-    app.router.add_delete("/v1/voices/{voice_id}/versions/{version}", delete_version)
-    app.router.add_get("/v1/jobs/{job_id}", get_job)
-    app.router.add_delete("/v1/jobs/{job_id}", cancel_job)
-    app.router.add_post("/v1/jobs/{job_id}/retry", retry_job)

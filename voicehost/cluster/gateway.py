@@ -30,7 +30,7 @@ from aiohttp import web
 
 from voicehost.adapter_validation import ModelShape
 from voicehost.admission import Refused
-from voicehost.api.auth import AUTH, bind_host, request_principal
+from voicehost.api.auth import ADMIN, AUTH, bind_host, request_principal
 from voicehost.api.edge import (
     REQUEST_ID_HEADER,
     VERSION_HEADER,
@@ -44,8 +44,9 @@ from voicehost.api.edge import (
     registry_health,
     request_id,
 )
+from voicehost.api.openapi import cluster_operations
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
-from voicehost.api.routes import public_app
+from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
 from voicehost.cloning import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
@@ -523,10 +524,17 @@ def create_gateway_app(settings: Settings) -> web.Application:
         settings,
         "gateway",
         gateway,
-        speech=proxy_speech,
-        speech_ws=proxy_speech_ws,
-        healthz=healthz,
-        readyz=readyz,
+        {
+            "speech": proxy_speech,
+            "speech_ws": proxy_speech_ws,
+            "healthz": healthz,
+            "readyz": readyz,
+        },
+        own_routes=[
+            Route("GET", "/v1/cluster", cluster_view, ADMIN, "cluster_view"),
+            Route("POST", "/v1/cluster/route", route, ADMIN, "cluster_route"),
+        ],
+        own_operations=cluster_operations(),
     )
     app[GATEWAY] = gateway
 
@@ -537,8 +545,6 @@ def create_gateway_app(settings: Settings) -> web.Application:
             await gateway.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/v1/cluster", cluster_view)
-    app.router.add_post("/v1/cluster/route", route)
     return app
 
 
