@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from lora_training.train import TrainHistory
-from voicehost.audio import write_wav
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.audio.formats import write_wav
+from voicehost.model.orpheus import SAMPLE_RATE
 
 MANIFEST_VERSION = 1
 REFERENCES = "references"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.model.orpheus import SAMPLE_RATE
 
 if TYPE_CHECKING:
     import av

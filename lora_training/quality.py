@@ -35,8 +35,8 @@ from lora_training import segment as segmenting
 from lora_training.ingest import ingest
 from lora_training.transcripts import find_transcripts
 from lora_training.trim import trim
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.speaker import EmbeddingCache, SpeakerEncoder, centroid, load_encoder
+from voicehost.audio.speaker import EmbeddingCache, SpeakerEncoder, centroid, load_encoder
+from voicehost.model.orpheus import SAMPLE_RATE
 
 MIN_SIMILARITY = 0.92  # between two groups' speakers; see the benchmark
 LONE_CLIP_MARGIN = 0.10  # a lone clip's own similarity is compared with MIN_SIMILARITY - this

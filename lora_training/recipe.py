@@ -29,8 +29,8 @@ from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
 from lora_training.transcripts import SpeechRecognizer, find_transcripts, require_transcripts
 from lora_training.trim import TrimmedClip, TrimSettings, percentiles_ms, trim
-from voicehost import orpheus
-from voicehost.orpheus import PAD, SAMPLE_RATE
+from voicehost.model import orpheus
+from voicehost.model.orpheus import PAD, SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class VoiceJob:
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
     replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
-    speaker_encoder: str | None = None  # voicehost.speaker.load_encoder's spec
+    speaker_encoder: str | None = None  # voicehost.audio.speaker.load_encoder's spec
     speaker_min_similarity: float = MIN_SIMILARITY  # clips of a voice less alike are left out
     speaker_min_pitch_shift: float = MIN_PITCH_SHIFT  # semitones; 0: no pitch cue
 
@@ -216,7 +216,7 @@ def train_voice(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from voicehost.codec import SnacCodec
+    from voicehost.model.codec import SnacCodec
 
     try:
         prepared = prepare(job, recognizer)

@@ -11,7 +11,7 @@ from functools import cache
 import numpy as np
 
 from lora_training.transcripts import SpeechRecognizer
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.model.orpheus import SAMPLE_RATE
 
 MIN_CLIP_SECONDS = 2.0
 MAX_CLIP_SECONDS = 15.0

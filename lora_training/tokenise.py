@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voicehost import orpheus
-from voicehost.codec import SnacCodec
+from voicehost.model import orpheus
+from voicehost.model.codec import SnacCodec
 
 IGNORE_INDEX = -100  # labels the loss skips: the text prompt
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from voicehost.adapter_validation import servable_lora_config
+from voicehost.voices.validation import servable_lora_config
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.speech_start import window_levels_db, window_samples
+from voicehost.audio.speech_start import window_levels_db, window_samples
+from voicehost.model.orpheus import SAMPLE_RATE
 
 RELATIVE_THRESHOLD_DB = 35.0  # a window this far below the clip's loud windows is silence
 FLOOR_DB = -60.0  # and so is anything below this level, however quiet the clip
@@ -34,7 +34,7 @@ class TrimmedClip:
 def speech_bounds(samples: np.ndarray) -> tuple[int, int] | None:
     """Sample indices of the first and past the last non-silent window; ``None`` if all silent.
     A window is silent ``RELATIVE_THRESHOLD_DB`` below the clip's loud windows (its 95th
-    percentile), or below ``FLOOR_DB`` (``voicehost.speech_start`` measures the windows)."""
+    percentile), or below ``FLOOR_DB`` (``voicehost.audio.speech_start`` measures the windows)."""
     levels = window_levels_db(samples)
     if levels.size == 0:
         return None

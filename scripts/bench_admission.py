@@ -20,8 +20,8 @@ from pathlib import Path
 
 import aiohttp
 
-from voicehost.bench.levels import percentile
-from voicehost.devserver import dev_server
+from voicehost.tools.bench.levels import percentile
+from voicehost.tools.devserver import dev_server
 
 KEYS = {name: f"vh_bench_admission_{name}_0123456789" for name in ("a", "b", "c")}
 SPEECH = "/v1/audio/speech"

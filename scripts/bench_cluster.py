@@ -28,9 +28,9 @@ from pathlib import Path
 
 import aiohttp
 
-from voicehost.bench.levels import percentile
 from voicehost.cluster.ring import WorkerRing, choose_worker
-from voicehost.devserver import (
+from voicehost.tools.bench.levels import percentile
+from voicehost.tools.devserver import (
     dev_env,
     engine_core_env,
     free_port,

@@ -10,7 +10,7 @@ design needs per second of audio, whatever this machine's speed.
 - naive (written here, as the public Orpheus decoders do it): per stream, once 4 frames exist,
   every new frame decodes the last 4 frames alone and keeps the second one; first audio after
   28 tokens; the first frame and the last two are never played.
-- scheduler (``voicehost.codec``): ``FrameDecoder`` windows with 3 frames of left context and
+- scheduler (``voicehost.model.codec``): ``FrameDecoder`` windows with 3 frames of left context and
   the lookahead on the right, chunks growing with each stream's lead, every stream's windows
   batched by one ``DecodeScheduler``.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voicehost import orpheus
-from voicehost.codec import (
+from voicehost.model import orpheus
+from voicehost.model.codec import (
     DEFAULT_LOOKAHEAD_FRAMES,
     DEFAULT_MAX_CHUNK_FRAMES,
     DecodeScheduler,

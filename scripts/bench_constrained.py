@@ -1,5 +1,5 @@
-"""Position-constrained sampling (``voicehost/frame_constraint.py``): malformed frames and stray
-tokens per 1000 frames with and without it, and the tokens/s it costs.
+"""Position-constrained sampling (``voicehost/model/frame_constraint.py``): malformed frames and
+stray tokens per 1000 frames with and without it, and the tokens/s it costs.
 
 Starts one ``SpeechEngine`` in-process on the dev model with the logits processor loaded
 (``VOICEHOST_CONSTRAINED_SAMPLING`` on, as when serving) at a high temperature (``--temperature``
@@ -38,12 +38,12 @@ import time
 import uuid
 from pathlib import Path
 
-from voicehost import orpheus
 from voicehost.config import Settings
-from voicehost.devmodel import DevModelPaths, ensure_dev_model
-from voicehost.engine import SpeechEngine
-from voicehost.frame_constraint import EXTRA_ARG
-from voicehost.voices import Voice
+from voicehost.model import orpheus
+from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
+from voicehost.model.engine import SpeechEngine
+from voicehost.model.frame_constraint import EXTRA_ARG
+from voicehost.voices.voice import Voice
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -202,7 +202,7 @@ def processor_step_ms(batch: int, steps: int = 50) -> float:
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdate
 
-    from voicehost.frame_constraint import FrameConstraint
+    from voicehost.model.frame_constraint import FrameConstraint
 
     processor = FrameConstraint(None, torch.device("cpu"), False)
     params = SamplingParams(extra_args={EXTRA_ARG: True})

@@ -1,7 +1,7 @@
 """How well the speaker encoder tells espeak-ng speakers apart, how well the data report's
 speaker-consistency filter catches another speaker's clips, and what the report costs a clone.
 
-Speakers, all made here (``voicehost.devcorpus.speak``), each saying ``SENTENCES`` (36):
+Speakers, all made here (``voicehost.tools.devcorpus.speak``), each saying ``SENTENCES`` (36):
 
 - **distinct**: twelve espeak-ng voices, each a voice variant (``m1``..``m7``, ``f1``..``f5``:
   pitch, formants, roughness) with an accent (en, en-us, en-gb-scotland, en-029, en-gb-x-rp,
@@ -13,7 +13,7 @@ Speakers, all made here (``voicehost.devcorpus.speak``), each saying ``SENTENCES
   sentence: a median F0 varying by about 1.5 semitones, as read speech does): one speaker whose
   clips the filter must all keep.
 
-Measured, with the encoder ``voicehost.speaker.load_encoder(--encoder)`` names:
+Measured, with the encoder ``voicehost.audio.speaker.load_encoder(--encoder)`` names:
 
 1. Similarity of every pair of clips that say different sentences: same speaker, distinct
    speakers, and a speaker against its near variants; the equal error rate of each comparison
@@ -60,8 +60,8 @@ from lora_training import quality
 from lora_training.ingest import ingest
 from lora_training.recipe import VoiceJob, prepare
 from lora_training.trim import trim
-from voicehost.devcorpus import SENTENCES, build_corpus, speak
-from voicehost.speaker import EmbeddingCache, load_encoder
+from voicehost.audio.speaker import EmbeddingCache, load_encoder
+from voicehost.tools.devcorpus import SENTENCES, build_corpus, speak
 
 ACCENTS = ["en", "en-us", "en-gb-scotland", "en-029", "en-gb-x-rp", "en-us-nyc"]
 VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5"]

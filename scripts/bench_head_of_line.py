@@ -48,11 +48,11 @@ import torch
 # The tests' corpus: espeak-ng sentences, each with 0.3-1 s of leading silence.
 from lora_training.recipe import VoiceJob, train_voice
 from lora_training.train import TrainSettings
-from voicehost import orpheus
-from voicehost.codec import SnacCodec
 from voicehost.config import Settings
-from voicehost.devcorpus import SENTENCES, build_corpus
-from voicehost.devmodel import ensure_dev_model
+from voicehost.model import orpheus
+from voicehost.model.codec import SnacCodec
+from voicehost.model.devmodel import ensure_dev_model
+from voicehost.tools.devcorpus import SENTENCES, build_corpus
 
 TEXTS = ["Hello there, how are you today?", "Please call me back this afternoon."]
 

@@ -2,8 +2,8 @@
 
 The real serving path of ``voicehost serve`` (``create_app``: middlewares, admission, the speech
 handler, ``SpeechEngine.audio_tokens``, the ``Synthesizer``, ``FrameAssembler``, the
-``DecodeScheduler`` and ``FrameDecoder``, the resampler and encoder of ``voicehost.audio``, HTTP
-writes to a real client on this machine) with two stand-ins, both in this script only:
+``DecodeScheduler`` and ``FrameDecoder``, the resampler and encoder of ``voicehost.audio.formats``,
+HTTP writes to a real client on this machine) with two stand-ins, both in this script only:
 
 - the LLM: a token source (one "engine step" task, like vLLM's output handler) that gives each
   stream one valid audio token per step, ``--rate`` steps a second (90 by default, about a GPU
@@ -14,12 +14,12 @@ writes to a real client on this machine) with two stand-ins, both in this script
 
 Each server runs in a process of its own, pinned to ``--cores`` CPUs (``taskset``), its encoding
 threads as many; the client (this process) reads every stream, timestamps each chunk, counts the
-audio in it per format, and plays it against a clock (``voicehost.bench.playback``). Per format and
-stream count: the server's CPU per audio second (and so real-time streams per core), underruns,
-the event loop's lag p99 (a 5 ms ticker in the server), and, with ``--profile``, the loop thread's
-top entries (cProfile). ``--saturate``: streams at 10x real time, the audio seconds one process
-delivers per second on 1 and on 2 cores (the scaling goal). ``--probe``: time to first byte of
-a pcm request while N mp3 streams run. ``--baseline REV``: every figure also for the code of git
+audio in it per format, and plays it against a clock (``voicehost.tools.bench.playback``). Per
+format and stream count: the server's CPU per audio second (and so real-time streams per core),
+underruns, the event loop's lag p99 (a 5 ms ticker in the server), and, with ``--profile``, the loop
+thread's top entries (cProfile). ``--saturate``: streams at 10x real time, the audio seconds one
+process delivers per second on 1 and on 2 cores (the scaling goal). ``--probe``: time to first byte
+of a pcm request while N mp3 streams run. ``--baseline REV``: every figure also for the code of git
 revision REV (a worktree of it), side by side in the same run. ``--vllm``: what vLLM's own output
 handling costs per token in the serving process, with the dev model on the CPU engine at the
 highest token rate it reaches (greedy, a batch of streams).
@@ -91,7 +91,7 @@ class TokenSource:
         self._ids = 0
 
     def generate(self, prompt: Any, params: Any, request_id: str, lora_request: Any = None):
-        from voicehost import orpheus
+        from voicehost.model import orpheus
 
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -170,7 +170,7 @@ def speech_bank(rows: int, frames: int) -> np.ndarray:
     another offset), or a gliding tone under noise where espeak-ng is missing."""
     import soxr
 
-    from voicehost import orpheus
+    from voicehost.model import orpheus
 
     length = frames * orpheus.SAMPLES_PER_FRAME
     audio = None
@@ -199,8 +199,8 @@ def instant_codec(max_rows: int = 256, max_frames: int = 48):
     """The real ``SnacCodec`` whose network answers at once with speech of the call's shape."""
     import torch
 
-    from voicehost import orpheus
-    from voicehost.codec import GPU_CALL_FRAMES, SnacCodec
+    from voicehost.model import orpheus
+    from voicehost.model.codec import GPU_CALL_FRAMES, SnacCodec
 
     bank = torch.from_numpy(speech_bank(max_rows, max_frames))
 
@@ -246,11 +246,11 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
     from transformers import AutoTokenizer
 
     from voicehost.api.server import RUNTIME, create_app
-    from voicehost.codec import DecodeScheduler
     from voicehost.config import Settings
-    from voicehost.devmodel import DevModelPaths, ensure_dev_model
-    from voicehost.engine import SpeechEngine
-    from voicehost.synthesis import Synthesizer
+    from voicehost.model.codec import DecodeScheduler
+    from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
+    from voicehost.model.engine import SpeechEngine
+    from voicehost.speech.synthesis import Synthesizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-host-"))
     paths = DevModelPaths(Settings().dev_dir)
@@ -319,7 +319,7 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
     async def source_only(request: web.Request) -> web.Response:
         """The token source's own cost: N streams of ``SpeechEngine.audio_tokens``, read and
         dropped (no frames, no decoding, no HTTP)."""
-        from voicehost import orpheus
+        from voicehost.model import orpheus
 
         streams = int(request.query["streams"])
         engine = runtime.engine
@@ -504,7 +504,7 @@ async def run_level(
 ) -> Level:
     import aiohttp
 
-    from voicehost.bench.playback import simulate_playback
+    from voicehost.tools.bench.playback import simulate_playback
 
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     connector = aiohttp.TCPConnector(limit=0)
@@ -586,7 +586,7 @@ def bench_server(
     tree: Path, cores: list[int], rate: float, per_step: int, frames: int
 ) -> Iterator[str]:
     """A bench server running the code of ``tree`` on ``cores``; yields its URL."""
-    from voicehost.devserver import free_port, http_status
+    from voicehost.tools.devserver import free_port, http_status
 
     port = free_port()
     env = {
@@ -657,8 +657,8 @@ async def vllm_output_cost(streams: int, tokens: int) -> dict[str, float]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from voicehost.config import Settings
-    from voicehost.devmodel import DevModelPaths
-    from voicehost.engine import engine_args
+    from voicehost.model.devmodel import DevModelPaths
+    from voicehost.model.engine import engine_args
 
     settings = Settings(
         model=str(DevModelPaths(Settings().dev_dir).model), max_num_seqs=max(streams, 1)
@@ -757,7 +757,7 @@ def main() -> int:
     parser.add_argument("--per-step", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--frames", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from voicehost import orpheus
+    from voicehost.model import orpheus
 
     if args.serve:
         serve(args.serve, args.rate, args.per_step, args.frames)

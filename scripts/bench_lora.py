@@ -64,12 +64,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from voicehost import orpheus
-from voicehost.adapter_validation import AdapterRules, ModelShape, validate_adapter
 from voicehost.config import Settings
-from voicehost.devmodel import DevModelPaths, build_voice_adapter, ensure_dev_model
-from voicehost.engine import SpeechEngine, engine_args, resolve_max_loras
-from voicehost.voices import Voice
+from voicehost.model import orpheus
+from voicehost.model.devmodel import DevModelPaths, build_voice_adapter, ensure_dev_model
+from voicehost.model.engine import SpeechEngine, engine_args, resolve_max_loras
+from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapter
+from voicehost.voices.voice import Voice
 
 ADAPTER_SEED = 5000  # adapter i is built with seed ADAPTER_SEED + i
 CACHE_VERSION = 1  # bump when the adapters built here change

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import aiohttp
 
-from voicehost import orpheus
-from voicehost.bench.levels import percentile
-from voicehost.devserver import dev_server
 from voicehost.metrics import series
+from voicehost.model import orpheus
+from voicehost.tools.bench.levels import percentile
+from voicehost.tools.devserver import dev_server
 
 SPEECH = "/v1/audio/speech"
 # Segments of one sentence each, spoken one at a time: a stream is one engine request at a time.

@@ -31,9 +31,9 @@ from typing import Any
 
 import aiohttp
 
-from voicehost import orpheus
-from voicehost.bench.levels import percentile
-from voicehost.devserver import served
+from voicehost.model import orpheus
+from voicehost.tools.bench.levels import percentile
+from voicehost.tools.devserver import served
 
 WORDS = (
     "we walked along the river and talked about the weather while the evening light "

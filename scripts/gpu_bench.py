@@ -60,15 +60,15 @@ import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
-from voicehost import orpheus
-from voicehost.codec import (
+from voicehost.model import orpheus
+from voicehost.model.codec import (
     DEFAULT_LOOKAHEAD_FRAMES,
     LEFT_CONTEXT_FRAMES,
     SnacCodec,
     Span,
     remove_noise,
 )
-from voicehost.frame_constraint import keep_frame_positions, next_positions
+from voicehost.model.frame_constraint import keep_frame_positions, next_positions
 
 TOKENS_PER_STREAM_S = orpheus.AUDIO_TOKENS_PER_SECOND  # 82.03
 REALTIME_STEP_S = 1 / TOKENS_PER_STREAM_S  # 12.19 ms

@@ -19,16 +19,16 @@ python=${PYTHON:-$repo/.venv/bin/python}
 jobs=${MUTATION_JOBS:-2}
 
 modules=(
-    voicehost/orpheus.py
+    voicehost/model/orpheus.py
     voicehost/text/segment.py
     voicehost/text/normalize.py
-    voicehost/audio.py
+    voicehost/audio/formats.py
     voicehost/cluster/ring.py
-    voicehost/admission.py
-    voicehost/keys.py
+    voicehost/speech/admission.py
+    voicehost/tenancy/keys.py
     voicehost/api/auth.py
     voicehost/ids.py
-    voicehost/adapter_validation.py
+    voicehost/voices/validation.py
 )
 if (($#)); then modules=("$@"); fi
 tests=(
@@ -110,15 +110,15 @@ EOF
 
 # mutmut leaves decorated functions alone, and Admission.admit is a @contextmanager: cosmic-ray
 # mutates admission.py whole, in the scratch copy, and runs its unit tests for each mutant.
-case " ${modules[*]} " in *" voicehost/admission.py "*) ;; *) exit 0 ;; esac
+case " ${modules[*]} " in *" voicehost/speech/admission.py "*) ;; *) exit 0 ;; esac
 bin=$(dirname "$python")
 if [[ ! -x $bin/cosmic-ray ]]; then
-    echo "cosmic-ray is not installed: voicehost/admission.py's admit is not mutated"
+    echo "cosmic-ray is not installed: voicehost/speech/admission.py's admit is not mutated"
     exit 0
 fi
 cat >cosmic-ray.toml <<TOML
 [cosmic-ray]
-module-path = "voicehost/admission.py"
+module-path = "voicehost/speech/admission.py"
 timeout = 120.0
 excluded-modules = []
 test-command = "$python -m pytest -x -q -p no:cacheprovider -m unit tests/test_admission.py"
@@ -144,7 +144,7 @@ results = [json.loads(line) for line in Path("cosmic-ray.jsonl").read_text().spl
 done = [(item, result) for item, result in results if result["worker_outcome"] != "skipped"]
 alive = [(item, result) for item, result in done if result["test_outcome"] == "survived"]
 killed = len(done) - len(alive)
-name = "voicehost/admission.py (cosmic-ray)"
+name = "voicehost/speech/admission.py (cosmic-ray)"
 print(f"{name:36} {killed:7} {len(done):6} {100 * killed / max(len(done), 1):6.1f}")
 for item, _ in alive:
     (mutation,) = item["mutations"]

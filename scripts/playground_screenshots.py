@@ -27,8 +27,8 @@ from pathlib import Path
 from playwright.async_api import async_playwright, expect
 
 from voicehost.api.playground import clone_prompts
-from voicehost.devcorpus import speak
-from voicehost.devserver import dev_server
+from voicehost.tools.devcorpus import speak
+from voicehost.tools.devserver import dev_server
 
 CHROMIUM = "/usr/bin/chromium"
 DEMO_KEY = "demo-key"

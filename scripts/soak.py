@@ -38,8 +38,8 @@ from urllib.parse import urlparse
 import aiohttp
 import psutil
 
-from voicehost.bench.load import served_voices
-from voicehost.devserver import served
+from voicehost.tools.bench.load import served_voices
+from voicehost.tools.devserver import served
 
 TASKS_METRIC = "voicehost_asyncio_tasks"
 ACTIVE_METRIC = "voicehost_active_streams"

@@ -5,14 +5,15 @@ share are in helpers.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import helpers
 import pytest
 from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port
 
-from voicehost.devmodel import DevModelPaths, ensure_dev_model
+from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 
 # A test that means a Redis of its own must never reach the machine's: no URL from the
 # environment (Settings() has none by default, and connect() refuses to run without one).
@@ -177,6 +178,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+@pytest.fixture
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[aiohttp.ClientSession]:
+    """One HTTP client session per test, for every module: its requests time out after
+    ``HTTP_TIMEOUT`` seconds (600, or the module's own ``HTTP_TIMEOUT``) and carry the
+    module's ``HTTP_HEADERS`` (none: the cluster's send its admin key)."""
+    seconds = getattr(request.module, "HTTP_TIMEOUT", 600)
+    headers = getattr(request.module, "HTTP_HEADERS", None)
+    timeout = aiohttp.ClientTimeout(total=seconds, sock_read=min(seconds, 120))
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        yield session
+
+
 @pytest.fixture(scope="session")
 def server(dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The shared ``voicehost serve --dev``: open (no keys), with its own adapters folder; every
@@ -193,7 +206,7 @@ def fake_microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What Chromium's fake microphone says, over and over: espeak-ng reading the playground's
     first prompts with its pauses squeezed out, so that every take is speech."""
     from voicehost.api.playground import clone_prompts
-    from voicehost.devcorpus import speak
+    from voicehost.tools.devcorpus import speak
 
     wav = tmp_path_factory.mktemp("microphone") / "prompts.wav"
     speak(" ".join(clone_prompts()[:3]), wav, 0.0, "wav", squeeze_pauses=True)

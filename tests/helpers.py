@@ -25,10 +25,11 @@ import pytest
 import redis
 
 from lora_training.recipe import VoiceJob
-from voicehost import devserver, orpheus
 from voicehost.config import Settings
-from voicehost.devmodel import DevModelPaths
-from voicehost.devserver import (
+from voicehost.model import orpheus
+from voicehost.model.devmodel import DevModelPaths
+from voicehost.tools import devserver
+from voicehost.tools.devserver import (
     DevServer,
     engine_core_env,
     free_port,

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from voicehost.adapter_validation import ADAPTER_WEIGHTS
 from voicehost.cluster.adapters import (
     AdapterCache,
     AdapterFetchError,
     SharedDirStore,
     weights_checksum,
 )
+from voicehost.voices.validation import ADAPTER_WEIGHTS
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from voicehost.adapter_validation import (
+from voicehost.voices.validation import (
     LORA_TARGET_MODULES,
     MAX_JSON_BYTES,
     AdapterRules,

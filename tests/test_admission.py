@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from helpers import EarlyServer, Server, early_server, metric, start_early
 
-from voicehost.admission import Admission, Refused, WorkerLoad
 from voicehost.metrics import series
+from voicehost.speech.admission import Admission, Refused, WorkerLoad
 
 
 @pytest.mark.unit

@@ -17,12 +17,6 @@ from safetensors.torch import load_file, save_file
 SPEECH = "/v1/audio/speech"
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-        yield session
-
-
 async def speak(http, server, voice, text="Hello there.", seed=None, fmt="wav"):
     body = {"input": text, "voice": voice, "response_format": fmt}
     if seed is not None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voicehost.audio import (
+from voicehost.audio.formats import (
     FORMATS,
     SAMPLE_RATES,
     AudioEncoder,
@@ -24,7 +24,7 @@ from voicehost.audio import (
     to_pcm16,
     wav_header,
 )
-from voicehost.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME
+from voicehost.model.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 pytestmark = pytest.mark.unit
 

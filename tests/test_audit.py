@@ -10,8 +10,13 @@ import aiohttp
 import pytest
 from helpers import adapter_form, job_spec, no_registry
 
-from voicehost.adapter_validation import MANIFEST, assign_tenant
-from voicehost.audit import (
+from voicehost.cli import main
+from voicehost.cloning.jobs import CloneJobs
+from voicehost.cluster.audit import RedisAuditTrail
+from voicehost.cluster.state import connect
+from voicehost.config import Settings
+from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.tenancy.audit import (
     GENESIS,
     OPERATOR,
     AuditLog,
@@ -25,14 +30,9 @@ from voicehost.audit import (
     verify,
     verify_events,
 )
-from voicehost.cli import main
-from voicehost.cloning import CloneJobs
-from voicehost.cluster.audit import RedisAuditTrail
-from voicehost.cluster.state import connect
-from voicehost.config import Settings
-from voicehost.keys import Principal
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.usage import FileUsageStore, UsageKey, UsageLedger
+from voicehost.tenancy.keys import Principal
+from voicehost.tenancy.usage import FileUsageStore, UsageKey, UsageLedger
+from voicehost.voices.validation import MANIFEST, assign_tenant
 
 A = Principal("a", "A", frozenset({"voices"}))
 B = Principal("b", "B", frozenset({"voices"}))

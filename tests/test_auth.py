@@ -38,8 +38,6 @@ from helpers import (
 )
 from playwright.async_api import expect
 
-from voicehost.adapter_validation import AdapterRules, assign_tenant
-from voicehost.admission import WorkerLoad
 from voicehost.api.auth import (
     AUTH,
     INTERNAL,
@@ -60,12 +58,13 @@ from voicehost.api.edge import auth_middleware
 from voicehost.api.playground import CONTENT_SECURITY_POLICY, clone_prompts
 from voicehost.api.routes import PUBLIC_ROUTES, add_route, route_access
 from voicehost.api.server import INTERNAL_ROUTES
-from voicehost.audit import canonical
 from voicehost.cli import main
-from voicehost.cloning import CloneJobs
+from voicehost.cloning.jobs import CloneJobs
 from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.config import Settings
-from voicehost.keys import (
+from voicehost.speech.admission import WorkerLoad
+from voicehost.tenancy.audit import canonical
+from voicehost.tenancy.keys import (
     ApiKey,
     AuthConfigError,
     Principal,
@@ -74,7 +73,8 @@ from voicehost.keys import (
     hash_key,
     read_keys,
 )
-from voicehost.voice_folders import FolderVoiceDirectory
+from voicehost.voices.folders import FolderVoiceDirectory
+from voicehost.voices.validation import AdapterRules, assign_tenant
 
 TOKEN = "internal-token-for-tests-0123456789"
 KEYS = {  # key -> (id, tenant, scopes)
@@ -721,10 +721,7 @@ def start_keyed(tmp_path_factory) -> EarlyServer:
     )
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        yield session
+HTTP_TIMEOUT = 120  # conftest's `http` session
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-import aiohttp
 import numpy as np
 import pytest
 
-from voicehost.engine import CPU_MAX_LORAS
+from voicehost.model.engine import CPU_MAX_LORAS
 
 TEXT = "Slots."
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from voicehost import bench
-from voicehost.bench.levels import max_concurrency_without_underrun, summarize
-from voicehost.bench.playback import (
+from voicehost.cli import build_parser, cmd_bench
+from voicehost.tools import bench
+from voicehost.tools.bench.levels import max_concurrency_without_underrun, summarize
+from voicehost.tools.bench.playback import (
     Analysis,
     Playback,
     StreamResult,
@@ -20,7 +21,6 @@ from voicehost.bench.playback import (
     samples_per_chunk,
     simulate_playback,
 )
-from voicehost.cli import build_parser, cmd_bench
 
 RATE = 1000  # 1 sample = 1 ms: exact arithmetic in the playback tests
 

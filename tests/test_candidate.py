@@ -12,11 +12,11 @@ import wave
 import numpy as np
 import pytest
 
-from voicehost.adapter_validation import MANIFEST, AdapterRules, validate_adapter
-from voicehost.candidate import decide, record_verdict, report_only, save_samples
+from voicehost.cloning.candidate import decide, record_verdict, report_only, save_samples
+from voicehost.cloning.evaluation import EvalReport, Spread
 from voicehost.config import Settings
-from voicehost.evaluation import EvalReport, Spread
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.voices.validation import MANIFEST, AdapterRules, validate_adapter
 
 pytestmark = pytest.mark.unit
 

@@ -1,11 +1,11 @@
-"""Measured capacity (voicehost.capacity): the per-request rate by batch size, the step-time line
-that predicts an unseen size, and the admission decision and headroom built on them."""
+"""Measured capacity (voicehost.speech.capacity): the per-request rate by batch size, the step-time
+line that predicts an unseen size, and the admission decision and headroom built on them."""
 
 from __future__ import annotations
 
 import pytest
 
-from voicehost.capacity import RateMeter, Realtime, step_line
+from voicehost.speech.capacity import RateMeter, Realtime, step_line
 
 
 class Clock:

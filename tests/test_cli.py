@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from helpers import free_port, http_status
 
-from voicehost.devmodel import DevModelPaths, fingerprint
+from voicehost.model.devmodel import DevModelPaths, fingerprint
 
 
 def voicehost(*args, **kwargs):

@@ -12,8 +12,8 @@ import pytest
 from helpers import adapter_form, audio_form, early_server, start_early
 
 from lora_training.recipe import VoiceJob
-from voicehost.cloning import CloneJobs
-from voicehost.devcorpus import build_corpus
+from voicehost.cloning.jobs import CloneJobs
+from voicehost.tools.devcorpus import build_corpus
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,6 @@ def corpus(tmp_path_factory):
     """16 clips, about 40 s of speech: 3 are held out as references, and the 13 left (32 s) are
     above the 30 s a clone needs (test_training's voice takes the whole 36)."""
     return build_corpus(tmp_path_factory.mktemp("clone-corpus"), count=16)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        yield session
 
 
 async def error_code(response):

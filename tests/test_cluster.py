@@ -39,11 +39,11 @@ from helpers import (
     wait_until,
 )
 
-from voicehost import devcorpus
-from voicehost.audit import verify
 from voicehost.cli import main
-from voicehost.devcorpus import build_corpus
-from voicehost.keys import hash_key
+from voicehost.tenancy.audit import verify
+from voicehost.tenancy.keys import hash_key
+from voicehost.tools import devcorpus
+from voicehost.tools.devcorpus import build_corpus
 
 HEARTBEAT = 1.0  # the defaults: two engines on 2 busy cores can starve a worker for 2 s
 TTL = 5.0
@@ -122,6 +122,10 @@ def bearer(key: str = ADMIN_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+HTTP_HEADERS = bearer()  # conftest's `http` session: every test's caller but the quota's is admin
+HTTP_TIMEOUT = 300
+
+
 def start_gateway(root: Path, env: dict[str, str], name: str, hash_seed: str) -> Node:
     port = free_port()
     log = root / f"{name}.log"
@@ -188,13 +192,6 @@ def cluster(dev_model, tmp_path_factory):
     """The module's cluster (``EarlyCluster``), ready."""
     with early_server("cluster", tmp_path_factory) as cluster:
         yield cluster
-
-
-@pytest.fixture
-async def http():
-    timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
-    async with aiohttp.ClientSession(timeout=timeout, headers=bearer()) as session:
-        yield session
 
 
 async def owners(http, gateway: Node, voices: list[str]) -> dict[str, str]:

@@ -10,11 +10,11 @@ import shutil
 import pytest
 import redis.asyncio
 
-from voicehost.adapter_validation import AdapterRules, assign_tenant
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.state import voice_key
 from voicehost.cluster.voices import RedisVoiceDirectory
-from voicehost.voices import NotHeld
+from voicehost.voices.validation import AdapterRules, assign_tenant
+from voicehost.voices.voice import NotHeld
 
 
 @pytest.fixture

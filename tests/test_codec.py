@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from helpers import random_frames
 
-from voicehost import orpheus
-from voicehost.codec import (
+from voicehost.model import orpheus
+from voicehost.model.codec import (
     GRAPH_CALL_FRAMES,
     DecodeScheduler,
     FrameDecoder,

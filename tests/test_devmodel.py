@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 
 from lora_training.ingest import decode, normalise_loudness
-from voicehost import orpheus
-from voicehost.adapter_validation import LORA_TARGET_MODULES
-from voicehost.codec import SnacCodec
-from voicehost.devcorpus import speak
-from voicehost.devmodel import DEV_VOICES, ensure_dev_model
+from voicehost.model import orpheus
+from voicehost.model.codec import SnacCodec
+from voicehost.model.devmodel import DEV_VOICES, ensure_dev_model
+from voicehost.tools.devcorpus import speak
+from voicehost.voices.validation import LORA_TARGET_MODULES
 
 pytestmark = pytest.mark.unit
 

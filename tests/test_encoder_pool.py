@@ -10,8 +10,8 @@ import av
 import numpy as np
 import pytest
 
-from voicehost.audio import AudioEncoder, EncoderPool, StreamEncoder
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.audio.formats import AudioEncoder, EncoderPool, StreamEncoder
+from voicehost.model.orpheus import SAMPLE_RATE
 
 pytestmark = pytest.mark.unit
 

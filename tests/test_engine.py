@@ -5,11 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from voicehost import orpheus
-from voicehost.adapter_validation import LORA_TARGET_MODULES
 from voicehost.config import Settings
-from voicehost.devmodel import MAX_AUDIO_FRAMES
-from voicehost.engine import (
+from voicehost.model import orpheus
+from voicehost.model.devmodel import MAX_AUDIO_FRAMES
+from voicehost.model.engine import (
     InputTooLong,
     SpeechEngine,
     engine_args,
@@ -20,7 +19,8 @@ from voicehost.engine import (
     resolve_quantization,
     write_zero_adapter,
 )
-from voicehost.voices import Voice
+from voicehost.voices.validation import LORA_TARGET_MODULES
+from voicehost.voices.voice import Voice
 
 pytestmark = pytest.mark.unit
 
@@ -135,7 +135,7 @@ def test_the_gpu_extra_is_on_the_release_line_the_tests_run():
 def test_the_zero_adapter_has_every_target_projection_at_rank_1_all_zeros(tmp_path, dev_model):
     from safetensors.torch import load_file
 
-    from voicehost.adapter_validation import AdapterRules, ModelShape, validate_adapter
+    from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapter
 
     folder = write_zero_adapter(tmp_path, dev_model.model / "config.json", "voicehost-dev")
     tensors = load_file(str(folder / "adapter_model.safetensors"))

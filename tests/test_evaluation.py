@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from lora_training.ingest import decode
+from voicehost.audio.speaker import load_encoder
 from voicehost.cli import main
-from voicehost.evaluation import (
+from voicehost.cloning.evaluation import (
     EvalReport,
     Sample,
     Spread,
@@ -27,8 +28,7 @@ from voicehost.evaluation import (
     plot,
     word_error_rate,
 )
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.speaker import load_encoder
+from voicehost.model.orpheus import SAMPLE_RATE
 
 REFERENCE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",

@@ -1,4 +1,4 @@
-"""Position-constrained sampling (voicehost/frame_constraint.py): the logits processor on real
+"""Position-constrained sampling (voicehost/model/frame_constraint.py): the logits processor on real
 tensors through vLLM's own batch-update types, then the engine behind a dev server of its own at
 a high temperature, where unconstrained sampling goes wrong (with and without it, at length:
 scripts/bench_constrained.py, docs/BENCHMARKS.md)."""
@@ -13,10 +13,10 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-from voicehost import orpheus
 from voicehost.config import Settings
-from voicehost.engine import SpeechEngine, engine_args
-from voicehost.frame_constraint import EXTRA_ARG, PROCESSOR_NAME, FrameConstraint
+from voicehost.model import orpheus
+from voicehost.model.engine import SpeechEngine, engine_args
+from voicehost.model.frame_constraint import EXTRA_ARG, PROCESSOR_NAME, FrameConstraint
 
 CONSTRAINED = SamplingParams(extra_args={EXTRA_ARG: True})
 FREE = SamplingParams()

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from voicehost import orpheus
-from voicehost.codec import DecodeScheduler, FrameDecoder, SnacCodec
 from voicehost.metrics import SpeechMetrics
-from voicehost.orpheus import (
+from voicehost.model import orpheus
+from voicehost.model.codec import DecodeScheduler, FrameDecoder, SnacCodec
+from voicehost.model.orpheus import (
     AUDIO_TOKEN_BASE,
     BEGIN_OF_TEXT,
     CODEBOOK_SIZE,
@@ -25,7 +25,7 @@ from voicehost.orpheus import (
     FrameAssembler,
     MalformedAudioToken,
 )
-from voicehost.synthesis import Synthesizer
+from voicehost.speech.synthesis import Synthesizer
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from voicehost.adapter_validation import (
+from voicehost.api.edge import ApiError, find_voice
+from voicehost.api.voices import voice_infos
+from voicehost.tenancy.keys import Principal, can_see
+from voicehost.voices.folders import FolderVoiceDirectory
+from voicehost.voices.validation import (
     MANIFEST,
     AdapterRules,
     InvalidAdapter,
@@ -21,11 +25,7 @@ from voicehost.adapter_validation import (
     validate_adapter,
     weights_checksum,
 )
-from voicehost.api.edge import ApiError, find_voice
-from voicehost.api.voices import voice_infos
-from voicehost.keys import Principal, can_see
-from voicehost.voice_folders import FolderVoiceDirectory
-from voicehost.voices import NotHeld
+from voicehost.voices.voice import NotHeld
 
 A = Principal("key-a", "A", frozenset({"synthesize", "voices"}))
 B = Principal("key-b", "B", frozenset({"synthesize", "voices"}))

@@ -31,8 +31,8 @@ from lora_training.ingest import (
     measure,
     sniff,
 )
-from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 from voicehost.ids import child, is_job_id, is_voice_id
+from voicehost.voices.validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 
 ANSWER_SECONDS = 30.0  # a hang guard, not a speed target: a refusal never waits on work
 MAX_GROWTH = 300 * 2**20
@@ -249,10 +249,7 @@ def test_a_pickle_named_safetensors_is_refused_unread(dev_model, tmp_path, rules
 # --- over HTTP ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
+HTTP_TIMEOUT = 60  # conftest's `http` session
 
 
 class PeakMemory:

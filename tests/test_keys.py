@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from voicehost.keys import (
+from voicehost.tenancy.keys import (
     ApiKey,
     AuthConfigError,
     Principal,

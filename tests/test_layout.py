@@ -1,5 +1,7 @@
-"""The package's layout, pinned: imports point one way (core <- api <- cluster), the benchmark
-client stays out of what serving imports, and the settings load no web framework."""
+"""The package's layout, pinned: packages follow the data and import only the ones below them
+(text, voices, model, audio, tenancy, speech, lora_training, cloning, serving, api, cluster,
+then the tools and entry points); lora_training and the serving side depend one way; the
+benchmark client stays out of what serving imports, and the settings load no web framework."""
 
 from __future__ import annotations
 
@@ -12,7 +14,36 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parent.parent / "voicehost"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "voicehost"
+
+# Lowest first: each may import only those before it (and the shared modules below).
+LAYERS = [
+    "text",  # the text stage: segmentation, normalisation, lexicons applied
+    "voices",  # the voice type, voice@n, the folders on disk, adapter validation
+    "model",  # the token format, the codec, the engine, the dev model
+    "audio",  # response formats, tempo, where speech starts, the speaker embedder
+    "tenancy",  # keys, audit, usage, the lexicon store
+    "speech",  # the synthesis pipeline, admission, capacity
+    "lora_training",  # training components: on the core above, never the serving side
+    "cloning",  # jobs, consent, candidate and evaluation
+    "serving",  # the serving process that composes it all
+    "api",  # HTTP
+    "cluster",  # Redis, workers, gateways
+    "tools",  # doctor, the dev server and corpus, the benchmark client
+    "client",  # the public Python client
+    "cli",  # the entry point
+]
+# Shared by every layer; they import no package (config: only the value types of some rules).
+SHARED = {"ids", "metrics", "lifeline", "config"}
+CONFIG_IMPORTS = {
+    "voicehost.ids",
+    "voicehost.model.orpheus",
+    "voicehost.model.devmodel",
+    "voicehost.tenancy.keys",
+    "voicehost.tenancy.lexicons",
+    "voicehost.voices.validation",
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -27,38 +58,96 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
+def unit_of(module: str) -> str | None:
+    """The layer (or shared module) a dotted module belongs to; ``None`` outside the project."""
+    parts = module.split(".")
+    if parts[0] == "lora_training":
+        return "lora_training"
+    if parts[0] != "voicehost" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def unit_of_file(path: Path) -> str:
+    relative = path.relative_to(ROOT).parts
+    if relative[0] == "lora_training":
+        return "lora_training"
+    return relative[1].removesuffix(".py")
+
+
+def project_files() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.py"), *(ROOT / "lora_training").rglob("*.py")])
+
+
 def importers(target: str, files: list[Path]) -> list[str]:
     """The files among ``files`` that import ``target`` or anything under it."""
     return sorted(
-        str(f.relative_to(PACKAGE.parent))
+        str(f.relative_to(ROOT))
         for f in files
         if any(m == target or m.startswith(target + ".") for m in imported_modules(f))
     )
 
 
-def package_files(*parts: str) -> list[Path]:
-    return sorted(PACKAGE.joinpath(*parts).rglob("*.py"))
+def upward_imports() -> list[str]:
+    """Every import of a file that reaches a layer at or above its own (other than itself)."""
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    found = []
+    for path in project_files():
+        unit = unit_of_file(path)
+        if unit in ("__init__", "__main__", "config"):  # config: below
+            continue
+        for module in imported_modules(path):
+            target = unit_of(module)
+            if target is None or target == unit or target not in rank:
+                continue
+            if unit in SHARED or rank[target] >= rank[unit]:
+                found.append(f"{path.relative_to(ROOT)} imports {module}")
+    return sorted(found)
+
+
+def test_every_module_is_in_a_layer_or_shared():
+    units = {unit_of_file(p) for p in project_files()} - {"__init__", "__main__"}
+    assert units - set(LAYERS) - SHARED == set()
+    top_level = [p.name for p in PACKAGE.glob("*.py")]
+    assert len(top_level) <= 9, top_level  # the shared modules, the entry points, the client
+
+
+def test_packages_import_only_the_layers_below_them():
+    assert upward_imports() == []
+
+
+def test_the_settings_import_only_the_value_types_of_rules():
+    tree = ast.parse((PACKAGE / "config.py").read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and unit_of(node.module):
+            folder = ROOT.joinpath(*node.module.split("."))
+            if folder.is_dir():  # `from voicehost.model import orpheus`: the module
+                modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+            else:
+                modules.add(node.module)
+    assert modules <= CONFIG_IMPORTS, modules
+
+
+def test_lora_training_and_the_serving_side_depend_one_way():
+    """Training needs the token format, the codec, the adapter contract and the audio helpers;
+    the serving side (cloning, the serving process, the API, the CLI) runs training."""
+    training = sorted((ROOT / "lora_training").rglob("*.py"))
+    used = {unit_of(m) for f in training for m in imported_modules(f)} - {None, "lora_training"}
+    assert used <= {"model", "audio", "voices", "text", "config", "lifeline", "ids"}, used
+    serving_side = [p for p in PACKAGE.rglob("*.py") if importers("lora_training", [p])]
+    units = {unit_of_file(p) for p in serving_side}
+    assert units <= {"cloning", "serving", "api", "cli"}, units
 
 
 def test_the_api_never_imports_the_cluster():
-    assert importers("voicehost.cluster", package_files("api")) == []
-
-
-def test_core_modules_import_neither_the_api_nor_the_cluster():
-    core = [
-        f
-        for f in package_files()
-        if f.parent == PACKAGE or f.parent.name == "text"  # not api/, cluster/, bench/
-    ]
-    core = [f for f in core if f.name not in ("cli.py", "__main__.py")]  # the entry points
-    assert core, "no core modules found"
-    assert importers("voicehost.api", core) == []
-    assert importers("voicehost.cluster", core) == []
+    assert importers("voicehost.cluster", sorted((PACKAGE / "api").rglob("*.py"))) == []
 
 
 def test_only_the_cli_imports_the_benchmark_client():
-    serving = [f for f in package_files() if "bench" not in f.relative_to(PACKAGE).parts]
-    assert importers("voicehost.bench", serving) == ["voicehost/cli.py"]
+    bench = PACKAGE / "tools" / "bench"
+    serving = [f for f in PACKAGE.rglob("*.py") if bench not in f.parents]
+    assert importers("voicehost.tools.bench", serving) == ["voicehost/cli.py"]
 
 
 def test_importing_the_settings_loads_no_web_framework_and_no_log_filter():
@@ -72,8 +161,12 @@ def test_importing_the_settings_loads_no_web_framework_and_no_log_filter():
     assert result.returncode == 0, result.stderr
 
 
-def test_the_rules_above_see_a_lazy_import(tmp_path):
-    """The checker itself: an import inside a function is found."""
+def test_the_rules_above_see_a_lazy_import_and_an_upward_one(tmp_path):
+    """The checker itself: an import inside a function is found, and placed in its layer."""
     module = tmp_path / "lazy.py"
     module.write_text("def f():\n    from voicehost.cluster.worker import WorkerCluster\n")
     assert "voicehost.cluster.worker" in imported_modules(module)
+    assert unit_of("voicehost.cluster.worker") == "cluster"
+    assert unit_of("voicehost.speech.synthesis") == "speech"
+    assert unit_of("lora_training.recipe") == "lora_training"
+    assert LAYERS.index("model") < LAYERS.index("speech") < LAYERS.index("api")

@@ -8,8 +8,8 @@ import logging
 import pytest
 import redis.asyncio
 
-from voicehost.admission import Refused
 from voicehost.cluster.leases import KeyLeases
+from voicehost.speech.admission import Refused
 
 
 @pytest.fixture

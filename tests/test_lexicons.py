@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from helpers import adapter_form
 
-from voicehost.lexicons import (
+from voicehost.tenancy.lexicons import (
     MAX_PLS_DEPTH,
     EntryTooLong,
     FolderLexicons,
@@ -257,12 +257,6 @@ def same_audio(a: bytes, b: bytes) -> bool:
     """Equal up to the float rounding of different decode windows (noise is off)."""
     x, y = pcm(a), pcm(b)
     return x.size == y.size and x.size > 0 and np.abs(x - y).max() <= 64
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-        yield session
 
 
 async def speak(http, server, text: str, voice: str = "dev-a", **options) -> bytes:

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from voicehost.admission import WorkerLoad
 from voicehost.cluster.state import Membership, WorkerPresence, member_key
 from voicehost.config import Settings
+from voicehost.speech.admission import WorkerLoad
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from voicehost.api.schemas import ErrorResponse, SpeechRequest
 from voicehost.api.server import create_app
 from voicehost.cluster.gateway import create_gateway_app
 from voicehost.config import Settings
-from voicehost.devmodel import DEV_VOICES
+from voicehost.model.devmodel import DEV_VOICES
 
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 GATEWAY_ONLY = {("GET", "/v1/cluster"), ("POST", "/v1/cluster/route")}  # the cluster's own view

@@ -2,8 +2,8 @@
 
 import pytest
 
-from voicehost import orpheus
-from voicehost.orpheus import Frame, FrameAssembler, MalformedAudioToken
+from voicehost.model import orpheus
+from voicehost.model.orpheus import Frame, FrameAssembler, MalformedAudioToken
 
 pytestmark = pytest.mark.unit
 

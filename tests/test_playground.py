@@ -22,8 +22,8 @@ from voicehost.api import playground
 from voicehost.api.auth import AUTH, PUBLIC, ROUTE_ACCESS, Authenticator
 from voicehost.api.edge import auth_middleware
 from voicehost.api.routes import PUBLIC_ROUTES, add_route, route_access
-from voicehost.keys import ApiKey, hash_key
-from voicehost.orpheus import SAMPLE_RATE
+from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.tenancy.keys import ApiKey, hash_key
 
 SENTENCE = "Hello there."  # short: the dev model says about 2 s
 LIVE_TEXT = (

@@ -12,15 +12,15 @@ from lora_training.ingest import ingest
 from lora_training.quality import check_data, other_speakers, voice_pitch
 from lora_training.recipe import VoiceJob, prepare
 from lora_training.trim import trim
-from voicehost.cli import main
-from voicehost.devcorpus import SENTENCES, build_corpus, speak
-from voicehost.speaker import (
+from voicehost.audio.speaker import (
     EmbeddingCache,
     centroid,
     embed_off_loop,
     load_encoder,
     similarity,
 )
+from voicehost.cli import main
+from voicehost.tools.devcorpus import SENTENCES, build_corpus, speak
 
 pytestmark = pytest.mark.unit
 
@@ -97,8 +97,8 @@ def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
         "    return Loudness()\n"
     )
     assert load_encoder(str(folder)).name == "loudness-test"
-    assert load_encoder("voicehost.speaker:Resemblyzer").name == "resemblyzer-ge2e"
-    for spec in ("no.such.module:Factory", str(tmp_path), "voicehost.speaker:centroid", "x"):
+    assert load_encoder("voicehost.audio.speaker:Resemblyzer").name == "resemblyzer-ge2e"
+    for spec in ("no.such.module:Factory", str(tmp_path), "voicehost.audio.speaker:centroid", "x"):
         with pytest.raises(ValueError):
             load_encoder(spec)
 

@@ -43,12 +43,6 @@ def pieces(text: str, seed: int) -> list[str]:
     return out
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        yield session
-
-
 async def receive_all(ws, until: str | None = None, wait_s: float = 300):
     """Messages in order as (kind, payload): ("event", dict) or ("audio", bytes), until the
     event of type ``until`` (inclusive) or the close."""

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from voicehost.api.schemas import RealtimeConfig, SpeechRequest
-from voicehost.audio import FORMATS, SAMPLE_RATES
+from voicehost.audio.formats import FORMATS, SAMPLE_RATES
 
 pytestmark = pytest.mark.unit
 

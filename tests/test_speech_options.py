@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 from helpers import metric
 
-from voicehost.synthesis import LeadingSilenceTrim
+from voicehost.speech.synthesis import LeadingSilenceTrim
 
 SPEECH = "/v1/audio/speech"
 SENTENCE_WORDS = "we walked along the river and talked about the weather for a while".split()
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
-        yield session
 
 
 async def post(http, server, **body):

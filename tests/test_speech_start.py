@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voicehost.speech_start import loud_windows, speech_start, window_levels_db
+from voicehost.audio.speech_start import loud_windows, speech_start, window_levels_db
 
 pytestmark = pytest.mark.unit
 

@@ -6,10 +6,10 @@ import time
 import pytest
 from helpers import random_frames
 
-from voicehost import orpheus
-from voicehost.codec import DecodeScheduler, SnacCodec
 from voicehost.metrics import SpeechMetrics
-from voicehost.synthesis import Synthesizer
+from voicehost.model import orpheus
+from voicehost.model.codec import DecodeScheduler, SnacCodec
+from voicehost.speech.synthesis import Synthesizer
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ class Clock:
 def test_the_playback_clock_counts_audio_sent_after_the_audio_before_it_has_played():
     from prometheus_client import CollectorRegistry, Counter
 
-    from voicehost.synthesis import PlaybackClock
+    from voicehost.speech.synthesis import PlaybackClock
 
     counter = Counter("underruns", "test", registry=CollectorRegistry())
     clock = Clock()

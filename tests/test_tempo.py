@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from voicehost.audio import AudioEncoder
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.tempo import ATEMPO_RANGE, TimeStretch, atempo_steps
+from voicehost.audio.formats import AudioEncoder
+from voicehost.audio.tempo import ATEMPO_RANGE, TimeStretch, atempo_steps
+from voicehost.model.orpheus import SAMPLE_RATE
 
 pytestmark = pytest.mark.unit
 

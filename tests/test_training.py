@@ -18,10 +18,10 @@ from lora_training.tokenise import build_dataset, drop_repeated_frames
 from lora_training.train import TrainSettings
 from lora_training.transcripts import MissingTranscripts, find_transcripts
 from lora_training.trim import TrimSettings, leading_silence_ms, trim
-from voicehost import orpheus
-from voicehost.adapter_validation import AdapterRules, ModelShape, validate_adapter
-from voicehost.codec import SnacCodec
-from voicehost.devcorpus import build_corpus, speak
+from voicehost.model import orpheus
+from voicehost.model.codec import SnacCodec
+from voicehost.tools.devcorpus import build_corpus, speak
+from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapter
 
 
 @pytest.fixture(scope="module")

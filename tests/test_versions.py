@@ -10,16 +10,16 @@ import aiohttp
 import pytest
 from helpers import adapter_parts, audio_form, read_socket
 
-from voicehost.adapter_validation import (
+from voicehost.ids import split_voice_ref
+from voicehost.tools.devcorpus import build_corpus, speak
+from voicehost.voices.folders import LIVE, FolderVoiceDirectory
+from voicehost.voices.validation import (
     ADAPTER_WEIGHTS,
     MANIFEST,
     AdapterRules,
     weights_checksum,
 )
-from voicehost.devcorpus import build_corpus, speak
-from voicehost.ids import split_voice_ref
-from voicehost.voice_folders import LIVE, FolderVoiceDirectory
-from voicehost.voices import HeldVersion, LiveVersion, NoSuchVersion, version_status
+from voicehost.voices.voice import HeldVersion, LiveVersion, NoSuchVersion, version_status
 
 RULES = AdapterRules(base_model="voicehost-dev", max_rank=16)
 OTHER_VOICE = "en-us+f3"  # a woman's voice; build_corpus speaks espeak-ng's default man's

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from voicehost.adapter_validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
-from voicehost.voice_folders import FolderVoiceDirectory
+from voicehost.voices.folders import FolderVoiceDirectory
+from voicehost.voices.validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
 
 pytestmark = pytest.mark.unit
 

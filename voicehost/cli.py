@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lora_training.quality import add_arguments as add_check_data_arguments
-from voicehost.audit import Head
-from voicehost.bench import DESCRIPTION as BENCH_DESCRIPTION
-from voicehost.bench import add_arguments as add_bench_arguments
 from voicehost.config import Settings
+from voicehost.tenancy.audit import Head
+from voicehost.tools.bench import DESCRIPTION as BENCH_DESCRIPTION
+from voicehost.tools.bench import add_arguments as add_bench_arguments
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -40,7 +40,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _run_server(command: str, start: Callable[[], None]) -> int:
     """Run a server; a key configuration it cannot use stops it with a clear message."""
-    from voicehost.keys import AuthConfigError
+    from voicehost.tenancy.keys import AuthConfigError
 
     try:
         start()
@@ -123,7 +123,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     """Make a key: the key itself (shown once) and the entry to configure (its hash only)."""
     import json
 
-    from voicehost.keys import ApiKey, hash_key, new_key
+    from voicehost.tenancy.keys import ApiKey, hash_key, new_key
 
     key = new_key()
     try:
@@ -140,7 +140,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def cmd_keys_hash(args: argparse.Namespace) -> int:
     """The SHA-256 of a key read from stdin (not from the command line: shell history)."""
-    from voicehost.keys import hash_key
+    from voicehost.tenancy.keys import hash_key
 
     key = sys.stdin.readline().strip()
     if not key:
@@ -151,7 +151,7 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_model(args: argparse.Namespace) -> int:
-    from voicehost.devmodel import DEV_SEED, ensure_dev_model, fingerprint
+    from voicehost.model.devmodel import DEV_SEED, ensure_dev_model, fingerprint
 
     out = args.out or Settings().dev_dir
     paths = ensure_dev_model(out, args.seed if args.seed is not None else DEV_SEED)
@@ -181,7 +181,7 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from voicehost import doctor
+    from voicehost.tools import doctor
 
     overrides = {"dev": args.dev or None, "model": args.model, "codec": args.codec}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -207,7 +207,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 async def _cluster_checks(settings: Settings) -> list:
     """Redis answers, and the workers registered in it (``voicehost doctor`` in cluster mode)."""
     from voicehost.cluster.state import Membership, connect
-    from voicehost.doctor import Check
+    from voicehost.tools.doctor import Check
 
     redis = connect(settings)
     try:
@@ -227,7 +227,7 @@ async def _cluster_checks(settings: Settings) -> list:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from voicehost.bench import run
+    from voicehost.tools.bench import run
 
     return run(args)
 
@@ -237,8 +237,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lora_training.train import TrainSettings, learning_rate_for
     from lora_training.transcripts import FasterWhisper, MissingTranscripts
     from lora_training.trim import TrimSettings
-    from voicehost.devmodel import ensure_dev_model
     from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+    from voicehost.model.devmodel import ensure_dev_model
 
     if not is_voice_id(args.voice):
         print(f"voicehost train: --voice must match {VOICE_ID_PATTERN.pattern}", file=sys.stderr)
@@ -287,7 +287,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _record_operator_voice(voice_id: str, folder: Path, adapters_dir: Path) -> None:
     """The operator's new voice on the audit log beside its adapters folder."""
-    from voicehost.audit import OPERATOR, AuditLog, Change
+    from voicehost.tenancy.audit import OPERATOR, AuditLog, Change
 
     log_path = Settings(adapters_dir=adapters_dir).audit_file()
     details: dict[str, object] = {"source": "cli", "folder": str(folder)}
@@ -305,9 +305,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lora_training.ingest import ingest
     from lora_training.transcripts import FasterWhisper
-    from voicehost import evaluation
+    from voicehost.audio.speaker import load_encoder
     from voicehost.client import ApiError, AsyncClient, http_speaker
-    from voicehost.speaker import load_encoder
+    from voicehost.cloning import evaluation
 
     recordings, rejected = ingest(args.reference)
     for bad in rejected:
@@ -351,7 +351,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     """Check the audit log's hash chain: a file, or a running server's log over its API (every
     page of ``GET /v1/audit``, which needs an admin key, against the head the server keeps)."""
-    from voicehost import audit
+    from voicehost.tenancy import audit
 
     if args.url is None:
         path = args.path or Settings(

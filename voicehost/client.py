@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 
-from voicehost.evaluation import Sample, Speak
+from voicehost.cloning.evaluation import Sample, Speak
 
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"

@@ -8,12 +8,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from voicehost import orpheus
-from voicehost.adapter_validation import AdapterRules, ModelShape
-from voicehost.devmodel import DevModelPaths
 from voicehost.ids import is_voice_id
-from voicehost.keys import ApiKey
-from voicehost.lexicons import LexiconLimits
+from voicehost.model import orpheus
+from voicehost.model.devmodel import DevModelPaths
+from voicehost.tenancy.keys import ApiKey
+from voicehost.tenancy.lexicons import LexiconLimits
+from voicehost.voices.validation import AdapterRules, ModelShape
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 # OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female

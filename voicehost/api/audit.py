@@ -11,9 +11,9 @@ from aiohttp import web
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, ApiError
-from voicehost.audit import AuditQuery
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
-from voicehost.keys import Principal
+from voicehost.tenancy.audit import AuditQuery
+from voicehost.tenancy.keys import Principal
 
 MAX_LIMIT = 1000
 

@@ -1,5 +1,6 @@
 """Who a request is and what it may do, at the HTTP edge: the API key a request presents, the
-gateway's word for its caller, and the scope each route needs (keys themselves: ``voicehost.keys``).
+gateway's word for its caller, and the scope each route needs (keys themselves:
+``voicehost.tenancy.keys``).
 
 With no key configured the service runs open (no principal) and binds to localhost only. Workers
 trust a request's forwarded principal only with the cluster's internal token
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from aiohttp import web
 from pydantic import ValidationError
 
-from voicehost.keys import ApiKey, AuthConfigError, Principal, hash_key, read_keys
+from voicehost.tenancy.keys import ApiKey, AuthConfigError, Principal, hash_key, read_keys
 
 if TYPE_CHECKING:
     from voicehost.config import Settings

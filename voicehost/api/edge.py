@@ -20,21 +20,21 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
-from voicehost.admission import Refused
 from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
 from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
-from voicehost.audio import UnsupportedAudio, output_rate
-from voicehost.audit import Action, AuditTrail, Change, actor_of
-from voicehost.cloning import CloneJobs
+from voicehost.audio.formats import UnsupportedAudio, output_rate
+from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, split_voice_ref
-from voicehost.keys import Principal, can_see
-from voicehost.lexicons import LexiconStore
 from voicehost.metrics import SpeechMetrics
-from voicehost.runtime import NotReady, Runtime
-from voicehost.synthesis import SpeakOptions
-from voicehost.usage import UsageLedger
-from voicehost.voices import Voice, VoiceDirectory
+from voicehost.serving import NotReady, Runtime
+from voicehost.speech.admission import Refused
+from voicehost.speech.synthesis import SpeakOptions
+from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
+from voicehost.tenancy.keys import Principal, can_see
+from voicehost.tenancy.lexicons import LexiconStore
+from voicehost.tenancy.usage import UsageLedger
+from voicehost.voices.voice import Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from voicehost.api.schemas import (
     LexiconUpload,
     PronunciationEntry,
 )
-from voicehost.keys import Principal, owner_tenant
-from voicehost.lexicons import (
+from voicehost.tenancy.keys import Principal, owner_tenant
+from voicehost.tenancy.lexicons import (
     LEXICON_NAME_PATTERN,
     EntryTooLong,
     LexiconError,
@@ -36,7 +36,7 @@ from voicehost.lexicons import (
     parse_pls,
 )
 from voicehost.text.lexicon import Lexicon, LexiconEntry
-from voicehost.voices import Voice
+from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from voicehost.api.schemas import (
     VoiceDetail,
     VoiceList,
 )
-from voicehost.audio import CONTENT_TYPES
+from voicehost.audio.formats import CONTENT_TYPES
 from voicehost.ids import JOB_ID_PATTERN, VERSION_PATTERN, VOICE_ID_PATTERN
-from voicehost.lexicons import LEXICON_NAME_PATTERN
+from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 
 OPENAPI_VERSION = "3.1.0"
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -85,7 +85,8 @@ AUTH_ERRORS: dict[int, str] = {
     "`Authorization: Bearer <key>` (or `X-API-Key`).",
     403: "`insufficient_scope` (auth): the key lacks the route's scope.",
 }
-# Answered by admission control (voicehost.admission) to a stream: a speech request or a socket.
+# Answered by admission control (voicehost.speech.admission) to a stream: a speech request or a
+# socket.
 ADMISSION_ERRORS: dict[int, str] = {
     429: "`quota_exceeded` (admission): the key already holds its most streams; retry after "
     "`Retry-After` seconds.",

@@ -23,7 +23,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from voicehost.admission import Refused
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     RUNTIME,
@@ -38,14 +37,15 @@ from voicehost.api.edge import (
 )
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
-from voicehost.audio import content_type
-from voicehost.orpheus import SAMPLE_RATE
-from voicehost.runtime import NotReady, Runtime
-from voicehost.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.audio.formats import content_type
+from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.serving import NotReady, Runtime
+from voicehost.speech.admission import Refused
+from voicehost.speech.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.tenancy.usage import StreamMeter
 from voicehost.text.lexicon import Lexicon, SpokenSegmenter
 from voicehost.text.segment import Segment, TextSegmenter
-from voicehost.usage import StreamMeter
-from voicehost.voices import Voice
+from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
 

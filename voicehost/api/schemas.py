@@ -15,9 +15,9 @@ from pydantic import (
     StrictStr,
 )
 
-from voicehost.audio import FORMATS, SAMPLE_RATES
-from voicehost.lexicons import LEXICON_NAME_PATTERN
-from voicehost.tempo import MAX_SPEED, MIN_SPEED
+from voicehost.audio.formats import FORMATS, SAMPLE_RATES
+from voicehost.audio.tempo import MAX_SPEED, MIN_SPEED
+from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 
 MAX_REQUEST_LEXICONS = 8
 
@@ -284,8 +284,8 @@ class AuditActor(BaseModel):
 
 
 class AuditEvent(BaseModel):
-    """One line of the audit log, as written (``voicehost.audit``): ``prev`` is the SHA-256 of
-    the line before (the event before, as canonical JSON)."""
+    """One line of the audit log, as written (``voicehost.tenancy.audit``): ``prev`` is the SHA-256
+    of the line before (the event before, as canonical JSON)."""
 
     seq: int = Field(ge=1)
     prev: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -30,13 +30,13 @@ from voicehost.api.edge import (
 from voicehost.api.lexicons import said, speech_lexicon
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import SpeechRequest
-from voicehost.audio import StreamEncoder, content_type
+from voicehost.audio.formats import StreamEncoder, content_type
 from voicehost.config import Settings
-from voicehost.engine import InputTooLong
-from voicehost.runtime import ClusterLink, Runtime
-from voicehost.synthesis import SegmentStarted, SpeechEvent
+from voicehost.model.engine import InputTooLong
+from voicehost.serving import ClusterLink, Runtime
+from voicehost.speech.synthesis import SegmentStarted, SpeechEvent
+from voicehost.tenancy.usage import StreamMeter
 from voicehost.text.segment import Segment, split_text
-from voicehost.usage import StreamMeter
 
 log = logging.getLogger(__name__)
 

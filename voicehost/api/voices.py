@@ -25,16 +25,6 @@ from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare
 from lora_training.train import TrainSettings, learning_rate_for
 from lora_training.transcripts import MissingTranscripts, read_metadata
-from voicehost import consent
-from voicehost.adapter_validation import (
-    MANIFEST,
-    PICKLE_SUFFIXES,
-    InvalidAdapter,
-    assign_tenant,
-    read_json_object,
-    voice_status,
-    voice_tenant,
-)
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVICE,
@@ -56,7 +46,8 @@ from voicehost.api.schemas import (
     VoiceInfo,
     VoiceList,
 )
-from voicehost.cloning import FINISHED, CloneJob
+from voicehost.cloning import consent
+from voicehost.cloning.jobs import FINISHED, CloneJob
 from voicehost.ids import (
     JOB_ID_PATTERN,
     VERSION_PATTERN,
@@ -65,8 +56,17 @@ from voicehost.ids import (
     is_version,
     is_voice_id,
 )
-from voicehost.keys import Principal, can_manage, can_see, owner_tenant
-from voicehost.voices import (
+from voicehost.tenancy.keys import Principal, can_manage, can_see, owner_tenant
+from voicehost.voices.validation import (
+    MANIFEST,
+    PICKLE_SUFFIXES,
+    InvalidAdapter,
+    assign_tenant,
+    read_json_object,
+    voice_status,
+    voice_tenant,
+)
+from voicehost.voices.voice import (
     DuplicateVersion,
     HeldVersion,
     LiveVersion,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from voicehost.adapter_validation import weights_checksum, write_manifest
 from voicehost.ids import child, is_voice_id
+from voicehost.voices.validation import weights_checksum, write_manifest
 
 log = logging.getLogger(__name__)
 

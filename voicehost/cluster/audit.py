@@ -25,7 +25,8 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from voicehost.audit import (
+from voicehost.cluster.state import AUDIT_HEAD, AUDIT_STREAM, raise_if_cancelled
+from voicehost.tenancy.audit import (
     GENESIS,
     MAX_PENDING,
     AuditLog,
@@ -36,7 +37,6 @@ from voicehost.audit import (
     canonical,
     line_hash,
 )
-from voicehost.cluster.state import AUDIT_HEAD, AUDIT_STREAM, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 

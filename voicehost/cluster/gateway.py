@@ -28,8 +28,6 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
-from voicehost.adapter_validation import ModelShape
-from voicehost.admission import Refused
 from voicehost.api.auth import ADMIN, AUTH, bind_host, request_principal
 from voicehost.api.edge import (
     REQUEST_ID_HEADER,
@@ -48,7 +46,7 @@ from voicehost.api.openapi import cluster_operations
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
-from voicehost.cloning import CloneJobs, registrar
+from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.jobs import RedisJobQueue
@@ -59,10 +57,12 @@ from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.ids import split_voice_ref
-from voicehost.keys import Principal
 from voicehost.metrics import SpeechMetrics
-from voicehost.usage import UsageLedger
-from voicehost.voices import Voice
+from voicehost.speech.admission import Refused
+from voicehost.tenancy.keys import Principal
+from voicehost.tenancy.usage import UsageLedger
+from voicehost.voices.validation import ModelShape
+from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
 

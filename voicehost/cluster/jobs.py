@@ -15,7 +15,7 @@ import logging
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from voicehost.cloning import CloneJobs
+from voicehost.cloning.jobs import CloneJobs
 from voicehost.cluster.state import JOBS_STREAM, raise_if_cancelled
 
 log = logging.getLogger(__name__)

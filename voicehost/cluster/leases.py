@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from voicehost.admission import Refused
 from voicehost.cluster.state import lease_key, raise_if_cancelled
+from voicehost.speech.admission import Refused
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A cluster's lexicons: the files in the shared store (``<shared>/lexicons/``, the truth, as
-``voicehost.lexicons.FolderLexicons`` writes them) with Redis in front (one hash per tenant,
+``voicehost.tenancy.lexicons.FolderLexicons`` writes them) with Redis in front (one hash per tenant,
 ``vh:lexicons:<tenant>``: name -> document), read by every worker for each request.
 
 A put or delete first drops the Redis copy (so, with Redis away, nothing changes: 503), then
@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from voicehost.cluster.state import lexicons_key
 from voicehost.config import Settings
-from voicehost.lexicons import FolderLexicons, LexiconLimits, StoredLexicon, parse_stored
+from voicehost.tenancy.lexicons import FolderLexicons, LexiconLimits, StoredLexicon, parse_stored
 from voicehost.text.lexicon import LexiconEntry
 
 log = logging.getLogger(__name__)

@@ -39,9 +39,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from voicehost.admission import WorkerLoad
 from voicehost.cluster.ring import WorkerRing
 from voicehost.config import Settings
+from voicehost.speech.admission import WorkerLoad
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A cluster's usage: every worker's counts summed in Redis, per minute.
 
-A worker's ledger (``voicehost.usage.UsageLedger``) flushes its buckets about once a second, in
-one transaction: ``HINCRBY`` / ``HINCRBYFLOAT`` into ``vh:usage:<minute>`` (fields
+A worker's ledger (``voicehost.tenancy.usage.UsageLedger``) flushes its buckets about once a second,
+in one transaction: ``HINCRBY`` / ``HINCRBYFLOAT`` into ``vh:usage:<minute>`` (fields
 ``<key>|<tenant>|<voice>|c`` for characters and ``...|s`` for seconds; ids never hold ``|``),
 and the minute into the index ``vh:usage:minutes``. Any gateway sums the minutes asked for.
 """
@@ -14,7 +14,7 @@ from collections import defaultdict
 from redis.asyncio import Redis
 
 from voicehost.cluster.state import USAGE_MINUTES, usage_key
-from voicehost.usage import Amount, Buckets, UsageKey, minute_of
+from voicehost.tenancy.usage import Amount, Buckets, UsageKey, minute_of
 
 
 class RedisUsageStore:

@@ -27,7 +27,10 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from voicehost.adapter_validation import (
+from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore, StoredVoice
+from voicehost.cluster.state import VOICES, raise_if_cancelled, version_key, voice_key
+from voicehost.voices.folders import now_iso
+from voicehost.voices.validation import (
     MANIFEST,
     PROMOTED,
     STATUS,
@@ -40,10 +43,7 @@ from voicehost.adapter_validation import (
     voice_status,
     write_manifest,
 )
-from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore, StoredVoice
-from voicehost.cluster.state import VOICES, raise_if_cancelled, version_key, voice_key
-from voicehost.voice_folders import now_iso
-from voicehost.voices import (
+from voicehost.voices.voice import (
     BrokenAdapter,
     DuplicateVersion,
     HeldVersion,

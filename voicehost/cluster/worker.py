@@ -12,8 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from voicehost.adapter_validation import AdapterRules
-from voicehost.admission import WorkerLoad
 from voicehost.api.auth import AUTH, INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import WORKER_HEADER, Handler
 from voicehost.api.server import create_app, serve
@@ -26,6 +24,8 @@ from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
+from voicehost.speech.admission import WorkerLoad
+from voicehost.voices.validation import AdapterRules
 
 
 def worker_identity(settings: Settings) -> tuple[str, str]:

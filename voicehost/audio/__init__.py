@@ -1,0 +1,3 @@
+"""Audio: response formats and their encoders, tempo, where speech starts, and the speaker
+embedder.
+"""

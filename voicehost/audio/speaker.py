@@ -1,0 +1,198 @@
+"""Speaker embeddings: who is speaking in a clip, as a unit vector, whatever is said.
+
+A ``SpeakerEncoder`` turns float samples into an L2-normalised float32 vector; two clips of one
+speaker point the same way (``similarity``, the cosine), and a speaker is the per-dimension
+median of their clips' vectors (``centroid``). The encoder's ``name`` goes with every figure
+computed from it, since figures from different encoders are on different scales.
+
+``load_encoder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``):
+
+- unset or ``resemblyzer``: Resemblyzer's GE2E encoder (256 dimensions, trained on VoxCeleb and
+  LibriSpeech), whose weights ship inside its pip package, so it runs with no download;
+- ``package.module:factory``: ``factory()`` from an importable module returns the encoder;
+- a folder: a stronger model an operator plugs in (an ECAPA or WavLM speaker-verification model
+  saved locally, say) with a ``speaker_encoder.py`` beside its weights that defines
+  ``load(folder: Path) -> SpeakerEncoder``; nothing in voicehost changes.
+
+Embedding is CPU-bound (a few tens of ms per second of audio): ``embed_off_loop`` runs it in a
+thread, and ``EmbeddingCache`` keeps each clip's vector (in memory, and on disk if given a folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from voicehost.model.orpheus import SAMPLE_RATE
+
+FOLDER_ENTRY = "speaker_encoder.py"
+
+
+@runtime_checkable
+class SpeakerEncoder(Protocol):
+    """Float samples of one speaker -> their embedding (float32, 1-D, L2-normalised)."""
+
+    name: str  # reported with every similarity figure
+
+    def embed(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray: ...
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine of two embeddings (1: the same direction)."""
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.dot(a, b) / norms) if norms > 0 else 0.0
+
+
+def centroid(embeddings: Sequence[np.ndarray]) -> np.ndarray:
+    """The speaker of several clips: the median of each dimension (one odd clip cannot pull it
+    away, as it would a mean), renormalised."""
+    if len(embeddings) == 0:
+        raise ValueError("a centroid needs at least one embedding")
+    middle = np.median(np.stack(embeddings), axis=0).astype(np.float32)
+    return _unit(middle)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm).astype(np.float32) if norm > 0 else vector.astype(np.float32)
+
+
+class Resemblyzer:
+    """Resemblyzer's GE2E encoder: 16 kHz input, long pauses cut (its WebRTC VAD), then the
+    mean of 1.6 s windows' embeddings."""
+
+    name = "resemblyzer-ge2e"
+    RATE = 16000
+    MIN_SECONDS = 0.5  # shorter after its pause cutting: embed the clip as it is
+
+    def __init__(self, device: str = "cpu") -> None:
+        with warnings.catch_warnings():  # it imports scipy.ndimage.morphology (deprecated)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from resemblyzer import VoiceEncoder, preprocess_wav
+
+        self._preprocess = preprocess_wav
+        self._model = VoiceEncoder(device=device, verbose=False)
+        self._lock = threading.Lock()  # one torch module, called from worker threads
+
+    def embed(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        import soxr
+
+        audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if audio.size == 0 or not np.any(audio):
+            raise ValueError("no audio to embed")
+        if sample_rate != self.RATE:
+            audio = soxr.resample(audio, sample_rate, self.RATE).astype(np.float32)
+        cut = self._preprocess(audio)
+        if cut.size >= self.MIN_SECONDS * self.RATE:
+            audio = cut
+        with self._lock:
+            embedding = self._model.embed_utterance(audio)
+        return _unit(np.asarray(embedding, dtype=np.float32))
+
+
+def load_encoder(spec: str | None = None) -> SpeakerEncoder:
+    """The encoder a spec names (see the module docstring); raises ``ValueError`` for a spec
+    that names nothing loadable, or something that is not an encoder."""
+    if spec is None or spec.strip() in ("", "resemblyzer"):
+        return Resemblyzer()
+    spec = spec.strip()
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        entry = folder / FOLDER_ENTRY
+        if not entry.is_file():
+            raise ValueError(f"speaker encoder folder {folder} has no {FOLDER_ENTRY}")
+        module_spec = importlib.util.spec_from_file_location("voicehost_speaker_encoder", entry)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load {entry}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        encoder = module.load(folder)
+    elif ":" in spec:
+        module_name, _, factory = spec.partition(":")
+        try:
+            encoder = getattr(importlib.import_module(module_name), factory)()
+        except (ImportError, AttributeError, TypeError) as exc:
+            raise ValueError(f"speaker encoder {spec!r}: {exc}") from exc
+    else:
+        raise ValueError(
+            f"speaker encoder {spec!r}: expected 'resemblyzer', 'package.module:factory' "
+            "or a folder holding speaker_encoder.py"
+        )
+    if not isinstance(encoder, SpeakerEncoder):
+        raise ValueError(f"speaker encoder {spec!r} has no 'name' and 'embed'")
+    return encoder
+
+
+class EmbeddingCache:
+    """An encoder that remembers: each clip's embedding, keyed by a hash of its samples, its
+    rate and the encoder's name, kept in memory (the newest ``max_items``) and, with a
+    ``folder``, as ``<key>.npy`` files there. It is itself a ``SpeakerEncoder``."""
+
+    def __init__(
+        self, encoder: SpeakerEncoder, folder: Path | None = None, max_items: int = 10_000
+    ) -> None:
+        self.encoder = encoder
+        self.name = encoder.name
+        self.folder = folder
+        self.max_items = max_items
+        self.hits = 0
+        self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def key(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+        digest = hashlib.sha256(np.ascontiguousarray(samples, dtype=np.float32).tobytes())
+        digest.update(f"|{sample_rate}|{self.name}".encode())
+        return digest.hexdigest()
+
+    def embed(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+        key = self.key(samples, sample_rate)
+        found = self._recall(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        embedding = self.encoder.embed(samples, sample_rate)
+        self._remember(key, embedding)
+        return embedding
+
+    def _recall(self, key: str) -> np.ndarray | None:
+        with self._lock:
+            if key in self._memory:
+                self._memory.move_to_end(key)
+                return self._memory[key]
+        if self.folder is not None:
+            try:
+                embedding = np.load(self.folder / f"{key}.npy")
+            except (OSError, ValueError):
+                return None
+            self._remember(key, embedding, write=False)
+            return embedding
+        return None
+
+    def _remember(self, key: str, embedding: np.ndarray, write: bool = True) -> None:
+        with self._lock:
+            self._memory[key] = embedding
+            while len(self._memory) > self.max_items:
+                self._memory.popitem(last=False)
+        if write and self.folder is not None:
+            tmp = self.folder / f".{key}.tmp.npy"
+            np.save(tmp, embedding)
+            tmp.replace(self.folder / f"{key}.npy")
+
+
+async def embed_off_loop(
+    encoder: SpeakerEncoder, samples: np.ndarray, rate: int = SAMPLE_RATE
+) -> np.ndarray:
+    """``encoder.embed`` in a worker thread, so the event loop keeps serving."""
+    return await asyncio.to_thread(encoder.embed, samples, rate)

@@ -1,0 +1,130 @@
+"""Consent records: who agreed to have their voice cloned, to what statement, collected by
+whom, when and for what; optionally the speaker's own recording of that statement, checked
+against the training audio with the speaker encoder (``voicehost.audio.speaker``).
+
+A record is stored with each version cloned from audio: under ``consent`` in its
+``voice.json`` (with the recording's file name, SHA-256 and similarity to the training audio)
+and the recording itself beside it, so deleting the voice deletes them. While the clone job
+runs they wait in the job's folder (never among its training inputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from voicehost.audio.speaker import SpeakerEncoder, centroid, load_encoder, similarity
+from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
+
+CONSENT = "consent"  # the manifest key of a version's consent record
+RECORD_FILE = "consent.json"  # in a job's folder, until its voice is registered
+RECORDING = "consent_recording"  # the recording's file name (no suffix: it is sniffed as audio)
+MAX_RECORDING_SECONDS = 120.0
+MAX_CLIPS = 8  # training clips the recording is compared with (their speaker's centroid)
+MAX_CLIP_SECONDS = 30.0
+
+
+class ConsentMismatch(ValueError):
+    """The consent recording's speaker is not the training audio's."""
+
+    def __init__(self, measured: float, threshold: float) -> None:
+        super().__init__(
+            f"the consent recording's speaker is not the training audio's (similarity "
+            f"{measured:.3f}, at least {threshold:.2f} is the same speaker)"
+        )
+        self.measured = measured
+
+
+_encoders: dict[str | None, SpeakerEncoder] = {}
+_encoders_lock = threading.Lock()
+
+
+def shared_encoder(spec: str | None) -> SpeakerEncoder:
+    """The process's speaker encoder for ``spec`` (``VOICEHOST_SPEAKER_ENCODER``), loaded once."""
+    with _encoders_lock:
+        if spec not in _encoders:
+            _encoders[spec] = load_encoder(spec)
+        return _encoders[spec]
+
+
+def recording_similarity(encoder: SpeakerEncoder, recording: Path, clips: list[Path]) -> float:
+    """How alike the speaker of ``recording`` is to that of ``clips`` (the centroid of the
+    first ``MAX_CLIPS``): the cosine of their embeddings. Raises ``UnreadableAudio`` for a
+    recording that is not audio."""
+    from lora_training.ingest import UnreadableAudio, decode
+
+    samples = decode(recording, MAX_RECORDING_SECONDS)
+    try:
+        spoken = encoder.embed(samples)
+    except ValueError as exc:  # silence: nothing to embed
+        raise UnreadableAudio(f"the recording holds no speech: {exc}") from exc
+    embeddings: list[np.ndarray] = []
+    for clip in clips:
+        if len(embeddings) == MAX_CLIPS:
+            break
+        try:
+            embeddings.append(encoder.embed(decode(clip, MAX_CLIP_SECONDS)))
+        except (UnreadableAudio, ValueError):  # silent or unreadable: the data report says so
+            continue
+    if not embeddings:
+        raise UnreadableAudio("no training clip holds speech to compare the recording with")
+    return similarity(spoken, centroid(embeddings))
+
+
+def check_recording(
+    encoder: SpeakerEncoder, recording: Path, clips: list[Path], threshold: float
+) -> float:
+    """``recording_similarity``, or ``ConsentMismatch`` below ``threshold``."""
+    measured = recording_similarity(encoder, recording, clips)
+    if measured < threshold:
+        raise ConsentMismatch(measured, threshold)
+    return measured
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while block := data.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_for_job(
+    job_dir: Path, record: dict, recording: Path | None, measured: float | None
+) -> None:
+    """Keep a validated consent record (and its recording) in a job's folder until the job's
+    voice is registered (``attach``)."""
+    record = dict(record)
+    if recording is not None:
+        shutil.move(recording, job_dir / RECORDING)
+        record["recording"] = {
+            "file": RECORDING,
+            "sha256": file_sha256(job_dir / RECORDING),
+            "speaker_similarity": None if measured is None else round(measured, 4),
+        }
+    (job_dir / RECORD_FILE).write_text(_dump(record))
+
+
+def attach(source: Path, version_folder: Path) -> None:
+    """Store the consent record kept in ``source`` (a job's folder, or an upload's) with a
+    voice version: into its ``voice.json`` and, if there is one, the recording beside it.
+    Nothing to do without a record."""
+    path = source / RECORD_FILE
+    if not path.is_file():
+        return
+    record = read_json_object(path)
+    if (source / RECORDING).is_file():
+        shutil.copy2(source / RECORDING, version_folder / RECORDING)
+    manifest_path = version_folder / MANIFEST
+    manifest = read_json_object(manifest_path) if manifest_path.exists() else {}
+    write_manifest(version_folder, {**manifest, CONSENT: record})
+
+
+def _dump(record: dict) -> str:
+    import json
+
+    return json.dumps(record, indent=2)

@@ -1,0 +1,338 @@
+"""The long-lived parts of one serving process and their start-up order.
+
+Start-up runs in the background so the HTTP server answers ``/healthz`` and ``/readyz`` (503)
+while the dev model is built, SNAC and vLLM load, and one warm-up request runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.exceptions import RedisError
+
+from voicehost.audio.formats import EncoderPool
+from voicehost.audio.speaker import SpeakerEncoder, load_encoder
+from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
+from voicehost.config import Settings
+from voicehost.metrics import SpeechMetrics
+from voicehost.model.codec import DecodeScheduler, SnacCodec
+from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
+from voicehost.model.engine import SpeechEngine
+from voicehost.speech.admission import Admission, WorkerLoad
+from voicehost.speech.capacity import RateMeter, Realtime
+from voicehost.speech.synthesis import Synthesizer
+from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
+from voicehost.tenancy.lexicons import FolderLexicons, LexiconStore
+from voicehost.tenancy.usage import FileUsageStore, UsageLedger, UsageStore
+from voicehost.voices.folders import FolderVoiceDirectory
+from voicehost.voices.validation import MANIFEST, AdapterRules, ModelShape, read_json_object
+from voicehost.voices.voice import VoiceDirectory, VoiceExists
+
+if TYPE_CHECKING:
+    from voicehost.tenancy.keys import Principal
+
+log = logging.getLogger(__name__)
+
+
+class ClusterLink(Protocol):
+    """What a cluster worker adds to a runtime (``voicehost.cluster.worker.WorkerCluster``):
+    voices and jobs shared through the cluster, and a place on its ring."""
+
+    worker_id: str
+
+    def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> VoiceDirectory: ...
+
+    def job_queue(self) -> JobQueue: ...
+
+    def audit_trail(self) -> AuditTrail:
+        """The cluster's one audit chain (Redis, mirrored to the shared store)."""
+        ...
+
+    def usage_store(self) -> UsageStore:
+        """Where this worker's counted usage is summed for the whole cluster."""
+        ...
+
+    def lexicon_store(self) -> LexiconStore:
+        """The tenants' lexicons, as every process of the cluster reads them."""
+        ...
+
+    def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
+        """Keep this process on the ring, reporting ``load``, until cancelled."""
+        ...
+
+    async def leave(self) -> None:
+        """Leave the ring (drain): gateways send nothing new."""
+        ...
+
+    def key_stream(self, key_id: str, limit: int) -> AbstractAsyncContextManager[None]:
+        """One of ``key_id``'s at most ``limit`` streams in the whole cluster, held for the
+        ``async with`` block; ``Refused`` (429) beyond it."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class NotReady(RuntimeError):
+    """The engine is still starting (or failed to start)."""
+
+
+def is_missing_folder(model: str) -> bool:
+    """Whether ``model`` names a folder (absolute, relative to here or home, not a hub id)
+    that does not exist."""
+    return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
+
+
+class Runtime:
+    """Engine, codec, voice directory, clone jobs and metrics of one process.
+
+    Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
+    folder; as a cluster worker they come from Redis and the shared store.
+    """
+
+    def __init__(self, settings: Settings, cluster: ClusterLink | None = None) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.metrics = SpeechMetrics()
+        self.voices: VoiceDirectory
+        queue: JobQueue | None = None
+        self.audit: AuditTrail
+        usage: UsageStore
+        if cluster is None:
+            self.audit = FileAuditTrail(settings.audit_file())
+            usage = FileUsageStore(settings.usage_file())
+            self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
+                settings.adapter_roots(), settings.builtin_voices, settings.adapter_rules()
+            )
+            self.voices = self.folder_voices
+            jobs_dir, runner = settings.jobs_dir, "local"
+            self.lexicons: LexiconStore = FolderLexicons(
+                settings.lexicons_dir, settings.lexicon_limits()
+            )
+        else:
+            self.folder_voices = None
+            self.voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
+            jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
+            queue = cluster.job_queue()
+            self.audit, usage = cluster.audit_trail(), cluster.usage_store()
+            self.lexicons = cluster.lexicon_store()
+        self.usage = UsageLedger(usage, self.metrics, settings.usage_flush_seconds)
+        self.engine: SpeechEngine | None = None
+        self.codec: SnacCodec | None = None
+        self.scheduler: DecodeScheduler | None = None
+        self.synthesizer: Synthesizer | None = None
+        self.encoders = EncoderPool(settings.encode_threads)
+        self.metrics.watch_registry(self.voices.missing)
+        self.jobs = CloneJobs(
+            jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
+        )
+        self._encoder: SpeakerEncoder | None = None
+        self._started = asyncio.Event()  # start-up has ended, ready or failed
+        self.meter = RateMeter()  # the engine's tokens/s per request, by batch size
+        realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
+        self.admission = Admission(
+            settings.stream_capacity(), settings.key_max_streams, realtime=realtime
+        )
+        self.draining = False
+        self.startup_error: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._engine_start: asyncio.Future[SpeechEngine] | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why this process cannot serve at all (start-up failed, or the engine died)."""
+        if self.startup_error:
+            return self.startup_error
+        if self.engine is not None and not self.engine.healthy:
+            return "the engine has died; the process must be restarted"
+        return None
+
+    def require_synthesizer(self) -> Synthesizer:
+        if self.failure:
+            raise NotReady(self.failure)
+        if self.draining:
+            raise NotReady("draining: this process takes no new streams")
+        if self.synthesizer is None:
+            raise NotReady("the engine is warming up")
+        return self.synthesizer
+
+    async def evaluate_clone(self, voice_id: str, folder: Path) -> Verdict:
+        """Measure a freshly trained voice in ``folder`` through this process's engine against
+        the clips its training held out, and write the verdict into its ``voice.json``
+        (``voicehost.cloning.candidate``); the clone job calls this before it registers the voice.
+        Waits for the engine if it is still warming up; ``NotReady`` if it cannot serve."""
+        from lora_training.export import read_references
+        from voicehost.cloning.candidate import EVAL_SENTENCES, evaluate_candidate, record_verdict
+
+        await self._started.wait()
+        references = await asyncio.to_thread(read_references, folder)
+        if self._encoder is None:
+            self._encoder = await asyncio.to_thread(load_encoder, self.settings.speaker_encoder)
+        s = self.settings
+        report = await evaluate_candidate(
+            self,
+            folder,
+            references,
+            self._encoder,
+            s,
+            voice_id=voice_id,
+            baselines=s.eval_baselines,
+            sentences=EVAL_SENTENCES[: s.eval_sentences],
+            samples_dir=folder / "samples",
+        )
+        status, reasons = await asyncio.to_thread(record_verdict, folder, report, s)
+        manifest = await asyncio.to_thread(read_json_object, folder / MANIFEST)
+        return Verdict(status, reasons, manifest["eval"])
+
+    @property
+    def active_streams(self) -> int:
+        return self.synthesizer.active if self.synthesizer else 0
+
+    def load(self) -> WorkerLoad:
+        """What a cluster worker reports with each heartbeat."""
+        loaded = self.voices.loaded()
+        capacity = self.settings.stream_capacity()
+        return WorkerLoad(self.active_streams, loaded, capacity, self.admission.headroom())
+
+    async def drain(self) -> None:
+        """Stop taking new streams and leave the ring; streams in flight finish."""
+        self.draining = True
+        if self.cluster is not None:
+            await self.cluster.leave()
+
+    @asynccontextmanager
+    async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
+        """A stream slot for ``principal``'s request, held for the ``async with`` block; its
+        key's quota too, for the whole cluster on a worker. ``Refused`` (503 or 429) when there
+        is none."""
+        key = principal.key_id if principal else None
+        limit = self.settings.key_max_streams
+        with self.admission.admit(key):
+            if self.cluster is None or key is None or not limit:
+                yield
+                return
+            async with self.cluster.key_stream(key, limit):
+                yield
+
+    async def drain_and_wait(self) -> None:
+        """``drain``, then return once the last admitted stream has ended (SIGTERM)."""
+        await self.drain()
+        await self.admission.idle()
+
+    def start(self) -> None:
+        """Begin start-up in the background (call from the event loop)."""
+        self._tasks.append(asyncio.create_task(self._start(), name="voicehost-startup"))
+        self._tasks.append(
+            asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
+        )
+        self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
+        self._tasks.append(asyncio.create_task(self._measure(), name="voicehost-rate-meter"))
+
+    async def _measure(self) -> None:
+        """Sample the engine's rate every interval, and show it (and the headroom it leaves) on
+        the metrics."""
+        gauge = self.metrics.request_tokens_per_second
+        while True:
+            await asyncio.sleep(self.meter.interval)
+            self.meter.sample()
+            gauge.clear()
+            for batch, rate in self.meter.measured().items():
+                gauge.labels(str(batch)).set(rate)
+            self.metrics.realtime_headroom.set(self.admission.headroom())
+
+    async def _start(self) -> None:
+        try:
+            await self._load()
+        except Exception as exc:  # the process stays up to report it on /readyz and /healthz
+            self.startup_error = f"start-up failed: {type(exc).__name__}: {exc}"
+            log.exception("start-up failed")
+            return
+        finally:
+            self._started.set()
+        if self.folder_voices is not None:
+            interval = self.settings.adapter_scan_seconds
+            self._tasks.append(asyncio.create_task(self.folder_voices.watch(interval)))
+        if self.cluster is not None:  # join the ring once the engine is warm
+            if self.settings.dev:
+                await self._publish_dev_voices()
+            if self.draining:  # drained while warming up: never join
+                return
+            self._tasks.append(asyncio.create_task(self.cluster.join(self.load)))
+
+    async def _publish_dev_voices(self) -> None:
+        """A dev worker registers the dev voices in the cluster, once."""
+        for folder in sorted(DevModelPaths(self.settings.dev_dir).adapters.iterdir()):
+            try:
+                if not await self.voices.exists(folder.name):
+                    await self.voices.add(folder.name, folder)
+            except (VoiceExists, RedisError) as exc:
+                log.info("dev voice %s not published: %s", folder.name, exc)
+            except Exception:  # the worker serves on without it
+                log.exception("dev voice %s not published", folder.name)
+
+    async def _load(self) -> None:
+        s = self.settings
+        if s.dev:
+            await asyncio.to_thread(ensure_dev_model, s.dev_dir)
+        model = s.served_model()
+        if await asyncio.to_thread(is_missing_folder, model):
+            # said at once, not after vLLM's import and its search of a hub it cannot reach
+            raise FileNotFoundError(f"the model folder {model} does not exist")
+        config = Path(s.served_model()) / "config.json"
+        if config.is_file():
+            self.voices.rules = s.adapter_rules(ModelShape.from_config(config))
+        if self.folder_voices is not None:
+            await asyncio.to_thread(self.folder_voices.scan)
+        # The engine first, so that vLLM's workers start before this process touches CUDA.
+        self._engine_start = asyncio.get_running_loop().run_in_executor(None, SpeechEngine.start, s)
+        self.engine = await asyncio.shield(self._engine_start)
+        self.metrics.watch_engine(self.engine.unfinished_requests)
+        self.codec = await asyncio.to_thread(
+            SnacCodec.load,
+            s.served_codec(),
+            device=s.codec_device,
+            noise=s.codec_noise,
+            threads=s.codec_threads,
+            cuda_graphs=s.codec_cuda_graphs,
+        )
+        if graphs := await asyncio.to_thread(self.codec.capture_graphs):
+            log.info("captured CUDA graphs of SNAC for %d call shapes", graphs)
+        self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
+        synthesizer = Synthesizer(
+            self.engine,
+            self.scheduler,
+            self.metrics,
+            s.lookahead_frames,
+            s.codec_max_chunk_frames,
+            self.meter,
+        )
+        warm_voice = next(iter(self.voices.builtin.values()), None)
+        if warm_voice is None:
+            warm_voice = (await self.voices.list_voices())[0][0]
+        await synthesizer.warm_up(warm_voice)
+        self.meter.forget()
+        self.synthesizer = synthesizer
+        log.info("ready")
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._engine_start is not None and self.engine is None:
+            # Closed while vLLM was still starting: wait for it, so its processes are shut down.
+            engine = await asyncio.gather(self._engine_start, return_exceptions=True)
+            if isinstance(engine[0], SpeechEngine):
+                self.engine = engine[0]
+        if self.engine is not None:
+            self.engine.shutdown()
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        if self.codec is not None:
+            self.codec.close()
+        self.encoders.close()
+        if self.cluster is not None:
+            await self.cluster.close()

@@ -1,0 +1,1 @@
+"""Tenants: API keys, the audit trail, usage metering and the pronunciation-lexicon store."""

@@ -1,0 +1,292 @@
+"""Adapter validation: whether a PEFT LoRA folder is a voice that the served engine can load.
+
+An adapter folder holds a PEFT ``adapter_config.json`` and ``adapter_model.safetensors``, plus an
+optional ``voice.json`` manifest (name, prompt style, tenant). Validation reads the config and the
+safetensors header, never unpickles anything and never loads the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_args
+
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.voices.voice import Voice, VoiceStatus
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MANIFEST = "voice.json"
+TENANT = "tenant"  # the manifest key naming the voice's tenant (absent: a shared voice)
+STATUS = "status"  # the manifest key saying whether a voice is ready or held (absent: ready)
+STATUSES: tuple[str, ...] = get_args(VoiceStatus)
+VERSION = "version"  # the manifest key holding which version of its voice an adapter is
+PROMOTED = (
+    "promoted_at"  # when a version first went live (absent: never; see voices.version_status)
+)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# First bytes of what torch.load would unpickle: a pickle (protocol 2-5) or a torch zip archive.
+PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+MAX_JSON_BYTES = 1 << 16  # adapter_config.json and voice.json are a few KB
+MAX_SAFETENSORS_HEADER = 1 << 24  # the JSON header of a LoRA's tensors is far smaller
+# What a servable voice adapts: the attention and MLP projections, never embeddings or lm_head.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULES = frozenset(LORA_TARGET_MODULES)
+
+
+def servable_lora_config(rank: int, alpha: int):  # noqa: ANN201 - peft.LoraConfig
+    """The PEFT config of a voice adapter that vLLM can serve (bias none, no modules_to_save)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(LORA_TARGET_MODULES),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+class InvalidAdapter(ValueError):
+    """An adapter that vLLM must not load; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The projection sizes an adapter's matrices must match."""
+
+    hidden: int
+    intermediate: int
+    q_out: int
+    kv_out: int
+
+    @classmethod
+    def from_config(cls, config_path: Path) -> ModelShape:
+        config = json.loads(config_path.read_text())
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        return cls(
+            hidden=config["hidden_size"],
+            intermediate=config["intermediate_size"],
+            q_out=heads * head_dim,
+            kv_out=config.get("num_key_value_heads", heads) * head_dim,
+        )
+
+    def in_out(self, module: str) -> tuple[int, int]:
+        """(in_features, out_features) of a target module."""
+        return {
+            "q_proj": (self.hidden, self.q_out),
+            "k_proj": (self.hidden, self.kv_out),
+            "v_proj": (self.hidden, self.kv_out),
+            "o_proj": (self.q_out, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }[module]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRules:
+    """What the served engine accepts. ``base_model`` is the configured name of the served model;
+    ``aliases`` are its other names (its path or hub id), any of which an adapter may declare."""
+
+    base_model: str
+    max_rank: int
+    shape: ModelShape | None = None
+    aliases: tuple[str, ...] = ()
+
+    def accepts_base(self, declared: str) -> bool:
+        """Whether ``declared`` names the served model: the last part of a path or hub id,
+        compared without case, matches that of the configured name or an alias."""
+        return any(_last_part(declared) == _last_part(name) for name in self.base_names())
+
+    def base_names(self) -> list[str]:
+        return list(dict.fromkeys([self.base_model, *self.aliases]))
+
+
+def _last_part(name: str) -> str:
+    return name.rstrip("/").split("/")[-1].lower()
+
+
+def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = None) -> Voice:
+    """Check an adapter folder without loading any weights; raises ``InvalidAdapter``.
+    ``voice_id``: the voice it is registered as (by default, the folder's name).
+
+    The config (and manifest) are checked before the weights file is opened; the weights must
+    then be a safetensors file by their first bytes, whatever their name."""
+    voice_id = voice_id or path.name
+    if not is_voice_id(voice_id):
+        raise InvalidAdapter(f"voice id {voice_id!r} must match {VOICE_ID_PATTERN.pattern}")
+    pickles = [p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
+    if pickles:
+        raise InvalidAdapter(f"pickle files are refused (safetensors only): {', '.join(pickles)}")
+    config_path = path / ADAPTER_CONFIG
+    weights_path = path / ADAPTER_WEIGHTS
+    if not config_path.is_file():
+        raise InvalidAdapter(f"{ADAPTER_CONFIG} is missing")
+    if not weights_path.is_file():
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} is missing")
+    config = read_json_object(config_path)
+    manifest = read_json_object(path / MANIFEST) if (path / MANIFEST).exists() else {}
+    if manifest.get("prompt_style", "plain") not in ("plain", "named"):
+        raise InvalidAdapter(f"{MANIFEST}: prompt_style must be 'plain' or 'named'")
+    tenant = manifest.get(TENANT, None)
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise InvalidAdapter(f"{MANIFEST}: tenant must be a non-empty string")
+    if manifest.get(STATUS, "ready") not in STATUSES:  # a typo must not make a held voice ready
+        raise InvalidAdapter(f"{MANIFEST}: status must be one of {', '.join(STATUSES)}")
+    _check_config(config, manifest, rules)
+    rank = int(config["r"])
+    _check_weights(weights_path, rank, rules.shape)
+    return Voice(
+        voice_id=voice_id,
+        name=str(manifest.get("name") or voice_id),
+        prompt_style=manifest.get("prompt_style", "plain"),
+        adapter_path=path,
+        checksum=weights_checksum(path),
+        tenant=tenant,
+        status=manifest.get(STATUS, "ready"),
+    )
+
+
+def voice_tenant(manifest: dict) -> str | None:
+    """The tenant a voice's manifest names; ``None``: shared with every tenant."""
+    tenant = manifest.get(TENANT)
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def voice_status(manifest: dict) -> VoiceStatus:
+    """Whether a voice's manifest says it is ready or held (validation refuses anything else)."""
+    return "held" if manifest.get(STATUS) == "held" else "ready"
+
+
+def assign_tenant(folder: Path, tenant: str | None) -> None:
+    """Record (or, with ``None``, remove) the tenant in a staged voice folder's manifest."""
+    path = folder / MANIFEST
+    manifest = read_json_object(path) if path.exists() else {}
+    manifest.pop(TENANT, None)
+    if tenant is not None:
+        manifest[TENANT] = tenant
+    write_manifest(folder, manifest)
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Replace ``folder``'s ``voice.json`` atomically: a reader (a rescan, a copy into the
+    cluster's store) sees the old file or the new one, never part of one. The weights, and so
+    the checksum that names the adapter, are untouched."""
+    staging = folder / f".{MANIFEST}.{uuid.uuid4().hex}"
+    try:
+        with staging.open("w") as out:
+            out.write(json.dumps(manifest, indent=2))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staging, folder / MANIFEST)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def weights_checksum(folder: Path) -> str:
+    """The SHA-256 of an adapter's weights (read in blocks), which identifies the adapter."""
+    digest = hashlib.sha256()
+    with (folder / ADAPTER_WEIGHTS).open("rb") as weights:
+        while block := weights.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_json_object(path: Path) -> dict:
+    """A small JSON object file (config or manifest); raises ``InvalidAdapter``."""
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise InvalidAdapter(f"{path.name} is over {MAX_JSON_BYTES} bytes")
+    try:
+        data = json.loads(path.read_text())
+    except (
+        ValueError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as exc:  # JSONDecodeError is a ValueError
+        raise InvalidAdapter(f"{path.name} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidAdapter(f"{path.name} must be a JSON object")
+    return data
+
+
+def _check_config(config: dict, manifest: dict, rules: AdapterRules) -> None:
+    if config.get("peft_type", "LORA") != "LORA":
+        raise InvalidAdapter(f"peft_type {config.get('peft_type')!r} is not LORA")
+    rank = config.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise InvalidAdapter(f"rank r={rank!r} must be a positive integer")
+    if rank > rules.max_rank:
+        raise InvalidAdapter(f"rank {rank} exceeds max_lora_rank {rules.max_rank}")
+    if config.get("modules_to_save"):
+        raise InvalidAdapter(f"modules_to_save {config['modules_to_save']} is not servable")
+    if config.get("bias", "none") != "none":
+        raise InvalidAdapter(f"bias {config.get('bias')!r} must be 'none'")
+    for unservable in ("use_dora", "layer_replication"):
+        if config.get(unservable):
+            raise InvalidAdapter(f"{unservable} {config[unservable]!r} is not servable")
+    targets = config.get("target_modules")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise InvalidAdapter(f"target_modules {targets!r} must list module names")
+    # PEFT saves ``target_modules="all-linear"`` as full dotted module names: match the last part.
+    unknown = {t for t in targets if t.rsplit(".", 1)[-1] not in LORA_MODULES}
+    if unknown:
+        raise InvalidAdapter(f"target modules {sorted(unknown)} are not attention/MLP projections")
+    declared = [config.get("base_model_name_or_path"), manifest.get("base_model")]
+    if not any(declared):
+        raise InvalidAdapter(f"no base model declared (the served one is {rules.base_model!r})")
+    for base in filter(None, declared):  # the config's and the manifest's must both match
+        if not isinstance(base, str) or not rules.accepts_base(base):
+            accepted = ", ".join(repr(n) for n in rules.base_names())
+            raise InvalidAdapter(
+                f"base model {base!r} does not match the served {rules.base_model!r} "
+                f"(accepted: {accepted}, or a path or hub id ending in one of their last parts)"
+            )
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """Refuse by the first bytes anything but a safetensors file: a pickle is never unpickled,
+    and a header length is never trusted beyond the file's size."""
+    size = path.stat().st_size
+    with path.open("rb") as weights:
+        head = weights.read(9)
+    if head.startswith(PICKLE_MAGIC):
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} is a pickle or torch archive (safetensors only)")
+    length = int.from_bytes(head[:8], "little") if len(head) == 9 else 0
+    if not 2 <= length <= min(size - 8, MAX_SAFETENSORS_HEADER) or head[8:9] != b"{":
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} is not a readable safetensors file (bad header)")
+
+
+def _check_weights(path: Path, rank: int, shape: ModelShape | None) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    _check_safetensors_header(path)
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            names = list(weights.keys())
+            shapes = {name: weights.get_slice(name).get_shape() for name in names}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InvalidAdapter(
+            f"{ADAPTER_WEIGHTS} is not a readable safetensors file: {exc}"
+        ) from exc
+    if not names:
+        raise InvalidAdapter(f"{ADAPTER_WEIGHTS} holds no tensors")
+    for name in names:
+        match = re.search(r"\.(\w+_proj)\.lora_([AB])(?:\.\w+)?\.weight$", name)
+        if not match or match.group(1) not in LORA_MODULES:
+            raise InvalidAdapter(f"unexpected tensor {name!r} (only LoRA A/B of projections)")
+        module, side = match.groups()
+        dims = shapes[name]
+        if len(dims) != 2:
+            raise InvalidAdapter(f"tensor {name!r} has shape {list(dims)}, expected a matrix")
+        expected_in, expected_out = shape.in_out(module) if shape else (dims[-1], dims[0])
+        want = [rank, expected_in] if side == "A" else [expected_out, rank]
+        if list(dims) != want:
+            raise InvalidAdapter(f"tensor {name!r} has shape {list(dims)}, expected {want}")
