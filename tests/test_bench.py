@@ -206,6 +206,7 @@ def test_bench_drives_the_dev_server(server, tmp_path, capsys):
         assert set(level["ttfb_ms"]) == set(level["first_speech_ms"]) == {"p50", "p95", "p99"}
         assert level["stream_count"] == len(level["streams"]) == level["concurrency"]
         # the server's own first-audio time from its metrics, below what the client waited
+        assert level["server_streams_counted"] == level["stream_count"]
         assert 0 < level["server_first_audio_ms_mean"] <= level["ttfb_ms"]["p99"]
         assert level["http_overhead_ms_mean"] >= level["http_overhead_on_wire_ms_mean"]
         for stream in level["streams"]:

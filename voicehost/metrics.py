@@ -20,7 +20,8 @@ class SpeechMetrics:
         r = self.registry
         self.time_to_first_audio = Histogram(
             "voicehost_time_to_first_audio_seconds",
-            "From request accepted to the first audio samples ready.",
+            "Per stream, from its text accepted to the first audio samples sent (once per stream, "
+            "not per segment).",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

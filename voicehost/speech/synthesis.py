@@ -251,11 +251,18 @@ class Synthesizer:
     ) -> AsyncIterator[SpeechEvent]:
         """Speak segments in order as one stream: for each, ``SegmentStarted``, its PCM chunks,
         ``SegmentDone``. Segments with nothing to say (no letter, digit or tag) are skipped.
-        Closing the iterator aborts the engine requests in progress."""
+        Closing the iterator aborts the engine requests in progress.
+
+        The stream's time to first audio is observed once: from its first segment's arrival to
+        its first samples the listener gets (after any trim). A later segment's start is no
+        listener's wait, and a stream abandoned early adds nothing to the histogram later."""
         trim = LeadingSilenceTrim(options.trim_db) if options.trim_db is not None else None
         playback = PlaybackClock(self.metrics.underruns)
+        began: float | None = None  # the first segment's arrival, until its first audio
         async with aclosing(self._generated(segments, voice, options)) as generated:
             async for index, segment, arrived, chunks in generated:
+                if index == 0:
+                    began = arrived
                 self.metrics.segments.inc()
                 playback.segment(arrived)
                 yield SegmentStarted(index, segment)
@@ -266,6 +273,9 @@ class Synthesizer:
                         if trim.done:
                             self.metrics.trimmed_seconds.inc(trim.dropped / orpheus.SAMPLE_RATE)
                     if pcm.size:
+                        if began is not None:
+                            self.metrics.time_to_first_audio.observe(time.monotonic() - began)
+                            began = None
                         samples += pcm.size
                         playback.play(pcm.size)
                         yield pcm
@@ -390,7 +400,6 @@ class Synthesizer:
         window are decoded before the listener's lead runs out."""
         assembler = orpheus.FrameAssembler()
         decoder = FrameDecoder(self.scheduler, self.lookahead, self.max_chunk)
-        first_audio: float | None = None
         counted = 0  # tokens already in the metric: it is updated per frame batch, not per token
         self.metrics.active_streams.inc()
         self.active += 1
@@ -407,13 +416,11 @@ class Synthesizer:
                     pcm = await decoder.flush()
                     self.metrics.stall_flushes.inc()
                 if pcm.size:
-                    first_audio = first_audio or self._first_audio(started)
                     yield pcm
             if feed.tokens > counted:
                 self.metrics.audio_tokens.inc(feed.tokens - counted)
             pcm = await decoder.finish()
             if pcm.size:
-                first_audio = first_audio or self._first_audio(started)
                 yield pcm
             self._record(started, feed.tokens, assembler)
         finally:
@@ -421,13 +428,6 @@ class Synthesizer:
             decoder.close()
             self.metrics.active_streams.dec()
             self.active -= 1
-
-    def _first_audio(self, started: float) -> float:
-        """Record the time to the first audio (a stream shorter than the lookahead has its
-        first audio at the end)."""
-        seconds = time.monotonic() - started
-        self.metrics.time_to_first_audio.observe(seconds)
-        return seconds
 
     def _record(self, started: float, tokens: int, assembler: orpheus.FrameAssembler) -> None:
         elapsed = time.monotonic() - started

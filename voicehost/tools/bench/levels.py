@@ -52,11 +52,14 @@ class LevelSummary:
     audio_s: float
     audio_tokens_per_s: float  # audio tokens of every stream / the level's wall time
     error_messages: list[str] = field(default_factory=list)
-    # The server's own time from starting a stream to its first decoded PCM (its
-    # voicehost_time_to_first_audio_seconds histogram over this level), and how much longer
+    # The server's own time from a stream's text to its first PCM (its
+    # voicehost_time_to_first_audio_seconds histogram over this level: given only where the
+    # histogram counted exactly this level's streams, ``server_streams_counted``, so that
+    # another client's streams are never averaged in), and how much longer
     # the client waited for its first byte on average: parsing, routing, HTTP and the network;
     # "on the wire" counts from each request's last byte sent, leaving out the client's own
     # queue (a burst of requests leaves one client process one at a time).
+    server_streams_counted: int | None = None
     server_first_audio_ms_mean: float | None = None
     http_overhead_ms_mean: float | None = None
     http_overhead_on_wire_ms_mean: float | None = None

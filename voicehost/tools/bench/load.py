@@ -126,7 +126,9 @@ async def run_level(
     summary = summarize(concurrency, streams, wall)
     ttfbs = [s.ttfb_ms for s in streams if s.ok and s.ttfb_ms is not None]
     wired = [s.wire_ttfb_ms for s in streams if s.ok and s.wire_ttfb_ms is not None]
-    if before and after and after[1] > before[1] and ttfbs:
+    if before and after:
+        summary.server_streams_counted = round(after[1] - before[1])
+    if before and after and summary.server_streams_counted == len(ttfbs) and ttfbs:
         server_ms = 1000 * (after[0] - before[0]) / (after[1] - before[1])
         summary.server_first_audio_ms_mean = round(server_ms, 2)
         summary.http_overhead_ms_mean = round(statistics.fmean(ttfbs) - server_ms, 2)
