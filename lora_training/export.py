@@ -12,7 +12,6 @@ import json
 import shutil
 import wave
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 
 from lora_training.train import TrainHistory
 from voicehost.audio.formats import write_wav
+from voicehost.ids import now_iso
 from voicehost.model.orpheus import SAMPLE_RATE
 
 MANIFEST_VERSION = 1
@@ -92,7 +92,7 @@ def manifest(
             "epochs": history.epochs_done,
             "settings": settings,
         },
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created": now_iso(),
         "version": MANIFEST_VERSION,
     }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,8 +158,12 @@ def _check_rate_and_channels(rate: int, channels: int) -> None:
         raise UnsupportedAudio(f"{channels} channels (mono or stereo only)")
 
 
-def _frames(path: Path, max_seconds: float | None) -> Iterator[av.AudioFrame]:
-    """The checked audio frames of an untrusted file, as they decode."""
+@contextmanager
+def _opened(
+    path: Path, max_seconds: float | None
+) -> Iterator[tuple[av.container.InputContainer, av.audio.stream.AudioStream]]:
+    """An untrusted file opened with the demuxer its first bytes name, and its checked audio
+    stream; FFmpeg's errors in the body come out as ``UnreadableAudio``."""
     import av
 
     with path.open("rb") as source:
@@ -170,24 +175,37 @@ def _frames(path: Path, max_seconds: float | None) -> Iterator[av.AudioFrame]:
         check_wav_header(head, path.stat().st_size)
     try:
         with av.open(str(path), format=demuxer) as container:
-            stream = _audio_stream(container, max_seconds)
-            rate, channels = stream.codec_context.sample_rate, stream.codec_context.channels
-            decoded = 0.0
-            for frame in container.decode(stream):
-                if frame.sample_rate != rate or frame.layout.nb_channels != channels:
-                    raise UnsupportedAudio(
-                        f"the audio changes from {rate} Hz x {channels} to "
-                        f"{frame.sample_rate} Hz x {frame.layout.nb_channels} channels midway"
-                    )
-                decoded += frame.samples / rate
-                if max_seconds is not None and decoded > max_seconds:
-                    raise AudioTooLong(f"longer than the {max_seconds:.0f} s limit")
-                yield frame
+            yield container, _audio_stream(container, max_seconds)
     except UnreadableAudio:
         raise
     except (av.FFmpegError, ValueError, OverflowError) as exc:
         reason = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         raise UnreadableAudio(f"not decodable audio ({reason})") from exc
+
+
+def _check_frame(frame: av.AudioFrame, rate: int, channels: int) -> None:
+    if frame.sample_rate != rate or frame.layout.nb_channels != channels:
+        raise UnsupportedAudio(
+            f"the audio changes from {rate} Hz x {channels} to "
+            f"{frame.sample_rate} Hz x {frame.layout.nb_channels} channels midway"
+        )
+
+
+def _too_long(seconds: float, max_seconds: float | None) -> None:
+    if max_seconds is not None and seconds > max_seconds:
+        raise AudioTooLong(f"longer than the {max_seconds:.0f} s limit")
+
+
+def _frames(path: Path, max_seconds: float | None) -> Iterator[av.AudioFrame]:
+    """The checked audio frames of an untrusted file, as they decode."""
+    with _opened(path, max_seconds) as (container, stream):
+        rate, channels = stream.codec_context.sample_rate, stream.codec_context.channels
+        decoded = 0.0
+        for frame in container.decode(stream):
+            _check_frame(frame, rate, channels)
+            decoded += frame.samples / rate
+            _too_long(decoded, max_seconds)
+            yield frame
 
 
 def _audio_stream(
@@ -214,12 +232,25 @@ def _audio_stream(
     return stream
 
 
-def measure(path: Path, max_seconds: float | None = None) -> float:
-    """Seconds of audio in an untrusted file, decoded (never read from its header) and kept
-    nowhere, so that checking an upload costs no memory; raises ``UnreadableAudio`` (or its
-    ``UnsupportedAudio`` / ``AudioTooLong``)."""
-    seconds = sum(frame.samples / frame.sample_rate for frame in _frames(path, max_seconds))
-    if seconds == 0:
+def probe(path: Path, max_seconds: float | None = None) -> float:
+    """Seconds of audio in an untrusted file, from its packets' durations: the file is demuxed,
+    and decoded only until its first frame (which proves its codec's data), so that checking an
+    upload costs neither memory nor a decode. ``decode`` caps what it decodes whatever the
+    packets said. Raises ``UnreadableAudio`` (or its ``UnsupportedAudio`` / ``AudioTooLong``)."""
+    seconds, heard = 0.0, False
+    with _opened(path, max_seconds) as (container, stream):
+        rate, channels = stream.codec_context.sample_rate, stream.codec_context.channels
+        for packet in container.demux(stream):
+            if not packet.size:  # the demuxer's flush packet
+                continue
+            if not heard:
+                for frame in packet.decode():
+                    _check_frame(frame, rate, channels)
+                    heard = True
+            if packet.duration and packet.time_base:
+                seconds += float(packet.duration * packet.time_base)
+            _too_long(seconds, max_seconds)
+    if not heard or seconds == 0:
         raise UnreadableAudio("no audio samples")
     return seconds
 

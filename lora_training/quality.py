@@ -26,7 +26,6 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,7 @@ from lora_training import segment as segmenting
 from lora_training.ingest import ingest
 from lora_training.transcripts import find_transcripts
 from lora_training.trim import trim
-from voicehost.audio.speaker import EmbeddingCache, SpeakerEncoder, centroid, load_encoder
+from voicehost.audio.speaker import EmbeddingCache, SpeakerEncoder, centroid, shared_encoder
 from voicehost.model.orpheus import SAMPLE_RATE
 
 MIN_SIMILARITY = 0.92  # between two groups' speakers; see the benchmark
@@ -506,12 +505,6 @@ def warnings_for(report: DataReport) -> list[str]:
             f"training: {', '.join(others)}."
         )
     return said
-
-
-@cache
-def shared_encoder(spec: str | None = None) -> SpeakerEncoder:
-    """One loaded encoder per spec for the whole process."""
-    return load_encoder(spec)
 
 
 def encoder_with_cache(spec: str | None, folder: Path | None) -> EmbeddingCache:

@@ -112,6 +112,36 @@ def held_out(count: int) -> list[int]:
     return [int((i + 0.5) * count / wanted) for i in range(wanted)] if wanted > 0 else []
 
 
+def precheck(
+    clips: dict[Path, float],
+    transcripts: Path | None,
+    min_speech_seconds: float,
+    recognizer: bool = False,
+) -> None:
+    """What ``prepare`` would refuse, judged from each clip's length alone (``clips``: file ->
+    seconds, from ``ingest.probe``) before anything is decoded: ``MissingTranscripts`` for
+    short clips without text (and no ``recognizer``), ``NotEnoughSpeech`` when the clips it
+    could use hold less audio than a voice needs. Passing is no promise: ``prepare`` measures
+    the speech in them."""
+    short = [path for path, seconds in clips.items() if seconds <= segmenting.MAX_CLIP_SECONDS]
+    if not recognizer:
+        require_transcripts(short, find_transcripts(short, transcripts), None)
+    usable = {p: s for p, s in clips.items() if recognizer or s <= segmenting.MAX_CLIP_SECONDS}
+    found = sum(usable.values())
+    if found < min_speech_seconds:
+        long = len(clips) - len(usable)
+        raise NotEnoughSpeech(
+            f"found {found:.1f} s of audio in {len(usable)} clips; a voice needs at least "
+            f"{min_speech_seconds:.0f} s of speech"
+            + (
+                f" ({long} recordings over {segmenting.MAX_CLIP_SECONDS:.0f} s need an ASR "
+                "model to be split)"
+                if long
+                else ""
+            )
+        )
+
+
 def prepare(
     job: VoiceJob, recognizer: SpeechRecognizer | None = None, measure: bool = True
 ) -> PreparedData:

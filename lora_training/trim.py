@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voicehost.audio.speech_start import window_levels_db, window_samples
+from voicehost.audio.speech_start import (
+    leading_silence_ms,
+    loud_windows,
+    relative_threshold_db,
+    window_samples,
+)
 from voicehost.model.orpheus import SAMPLE_RATE
-
-RELATIVE_THRESHOLD_DB = 35.0  # a window this far below the clip's loud windows is silence
-FLOOR_DB = -60.0  # and so is anything below this level, however quiet the clip
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,24 +35,13 @@ class TrimmedClip:
 
 def speech_bounds(samples: np.ndarray) -> tuple[int, int] | None:
     """Sample indices of the first and past the last non-silent window; ``None`` if all silent.
-    A window is silent ``RELATIVE_THRESHOLD_DB`` below the clip's loud windows (its 95th
-    percentile), or below ``FLOOR_DB`` (``voicehost.audio.speech_start`` measures the windows)."""
-    levels = window_levels_db(samples)
-    if levels.size == 0:
-        return None
-    threshold = max(np.percentile(levels, 95) - RELATIVE_THRESHOLD_DB, FLOOR_DB)
-    loud = np.flatnonzero(levels > threshold)
+    A window is silent below the clip's own threshold (``voicehost.audio.speech_start``:
+    ``relative_threshold_db``)."""
+    loud = loud_windows(samples, relative_threshold_db(samples))
     if loud.size == 0:
         return None
     size = window_samples()
     return int(loud[0]) * size, min(int(loud[-1] + 1) * size, samples.size)
-
-
-def leading_silence_ms(samples: np.ndarray) -> float:
-    """How long the clip is silent before speech starts (the whole clip if it never does)."""
-    bounds = speech_bounds(samples)
-    start = samples.size if bounds is None else bounds[0]
-    return start * 1000 / SAMPLE_RATE
 
 
 def trim(samples: np.ndarray, settings: TrimSettings = TrimSettings()) -> TrimmedClip | None:
@@ -63,7 +54,8 @@ def trim(samples: np.ndarray, settings: TrimSettings = TrimSettings()) -> Trimme
     pad = int(settings.lead_pad_ms * SAMPLE_RATE / 1000)
     tail = int(settings.max_trailing_ms * SAMPLE_RATE / 1000)
     trimmed = samples[max(0, start - pad) : min(samples.size, end + tail)]
-    return TrimmedClip(trimmed, start * 1000 / SAMPLE_RATE, leading_silence_ms(trimmed))
+    after = leading_silence_ms(trimmed, relative_threshold_db(trimmed))
+    return TrimmedClip(trimmed, start * 1000 / SAMPLE_RATE, after)
 
 
 def percentiles_ms(values: Sequence[float]) -> dict[str, float]:

@@ -60,7 +60,7 @@ from lora_training import quality
 from lora_training.ingest import ingest
 from lora_training.recipe import VoiceJob, prepare
 from lora_training.trim import trim
-from voicehost.audio.speaker import EmbeddingCache, load_encoder
+from voicehost.audio.speaker import EmbeddingCache, shared_encoder
 from voicehost.tools.devcorpus import SENTENCES, build_corpus, speak
 
 ACCENTS = ["en", "en-us", "en-gb-scotland", "en-029", "en-gb-x-rp", "en-us-nyc"]
@@ -252,7 +252,7 @@ def report_time(work: Path, clips: int) -> dict:
         adapters_dir=work / "adapters",
         work_dir=work / f"time-work-{time.time_ns()}",
     )
-    quality.shared_encoder(None)  # loaded once per process, as in a worker: not counted
+    shared_encoder(None)  # loaded once per process, as in a worker: not counted
     start = time.perf_counter()
     plain = prepare(job, measure=False)
     without = time.perf_counter() - start
@@ -319,7 +319,7 @@ def main() -> int:
     speakers = make_speakers(args.work_dir / "speakers")
     made = time.perf_counter() - start
     cache = args.work_dir / f"embeddings-{args.encoder or 'resemblyzer'}".replace("/", "_")
-    encoder = EmbeddingCache(load_encoder(args.encoder), cache)
+    encoder = EmbeddingCache(shared_encoder(args.encoder), cache)
     start = time.perf_counter()
     embeddings, pitches = embed_speakers(speakers, encoder)
     embedded = time.perf_counter() - start

@@ -165,6 +165,7 @@ def test_each_adapter_keeps_one_lora_id_for_the_engine_life():
     a, b = adapter("a", "1"), adapter("b", "2")
     first = [engine.lora_request(v).lora_int_id for v in (a, b, a, b)]
     assert first[0] == first[2] != first[1] == first[3]
+    assert engine.lora_request(a).lora_name == f"lora-{first[0]}:a"  # no "@": not a voice@n
     assert engine.lora_request(adapter("a", "changed")).lora_int_id not in first
     assert engine.lora_request(Voice("tara", "Tara")) is None
 

@@ -14,8 +14,10 @@ import pytest
 
 from lora_training.ingest import decode
 from voicehost.audio.speaker import load_encoder
+from voicehost.audio.speech_start import leading_silence_ms
 from voicehost.cli import main
 from voicehost.cloning.evaluation import (
+    SPEECH_THRESHOLD_DB,
     EvalReport,
     Sample,
     Spread,
@@ -24,7 +26,6 @@ from voicehost.cloning.evaluation import (
     edit_distance,
     evaluate,
     gate,
-    leading_silence_ms,
     plot,
     word_error_rate,
 )
@@ -97,8 +98,9 @@ def test_the_gate_names_every_figure_below_its_threshold_and_passes_one_at_it():
 @pytest.mark.unit
 def test_leading_silence_is_where_the_first_loud_window_starts():
     quiet, loud = np.zeros(SAMPLE_RATE // 4), 0.5 * np.ones(SAMPLE_RATE // 10)
-    assert leading_silence_ms(np.concatenate([quiet, loud])) == pytest.approx(250, abs=10)
-    assert leading_silence_ms(quiet) == pytest.approx(250)  # never loud: all of it
+    lead = np.concatenate([quiet, loud])
+    assert leading_silence_ms(lead, SPEECH_THRESHOLD_DB) == pytest.approx(250, abs=10)
+    assert leading_silence_ms(quiet, SPEECH_THRESHOLD_DB) == pytest.approx(250)  # all of it
 
 
 @pytest.mark.unit

@@ -28,7 +28,7 @@ from lora_training.ingest import (
     UnsupportedAudio,
     check_wav_header,
     decode,
-    measure,
+    probe,
     sniff,
 )
 from voicehost.ids import child, is_job_id, is_voice_id
@@ -146,11 +146,11 @@ def test_containers_are_known_by_their_first_bytes_only(tmp_path, long_flac):
         assert sniff(hostile) is None, hostile[:16]
     liar = tmp_path / "speech.mp3"  # a WAV whose name lies is still read as the WAV it is
     liar.write_bytes(wav_bytes(tone(0.5)))
-    assert measure(liar) == pytest.approx(0.5)
+    assert probe(liar) == pytest.approx(0.5)
     text = tmp_path / "speech.wav"
     text.write_text("not audio at all\n" * 10)
     with pytest.raises(UnreadableAudio, match="not a recognised audio file"):
-        measure(text)
+        probe(text)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +181,7 @@ def test_a_header_claiming_too_much_is_refused_before_decoding(tmp_path, long_fl
     path = tmp_path / "hours.flac"
     path.write_bytes(long_flac[:16384])  # the header and a few frames: 7200 s only if read there
     with pytest.raises(AudioTooLong, match="header claims 7200 s"):
-        measure(path, 600)
+        probe(path, 600)
 
 
 @pytest.mark.unit
@@ -191,8 +191,8 @@ def test_decoding_stops_at_the_cap_when_the_header_does_not_say(tmp_path, long_f
     with pytest.raises(AudioTooLong, match="longer than the 30 s limit"):
         decode(path, 30)
     with pytest.raises(AudioTooLong, match="longer than the 30 s limit"):
-        measure(path, 30)
-    assert measure(path) == pytest.approx(7200, abs=1)  # only a cap stops it
+        probe(path, 30)
+    assert probe(path) == pytest.approx(7200, abs=1)  # only a cap stops it
 
 
 @pytest.mark.unit

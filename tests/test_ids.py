@@ -1,11 +1,11 @@
 """Ids that name folders: each pattern checked whole, at its edges, and ``child`` as the one way
-from an id to a path under its root."""
+from an id to a path under its root; the one timestamp format, and the older ones read back."""
 
 from pathlib import Path
 
 import pytest
 
-from voicehost.ids import child, is_job_id, is_voice_id
+from voicehost.ids import child, is_job_id, is_voice_id, now_iso, parse_iso
 
 pytestmark = pytest.mark.unit
 
@@ -88,3 +88,12 @@ def test_a_symlink_out_of_the_root_is_refused(tmp_path: Path):
     with pytest.raises(ValueError, match=f"'out' leads outside {root}"):
         child(root, "out")
     assert child(root, "in") == root / "in"  # a link that stays under the root is fine
+
+
+def test_every_timestamp_is_utc_iso_8601_and_the_older_forms_read_back_alike():
+    written = now_iso()
+    assert written.endswith("+00:00") and parse_iso(written).tzinfo is not None
+    older = ("2026-12-01T10:00:00Z", "2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00")
+    assert len({parse_iso(value) for value in older}) == 1  # promoted_at was written with Z
+    with pytest.raises(ValueError):
+        parse_iso("yesterday")

@@ -1,11 +1,14 @@
 """Ingest's header checks on their own: a WAV's fmt chunk must add up (byte rate = rate x block,
-block = channels x bits / 8) before any decoder sees the file."""
+block = channels x bits / 8) before any decoder sees the file; and the upload's probe, which
+reads a file's length from its packets, agrees with decoding it."""
 
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from lora_training.ingest import UnsupportedAudio, check_wav_header
+from lora_training.ingest import UnsupportedAudio, check_wav_header, decode, probe
 
 pytestmark = pytest.mark.unit
 
@@ -57,3 +60,38 @@ def test_a_compressed_wav_is_not_held_to_pcm_sizes():
     for tag in (2, 0x55):
         header = wav(tag, 1, 16000, 4055, 256, 4)
         check_wav_header(header, len(header))
+
+
+def encoded(source: Path, target: Path, codec: str, rate: int) -> Path:
+    """``source`` (a WAV) re-encoded with ``codec`` at ``rate`` into ``target``'s container."""
+    import av
+
+    with av.open(str(source)) as reading, av.open(str(target), "w") as writing:
+        stream = writing.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=rate)
+        for frame in reading.decode(audio=0):
+            for piece in resampler.resample(frame):
+                writing.mux(stream.encode(piece))
+        writing.mux(stream.encode(None))
+    return target
+
+
+def test_the_probe_reads_each_containers_length_as_decoding_finds_it(tmp_path):
+    speech = tmp_path / "speech.wav"
+    said = "The probe reads packets, and decodes only the first of them."
+    subprocess.run(["espeak-ng", "-w", str(speech), said], check=True)
+    files = [speech, tmp_path / "speech.flac", tmp_path / "vorbis.ogg"]
+    for target in files[1:]:
+        subprocess.run(["sox", str(speech), str(target)], check=True)
+    for name, codec, rate in [
+        ("opus.ogg", "libopus", 48000),
+        ("opus.webm", "libopus", 48000),  # a browser's recording: no length in its header
+        ("speech.mp3", "libmp3lame", 24000),
+        ("speech.m4a", "aac", 24000),
+    ]:
+        files.append(encoded(speech, tmp_path / name, codec, rate))
+    for path in files:
+        decoded = decode(path).size / 24000
+        assert decoded > 2.0, path.name
+        assert probe(path) == pytest.approx(decoded, abs=0.1), path.name

@@ -13,11 +13,12 @@ import pytest
 from lora_training import segment
 from lora_training.export import read_references
 from lora_training.ingest import decode, ingest
-from lora_training.recipe import NotEnoughSpeech, VoiceJob, prepare, train_voice
+from lora_training.recipe import NotEnoughSpeech, VoiceJob, precheck, prepare, train_voice
 from lora_training.tokenise import build_dataset, drop_repeated_frames
 from lora_training.train import TrainSettings
 from lora_training.transcripts import MissingTranscripts, find_transcripts
-from lora_training.trim import TrimSettings, leading_silence_ms, trim
+from lora_training.trim import TrimSettings, trim
+from voicehost.audio.speech_start import leading_silence_ms, relative_threshold_db
 from voicehost.model import orpheus
 from voicehost.model.codec import SnacCodec
 from voicehost.tools.devcorpus import build_corpus, speak
@@ -27,6 +28,11 @@ from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapt
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return build_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def training_lead_ms(samples: np.ndarray) -> float:
+    """A clip's leading silence as the training trim measures it (against the clip's level)."""
+    return leading_silence_ms(samples, relative_threshold_db(samples))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,7 @@ def test_trim_cuts_leading_silence_to_the_pad(corpus):
     for recording in recordings:
         clip = trim(recording.samples, settings)
         before.append(clip.leading_before_ms)
-        after.append(leading_silence_ms(clip.samples))
+        after.append(training_lead_ms(clip.samples))
         assert clip.leading_after_ms == after[-1]
     assert np.percentile(after, 95) <= 40 + 20
     # the detector against the truth: the silence sox added, to its 10 ms windows (espeak adds
@@ -294,7 +300,7 @@ def test_ingest_reads_mp3_and_aac_by_content(tmp_path: Path) -> None:
         assert decoded.samples.dtype == np.float32 and decoded.samples.ndim == 1
         # 24 kHz: at 44.1 kHz the clip would decode 1.8 times as long; codecs pad a few ms
         assert abs(decoded.seconds - original.seconds) < 0.1, (name, decoded.seconds)
-        lead = leading_silence_ms(decoded.samples) - leading_silence_ms(original.samples)
+        lead = training_lead_ms(decoded.samples) - training_lead_ms(original.samples)
         assert abs(lead) < 50, (name, lead)  # the speech, not codec priming, is where it was
 
 
@@ -376,3 +382,19 @@ def test_training_uses_every_core_whatever_the_codec_left(dev_model, tmp_path):
     SnacCodec.load(dev_model.codec, device="cpu")  # sets torch to half the cores, for serving
     train(dev_model.model, rows, TrainSettings(epochs=1), tmp_path, orpheus.PAD, progress=False)
     assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.unit
+def test_the_precheck_judges_transcripts_and_the_least_audio_from_lengths_alone(tmp_path):
+    """What an upload is told at once, before anything is decoded (the files need not even
+    exist): short clips need text, and a recording too long to be one clip counts only where
+    an ASR model can split it."""
+    table = tmp_path / "metadata.csv"
+    table.write_text("a|One.\nb|Two.\n")
+    clips = {tmp_path / "a.wav": 10.0, tmp_path / "b.wav": 12.0, tmp_path / "long.wav": 60.0}
+    with pytest.raises(NotEnoughSpeech, match=r"found 22\.0 s of audio in 2 clips.*at least 30 s"):
+        precheck(clips, table, 30)
+    precheck(clips, table, 30, recognizer=True)  # the long one is split by the recognizer
+    with pytest.raises(MissingTranscripts, match=r"1 of 3 files have no transcript \(c\.wav\)"):
+        precheck({**clips, tmp_path / "c.wav": 9.0}, table, 30)
+    precheck({**clips, tmp_path / "c.wav": 9.0}, table, 30, recognizer=True)

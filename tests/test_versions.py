@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from helpers import adapter_parts, audio_form, read_socket
 
-from voicehost.ids import split_voice_ref
+from voicehost.ids import split_voice_ref, voice_ref
 from voicehost.tools.devcorpus import build_corpus, speak
 from voicehost.voices.folders import LIVE, FolderVoiceDirectory
 from voicehost.voices.validation import (
@@ -19,7 +19,16 @@ from voicehost.voices.validation import (
     AdapterRules,
     weights_checksum,
 )
-from voicehost.voices.voice import HeldVersion, LiveVersion, NoSuchVersion, version_status
+from voicehost.voices.versioning import (
+    first_promotion,
+    new_version_manifest,
+    newest_version,
+    next_version,
+    refuse_duplicate,
+    removable,
+    version_status,
+)
+from voicehost.voices.voice import DuplicateVersion, HeldVersion, LiveVersion, NoSuchVersion
 
 RULES = AdapterRules(base_model="voicehost-dev", max_rank=16)
 OTHER_VOICE = "en-us+f3"  # a woman's voice; build_corpus speaks espeak-ng's default man's
@@ -50,6 +59,8 @@ def test_a_voice_ref_names_the_live_version_or_pins_one():
     assert split_voice_ref("anna@0") == ("anna@0", None)  # not a version: the id is refused
     assert split_voice_ref("anna@x") == ("anna@x", None)
     assert split_voice_ref("a@b@2") == ("a@b", 2)
+    assert voice_ref("anna", 3) == "anna@3" and voice_ref("anna", None) == "anna"
+    assert split_voice_ref(voice_ref("anna", 12)) == ("anna", 12)
 
 
 @pytest.mark.unit
@@ -58,6 +69,29 @@ def test_a_version_is_listed_by_its_gate_and_whether_it_is_or_was_live():
     assert version_status("ready", True, False) == "ready"
     assert version_status("ready", False, True) == "retired"
     assert version_status("ready", False, False) == "candidate"
+
+
+@pytest.mark.unit
+def test_the_versioning_rules_both_directories_decide_with():
+    """Numbers are never reused, a duplicate adapter and the live version are refused, a new
+    version is its voice's tenant's, only a ready one goes live, and a first promotion is dated
+    once."""
+    assert newest_version(2, None) == 2 and newest_version(2, 5) == 5
+    assert next_version(newest_version(1, 3)) == 4  # version 3 deleted: 4 still comes next
+    with pytest.raises(DuplicateVersion, match="'anna' has a version with this adapter"):
+        refuse_duplicate("anna", "c2", ["c1", None, "c2"])
+    refuse_duplicate("anna", "c3", ["c1", None, "c2"])
+    with pytest.raises(LiveVersion, match="version 2 is the live version of 'anna'"):
+        removable("anna", 2, 2, exists=True)
+    assert removable("anna", 1, 2, exists=True) and not removable("anna", 3, 2, exists=False)
+
+    staged = {"name": "Anna", "tenant": "evil", "version": 1}
+    manifest, live = new_version_manifest(staged, 3, "acme", promote=True)
+    assert live and manifest["tenant"] == "acme" and manifest["version"] == 3
+    assert "promoted_at" in manifest and first_promotion(manifest) is None
+    held, live = new_version_manifest({**staged, "status": "held"}, 4, None, promote=True)
+    assert not live and "tenant" not in held and "promoted_at" not in held
+    assert set(first_promotion(held)) == {*held, "promoted_at"}
 
 
 @pytest.mark.unit

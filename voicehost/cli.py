@@ -233,10 +233,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lora_training.recipe import NotEnoughSpeech, VoiceJob, train_voice
+    from lora_training.recipe import NotEnoughSpeech, train_voice
     from lora_training.train import TrainSettings, learning_rate_for
     from lora_training.transcripts import FasterWhisper, MissingTranscripts
     from lora_training.trim import TrimSettings
+    from voicehost.cloning.spec import training_spec
     from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
     from voicehost.model.devmodel import ensure_dev_model
 
@@ -249,16 +250,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif not settings.model:
         print("voicehost train: pass --base (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
         return 2
-    job = VoiceJob(
-        audio=args.audio,
-        voice_id=args.voice,
+    job = training_spec(
+        settings,
+        args.audio,
+        args.voice,
+        args.out or settings.adapters_dir,
+        args.work_dir or settings.dev_dir.parent / "train" / args.voice,
         name=args.name,
         transcripts=args.transcripts,
-        base_model=settings.served_model(),
-        base_model_name=settings.served_base_name(),
         codec=args.codec or settings.served_codec(),
-        adapters_dir=args.out or settings.adapters_dir,
-        work_dir=args.work_dir or settings.dev_dir.parent / "train" / args.voice,
         prompt_style=args.prompt_style,
         train=TrainSettings(
             epochs=args.epochs,
@@ -270,9 +270,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         trim_leading_silence=not args.keep_leading_silence,
         drop_repeated_frames=args.drop_repeated_frames,
         min_speech_seconds=args.min_speech_seconds,
-        speaker_encoder=settings.speaker_encoder,
-        speaker_min_similarity=settings.speaker_min_similarity,
-        speaker_min_pitch_shift=settings.speaker_min_pitch_shift,
     )
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
     try:
@@ -305,7 +302,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lora_training.ingest import ingest
     from lora_training.transcripts import FasterWhisper
-    from voicehost.audio.speaker import load_encoder
+    from voicehost.audio.speaker import shared_encoder
     from voicehost.client import ApiError, AsyncClient, http_speaker
     from voicehost.cloning import evaluation
 
@@ -321,7 +318,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not sentences:
             print(f"voicehost eval: {args.sentences} holds no sentence", file=sys.stderr)
             return 2
-    encoder = load_encoder(args.encoder or Settings().speaker_encoder)
+    encoder = shared_encoder(args.encoder or Settings().speaker_encoder)
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
 
     async def run() -> evaluation.EvalReport:

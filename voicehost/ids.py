@@ -1,13 +1,17 @@
-"""Ids that name folders on disk: voices and clone jobs.
+"""The small values every layer stores and exchanges: ids, ``voice@n`` references, timestamps.
 
-Each has one strict pattern, checked whole (``fullmatch``: no trailing newline, no path
-separators, dots, percent signs or non-ASCII letters), and ``child`` is the one way to turn an
-id into a path under its root.
+Voice and job ids name folders on disk: each has one strict pattern, checked whole
+(``fullmatch``: no trailing newline, no path separators, dots, percent signs or non-ASCII
+letters), and ``child`` is the one way to turn an id into a path under its root. A reference
+``anna@3`` pins version 3 of a voice (``voice_ref`` writes one, ``split_voice_ref`` reads it).
+Every timestamp written is ``now_iso``'s (UTC, ISO 8601, microseconds, ``+00:00``), and
+``parse_iso`` reads one back.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 VOICE_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -29,6 +33,11 @@ def is_version(value: object) -> bool:
     return isinstance(value, str) and VERSION_PATTERN.fullmatch(value) is not None
 
 
+def voice_ref(voice_id: str, version: int | None) -> str:
+    """``("anna", 3)`` -> ``"anna@3"``; ``("anna", None)`` -> ``"anna"`` (the live version)."""
+    return voice_id if version is None else f"{voice_id}{VERSION_SEPARATOR}{version}"
+
+
 def split_voice_ref(ref: str) -> tuple[str, int | None]:
     """``"anna@3"`` -> ``("anna", 3)``; ``"anna"`` -> ``("anna", None)`` (the live version).
     A part after ``@`` that is not a version number is left in the id (which then fails the id
@@ -37,6 +46,18 @@ def split_voice_ref(ref: str) -> tuple[str, int | None]:
     if separator and is_version(version):
         return voice_id, int(version)
     return ref, None
+
+
+def now_iso() -> str:
+    """The time now as every record stores it: ``2026-12-01T14:03:11.123456+00:00``."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def parse_iso(value: str) -> datetime:
+    """An ISO 8601 time (``now_iso``'s, or with ``Z``, or with no zone: read as UTC), as an
+    aware datetime; raises ``ValueError`` for anything else."""
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def child(root: Path, name: str) -> Path:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from redis.exceptions import RedisError
 
 from voicehost.audio.formats import EncoderPool
-from voicehost.audio.speaker import SpeakerEncoder, load_encoder
+from voicehost.audio.speaker import shared_encoder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
@@ -130,7 +130,6 @@ class Runtime:
         self.jobs = CloneJobs(
             jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
         )
-        self._encoder: SpeakerEncoder | None = None
         self._started = asyncio.Event()  # start-up has ended, ready or failed
         self.meter = RateMeter()  # the engine's tokens/s per request, by batch size
         realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
@@ -170,14 +169,13 @@ class Runtime:
 
         await self._started.wait()
         references = await asyncio.to_thread(read_references, folder)
-        if self._encoder is None:
-            self._encoder = await asyncio.to_thread(load_encoder, self.settings.speaker_encoder)
+        encoder = await asyncio.to_thread(shared_encoder, self.settings.speaker_encoder)
         s = self.settings
         report = await evaluate_candidate(
             self,
             folder,
             references,
-            self._encoder,
+            encoder,
             s,
             voice_id=voice_id,
             baselines=s.eval_baselines,

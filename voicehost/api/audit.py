@@ -11,7 +11,7 @@ from aiohttp import web
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, ApiError
-from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
 
@@ -29,12 +29,11 @@ def parse_time(value: str, name: str = "since") -> datetime:
             return datetime.fromtimestamp(seconds, UTC)
         raise ApiError(400, "invalid_request", f"{name}: Unix seconds out of range")
     try:
-        moment = datetime.fromisoformat(value)
+        return parse_iso(value)
     except ValueError:
         raise ApiError(
             400, "invalid_request", f"{name}: an ISO 8601 time or Unix seconds, not {value!r}"
         ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -25,7 +25,15 @@ from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, Spe
 from voicehost.audio.formats import UnsupportedAudio, output_rate
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
-from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, split_voice_ref
+from voicehost.ids import (
+    JOB_ID_PATTERN,
+    VERSION_PATTERN,
+    VOICE_ID_PATTERN,
+    is_job_id,
+    is_version,
+    is_voice_id,
+    split_voice_ref,
+)
 from voicehost.metrics import SpeechMetrics
 from voicehost.serving import NotReady, Runtime
 from voicehost.speech.admission import Refused
@@ -45,6 +53,7 @@ VERSION_HEADER = "X-Voicehost-Voice-Version"  # which version of the voice a res
 # A JSON body (speech, routing) is read whole: 1 MiB holds VOICEHOST_MAX_INPUT_CHARS' default of
 # 100000 characters however they are escaped; uploads stream under their own caps.
 MAX_JSON_BODY_BYTES = 1 << 20
+PATH_IDS = {"voice_id": (is_voice_id, VOICE_ID_PATTERN), "job_id": (is_job_id, JOB_ID_PATTERN)}
 
 
 class VoiceService(Protocol):
@@ -330,3 +339,21 @@ async def find_voice(
     if not can_see(principal, voice.tenant, held=voice.status == "held"):
         raise voice_not_found(ref)
     return voice
+
+
+def path_version(request: web.Request) -> int:
+    """The version number in the route's path: 400 unless it is one (1, 2, ...)."""
+    value = request.match_info["version"]
+    if not is_version(value):
+        raise ApiError(400, "invalid_version", f"version must match {VERSION_PATTERN.pattern}")
+    return int(value)
+
+
+def path_id(request: web.Request, key: str) -> str:
+    """A voice or job id from the route's path (aiohttp has percent-decoded it): 400 unless it
+    matches the id pattern whole."""
+    value = request.match_info[key]
+    valid, pattern = PATH_IDS[key]
+    if not valid(value):
+        raise ApiError(400, f"invalid_{key}", f"{key} must match {pattern.pattern}")
+    return value

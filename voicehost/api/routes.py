@@ -19,7 +19,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import audit, lexicons, models, playground, voices
+from voicehost.api import audit, jobs, lexicons, models, playground, uploads, voices
 from voicehost.api.auth import (
     ADMIN,
     AUTH,
@@ -77,17 +77,17 @@ PUBLIC_ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/audio/speech/ws", "speech_ws", SYNTHESIZE, "speak_realtime"),
     Route("GET", "/v1/audio/voices", voices.list_voices, READ, "list_audio_voices"),
     Route("GET", "/v1/voices", voices.list_voices, READ, "list_voices"),
-    Route("POST", "/v1/voices", voices.create_voice, VOICES, "create_voice"),
+    Route("POST", "/v1/voices", uploads.create_voice, VOICES, "create_voice"),
     Route("GET", VOICE, voices.get_voice, VOICES, "get_voice"),
     Route("DELETE", VOICE, voices.delete_voice, VOICES, "delete_voice"),
     Route("POST", VOICE + "/publish", voices.publish_voice, VOICES, "publish_voice"),
-    Route("POST", VOICE + "/versions", voices.add_version, VOICES, "add_version"),
+    Route("POST", VOICE + "/versions", uploads.add_version, VOICES, "add_version"),
     Route("GET", VOICE + "/versions", voices.list_versions, VOICES, "list_versions"),
     Route("POST", VERSION + "/promote", voices.promote_version, VOICES, "promote_version"),
     Route("DELETE", VERSION, voices.delete_version, VOICES, "delete_version"),
-    Route("GET", JOB, voices.get_job, VOICES, "get_job"),
-    Route("DELETE", JOB, voices.cancel_job, VOICES, "cancel_job"),
-    Route("POST", JOB + "/retry", voices.retry_job, VOICES, "retry_job"),
+    Route("GET", JOB, jobs.get_job, VOICES, "get_job"),
+    Route("DELETE", JOB, jobs.cancel_job, VOICES, "cancel_job"),
+    Route("POST", JOB + "/retry", jobs.retry_job, VOICES, "retry_job"),
     # a tenant's key reads its own voices' events, and its own tenant's usage
     Route("GET", "/v1/audit", audit.list_audit, VOICES, "list_audit"),
     Route("GET", "/v1/usage", audit.usage_report, READ, "usage_report"),

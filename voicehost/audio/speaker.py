@@ -5,7 +5,9 @@ speaker point the same way (``similarity``, the cosine), and a speaker is the pe
 median of their clips' vectors (``centroid``). The encoder's ``name`` goes with every figure
 computed from it, since figures from different encoders are on different scales.
 
-``load_encoder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``):
+``load_encoder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``), and
+``shared_encoder`` keeps the one a process loads for it (the consent check, a clone's evaluation
+and the training data's speaker filter all use that one):
 
 - unset or ``resemblyzer``: Resemblyzer's GE2E encoder (256 dimensions, trained on VoxCeleb and
   LibriSpeech), whose weights ship inside its pip package, so it runs with no download;
@@ -100,12 +102,32 @@ class Resemblyzer:
         return _unit(np.asarray(embedding, dtype=np.float32))
 
 
+_shared: dict[str | None, SpeakerEncoder] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_encoder(spec: str | None = None) -> SpeakerEncoder:
+    """The process's encoder for ``spec``, loaded on first use and kept: every caller in a
+    process shares one model (``None``, ``""`` and ``"resemblyzer"`` name the same one)."""
+    key = _spec_key(spec)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = load_encoder(spec)
+        return _shared[key]
+
+
+def _spec_key(spec: str | None) -> str | None:
+    """A spec as given, stripped; ``None`` for the default encoder."""
+    return None if spec is None or spec.strip() in ("", "resemblyzer") else spec.strip()
+
+
 def load_encoder(spec: str | None = None) -> SpeakerEncoder:
-    """The encoder a spec names (see the module docstring); raises ``ValueError`` for a spec
-    that names nothing loadable, or something that is not an encoder."""
-    if spec is None or spec.strip() in ("", "resemblyzer"):
+    """A new encoder of the kind a spec names (see the module docstring; ``shared_encoder``
+    keeps one per process); raises ``ValueError`` for a spec that names nothing loadable, or
+    something that is not an encoder."""
+    spec = _spec_key(spec)
+    if spec is None:
         return Resemblyzer()
-    spec = spec.strip()
     folder = Path(spec).expanduser()
     if folder.is_dir():
         entry = folder / FOLDER_ENTRY

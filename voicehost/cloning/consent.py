@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
 
-from voicehost.audio.speaker import SpeakerEncoder, centroid, load_encoder, similarity
+from voicehost.audio.speaker import SpeakerEncoder, centroid, similarity
 from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
 
 CONSENT = "consent"  # the manifest key of a version's consent record
@@ -37,18 +36,6 @@ class ConsentMismatch(ValueError):
             f"{measured:.3f}, at least {threshold:.2f} is the same speaker)"
         )
         self.measured = measured
-
-
-_encoders: dict[str | None, SpeakerEncoder] = {}
-_encoders_lock = threading.Lock()
-
-
-def shared_encoder(spec: str | None) -> SpeakerEncoder:
-    """The process's speaker encoder for ``spec`` (``VOICEHOST_SPEAKER_ENCODER``), loaded once."""
-    with _encoders_lock:
-        if spec not in _encoders:
-            _encoders[spec] = load_encoder(spec)
-        return _encoders[spec]
 
 
 def recording_similarity(encoder: SpeakerEncoder, recording: Path, clips: list[Path]) -> float:

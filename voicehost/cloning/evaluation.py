@@ -34,7 +34,7 @@ import numpy as np
 
 from lora_training.transcripts import SpeechRecognizer
 from voicehost.audio.speaker import SpeakerEncoder, centroid, embed_off_loop, similarity
-from voicehost.audio.speech_start import speech_start
+from voicehost.audio.speech_start import leading_silence_ms
 from voicehost.model.orpheus import SAMPLE_RATE
 
 # Sentences none of the dev corpus (``voicehost.tools.devcorpus.SENTENCES``) says: a clone is heard
@@ -191,12 +191,6 @@ def char_error_rate(reference: str, hypothesis: str) -> float:
 # --- the evaluation --------------------------------------------------------------------------
 
 
-def leading_silence_ms(samples: np.ndarray, threshold_db: float = SPEECH_THRESHOLD_DB) -> float:
-    """Silence before the first loud window (the whole sample if none is loud)."""
-    start = speech_start(samples, threshold_db)
-    return (samples.size if start is None else start) * 1000 / SAMPLE_RATE
-
-
 async def _embed_all(encoder: SpeakerEncoder, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [await embed_off_loop(encoder, clip, SAMPLE_RATE) for clip in clips]
 
@@ -262,7 +256,7 @@ async def evaluate(
             rest = await asyncio.gather(*(speak(baseline_voice, s) for s in sentences[1:]))
         baseline = Spread.of([first_scores[best], *await _scores(encoder, speaker, list(rest))])
 
-    silences = [leading_silence_ms(s.samples) for s in samples]
+    silences = [leading_silence_ms(s.samples, SPEECH_THRESHOLD_DB) for s in samples]
     factors = [s.seconds_taken / max(s.audio_seconds, 1e-9) for s in samples]
     if recognizer is None:
         intelligibility: dict[str, Any] = {

@@ -56,7 +56,7 @@ from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
 from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
-from voicehost.ids import split_voice_ref
+from voicehost.ids import split_voice_ref, voice_ref
 from voicehost.metrics import SpeechMetrics
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
@@ -338,8 +338,7 @@ def _error_of(text: str) -> tuple[str, str]:
 def _record_ref(voice: Voice, requested: str) -> str:
     """Which record of ``voice`` a request names: its live one (``anna``, or an alias of it)
     or the version it pins (``anna@2``)."""
-    pinned = split_voice_ref(requested)[1]
-    return voice.voice_id if pinned is None else f"{voice.voice_id}@{pinned}"
+    return voice_ref(voice.voice_id, split_voice_ref(requested)[1])
 
 
 def _worker_headers(

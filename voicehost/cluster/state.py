@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voicehost.cluster.ring import WorkerRing
 from voicehost.config import Settings
+from voicehost.ids import voice_ref
 from voicehost.speech.admission import WorkerLoad
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def lexicons_key(tenant: str | None) -> str:
 def version_key(voice_id: str, version: int) -> str:
     """One version's record; the voice's own record (``voice_key``) holds a copy of the live
     one's fields, so that speaking with the live version is one read."""
-    return f"{PREFIX}voice:{voice_id}@{version}"
+    return f"{PREFIX}voice:{voice_ref(voice_id, version)}"
 
 
 def connect(settings: Settings) -> Redis:

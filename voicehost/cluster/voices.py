@@ -29,15 +29,13 @@ from redis.exceptions import RedisError
 
 from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore, StoredVoice
 from voicehost.cluster.state import VOICES, raise_if_cancelled, version_key, voice_key
-from voicehost.voices.folders import now_iso
+from voicehost.ids import split_voice_ref, voice_ref
+from voicehost.voices import versioning
 from voicehost.voices.validation import (
     MANIFEST,
-    PROMOTED,
-    STATUS,
     VERSION,
     AdapterRules,
     InvalidAdapter,
-    assign_tenant,
     read_json_object,
     validate_adapter,
     voice_status,
@@ -45,16 +43,11 @@ from voicehost.voices.validation import (
 )
 from voicehost.voices.voice import (
     BrokenAdapter,
-    DuplicateVersion,
-    HeldVersion,
     LiveVersion,
-    NoSuchVersion,
     NotHeld,
-    ReadOnlyVoice,
     Voice,
-    VoiceExists,
+    VoiceStatus,
     VoiceVersion,
-    version_status,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +80,8 @@ if status == 'held' then
 end
 return status
 """
-# The next version number of a voice (KEYS[1]); -1 if it is not registered.
+# The next version number of a voice (KEYS[1]): versioning.next_version of its newest, counted
+# in the same step, so two versions added at once get two numbers; -1 if it is not registered.
 NEXT_VERSION = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'ready' and status ~= 'held' then return -1 end
@@ -158,7 +152,7 @@ class RedisVoiceDirectory:
     async def record(self, voice_id: str, version: int | None = None) -> dict[str, str] | None:
         """The voice's record (its live version's), or ``version``'s; while Redis is
         unreachable, the last one seen (or the error)."""
-        ref = _ref(voice_id, version)
+        ref = voice_ref(voice_id, version)
         try:
             if version is None:
                 record = await self.redis.hgetall(voice_key(voice_id))
@@ -206,14 +200,14 @@ class RedisVoiceDirectory:
                 return
         except (ValueError, KeyError, TypeError, AttributeError):
             return
-        if _split_ref(ref)[0] != voice_id:
+        if split_voice_ref(ref)[0] != voice_id:
             return
         self._records.setdefault(ref, {k: record[k] for k in FORWARDED_FIELDS})
 
     async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
         if voice_id in self.builtin:
-            return self.builtin[voice_id] if version in (None, 1) else None
-        ref = _ref(voice_id, version)
+            return versioning.builtin_version(self.builtin[voice_id], version)
+        ref = voice_ref(voice_id, version)
         record = await self.record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
@@ -258,7 +252,7 @@ class RedisVoiceDirectory:
         return self.cache.fetch(record["uri"], record["checksum"], voice_id)
 
     def broken(self, voice_id: str, version: int | None = None) -> str | None:
-        return self._broken.get(_ref(voice_id, version))
+        return self._broken.get(voice_ref(voice_id, version))
 
     def loaded(self) -> int:
         """Adapters fetched and validated by this process."""
@@ -285,7 +279,7 @@ class RedisVoiceDirectory:
     async def add(self, voice_id: str, folder: Path) -> Voice:
         voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
         if voice_id in self.builtin or not await self._claim(voice_id):
-            raise VoiceExists(f"voice {voice_id!r} already exists")
+            raise versioning.voice_exists(voice_id)
         try:
             await asyncio.to_thread(_set_manifest, folder, {VERSION: 1})
             checksum = voice.checksum or ""
@@ -342,20 +336,22 @@ class RedisVoiceDirectory:
         """The voice's record: ``ReadOnlyVoice`` for a built-in voice, ``NoSuchVersion`` if it
         is not registered."""
         if voice_id in self.builtin:
-            raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
+            raise versioning.builtin_voice(voice_id)
         record = await self.redis.hgetall(voice_key(voice_id))
         if not record or record.get("status") not in LISTED:
-            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+            raise versioning.no_such_voice(voice_id)
         return record
 
     async def _version_records(self, voice_id: str, main: dict[str, str]) -> dict[int, dict]:
-        newest = int(main.get("newest") or main.get("version") or 1)
+        live = int(main.get("version") or 1)
+        newest = versioning.newest_version(
+            live, int(main["newest"]) if main.get("newest") else None
+        )
         async with self.redis.pipeline(transaction=False) as pipe:
             for number in range(1, newest + 1):
                 pipe.hgetall(version_key(voice_id, number))
             found = await pipe.execute()
         records = {n: r for n, r in enumerate(found, start=1) if r}
-        live = int(main.get("version") or 1)
         if live not in records:  # registered before versions had records of their own
             records[live] = main
         return records
@@ -364,19 +360,18 @@ class RedisVoiceDirectory:
         staged = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
         main = await self._registered(voice_id)
         existing = await self._version_records(voice_id, main)
-        if any(r.get("checksum") == staged.checksum for r in existing.values()):
-            raise DuplicateVersion(f"voice {voice_id!r} has a version with this adapter")
+        versioning.refuse_duplicate(
+            voice_id, staged.checksum, [r.get("checksum") for r in existing.values()]
+        )
         number = int(await self._next_version(keys=[voice_key(voice_id)]))
         if number < 0:
-            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+            raise versioning.no_such_voice(voice_id)
         tenant = main.get("tenant") or None
-        manifest = await asyncio.to_thread(_manifest_of, folder)
-        promote = promote and voice_status(manifest) == "ready"
-        extra: dict[str, object] = {VERSION: number}
-        if promote:
-            extra[PROMOTED] = now_iso()
-        await asyncio.to_thread(_set_manifest, folder, extra)
-        await asyncio.to_thread(assign_tenant, folder, tenant)  # the voice's tenant, always
+        staged_manifest = await asyncio.to_thread(_manifest_of, folder)
+        manifest, promote = versioning.new_version_manifest(
+            staged_manifest, number, tenant, promote
+        )
+        await asyncio.to_thread(write_manifest, folder, manifest)
         voice = replace(staged, tenant=tenant, version=number, status=voice_status(manifest))
         uri = await asyncio.to_thread(self.store.publish, folder, voice_id, voice.checksum or "")
         fields = self._fields(voice, uri, await asyncio.to_thread(_manifest_text, folder))
@@ -386,7 +381,7 @@ class RedisVoiceDirectory:
         )
         if result != "ok":  # deleted meanwhile
             await asyncio.to_thread(self.store.delete, uri)
-            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+            raise versioning.no_such_voice(voice_id)
         if promote:
             await asyncio.to_thread(self.store.set_live, uri)
         return voice
@@ -394,21 +389,16 @@ class RedisVoiceDirectory:
     async def promote(self, voice_id: str, version: int) -> Voice:
         main = await self._registered(voice_id)
         record = (await self._version_records(voice_id, main)).get(version)
-        if record is None:
-            raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
-        if record.get("status") == "held":
-            raise HeldVersion(f"version {version} of {voice_id!r} is held: publish it first")
-        manifest = json.loads(record.get("manifest") or "{}")
-        if PROMOTED not in manifest:  # when it first went live: a retired version, not a candidate
-            manifest[PROMOTED] = now_iso()
-            await self.redis.hset(version_key(voice_id, version), "manifest", json.dumps(manifest))
-            await asyncio.to_thread(self.store.write_manifest, record["uri"], manifest)
+        versioning.check_promotable(voice_id, version, None if record is None else _gate(record))
+        assert record is not None
+        promoted = versioning.first_promotion(json.loads(record.get("manifest") or "{}"))
+        if promoted is not None:
+            await self.redis.hset(version_key(voice_id, version), "manifest", json.dumps(promoted))
+            await asyncio.to_thread(self.store.write_manifest, record["uri"], promoted)
         if record is not main:
             result = await self._promote(keys=[voice_key(voice_id), version_key(voice_id, version)])
-            if result == "held":
-                raise HeldVersion(f"version {version} of {voice_id!r} is held: publish it first")
-            if result != "ok":
-                raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
+            if result != "ok":  # held, or deleted, meanwhile: raises
+                versioning.check_promotable(voice_id, version, "held" if result == "held" else None)
         await asyncio.to_thread(self.store.set_live, record["uri"])
         voice = await self.find(voice_id, version)
         if voice is None:
@@ -417,14 +407,12 @@ class RedisVoiceDirectory:
 
     async def remove_version(self, voice_id: str, version: int) -> bool:
         main = await self._registered(voice_id)
-        if main.get("version", "1") == str(version):
-            raise LiveVersion(
-                f"version {version} is the live version of {voice_id!r}: promote another one "
-                "first, or delete the voice"
-            )
-        record = (await self._version_records(voice_id, main)).get(version)
-        if record is None:
+        records = await self._version_records(voice_id, main)  # the live one always among them
+        if not versioning.removable(
+            voice_id, version, int(main.get("version") or 1), version in records
+        ):
             return False
+        record = records[version]
         # the store's copy first: a reconciler never finds a deleted version's files
         await asyncio.to_thread(self.store.delete, record["uri"])
         result = await self._delete_version(
@@ -432,12 +420,12 @@ class RedisVoiceDirectory:
         )
         if result == "live":
             raise LiveVersion(f"version {version} of {voice_id!r} was promoted meanwhile")
-        self._records.pop(_ref(voice_id, version), None)
+        self._records.pop(voice_ref(voice_id, version), None)
         return True
 
     async def versions(self, voice_id: str) -> list[VoiceVersion] | None:
         if voice_id in self.builtin:
-            return [VoiceVersion(1, "ready", True, None, {})]
+            return versioning.builtin_versions()
         main = await self.record(voice_id)
         if main is None or main.get("status") not in LISTED:
             return None
@@ -446,16 +434,14 @@ class RedisVoiceDirectory:
         for number, record in sorted((await self._version_records(voice_id, main)).items()):
             if record.get("status") not in LISTED:
                 continue
-            manifest = json.loads(record.get("manifest") or "{}")
-            status = version_status(record["status"], number == live, PROMOTED in manifest)  # type: ignore[arg-type]
             listed.append(
-                VoiceVersion(
+                versioning.listed_version(
                     number,
-                    status,
-                    number == live,
+                    _gate(record),
+                    live,
                     record.get("checksum"),
-                    manifest,
-                    self._broken.get(_ref(voice_id, number)),
+                    json.loads(record.get("manifest") or "{}"),
+                    self._broken.get(voice_ref(voice_id, number)),
                 )
             )
         return listed
@@ -465,7 +451,7 @@ class RedisVoiceDirectory:
         voice's files to bring it back (a crash between leaves a record of missing files, which
         is unusable, and deleted again by a retry)."""
         if voice_id in self.builtin:
-            raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
+            raise versioning.builtin_voice(voice_id)
         record = await self.redis.hgetall(voice_key(voice_id))
         if not record:
             return False
@@ -478,7 +464,7 @@ class RedisVoiceDirectory:
             pipe.delete(voice_key(voice_id), *(version_key(voice_id, n) for n in versions))
             pipe.srem(VOICES, voice_id)
             await pipe.execute()
-        for ref in [r for r in self._records if _split_ref(r)[0] == voice_id]:
+        for ref in [r for r in self._records if split_voice_ref(r)[0] == voice_id]:
             self._records.pop(ref, None)
         return True
 
@@ -549,7 +535,7 @@ class RedisVoiceDirectory:
 
     async def manifest(self, voice_id: str, version: int | None = None) -> dict | None:
         if voice_id in self.builtin:
-            return {} if version in (None, 1) else None
+            return {} if versioning.builtin_version(self.builtin[voice_id], version) else None
         record = await self.record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
@@ -562,7 +548,7 @@ class RedisVoiceDirectory:
         a rebuild of the record reads): a crash between leaves the store saying held, so a
         lost record comes back held, never wrongly ready."""
         if voice_id in self.builtin:
-            raise NotHeld(f"voice {voice_id!r} is a built-in voice")
+            raise versioning.builtin_voice(voice_id, NotHeld)
         main = await self.redis.hgetall(voice_key(voice_id))
         if not main or main.get("status") not in LISTED:
             return None
@@ -570,21 +556,17 @@ class RedisVoiceDirectory:
         record = (await self._version_records(voice_id, main)).get(number)
         if record is None or record.get("status") not in LISTED:
             return None
-        if record["status"] != "held":
-            raise NotHeld(f"voice {voice_id!r} is not held")
-        manifest = {
-            **json.loads(record.get("manifest") or "{}"),
-            STATUS: "ready",
-            "published": published,
-        }
+        versioning.check_publishable(voice_id, record["status"])
+        manifest = versioning.published_manifest(
+            json.loads(record.get("manifest") or "{}"), published
+        )
         key = version_key(voice_id, number) if record is not main else voice_key(voice_id)
         found = await self._publish(
             keys=[key, voice_key(voice_id)], args=[json.dumps(manifest), str(number)]
         )
         if found not in LISTED:
             return None  # deleted meanwhile
-        if found != "held":
-            raise NotHeld(f"voice {voice_id!r} is not held")
+        versioning.check_publishable(voice_id, found)
         await asyncio.to_thread(self.store.write_manifest, record["uri"], manifest)
         return await self.find(voice_id, number)
 
@@ -603,14 +585,9 @@ def _set_manifest(folder: Path, values: dict[str, object]) -> None:
     write_manifest(folder, {**_manifest_of(folder), **values})
 
 
-def _ref(voice_id: str, version: int | None) -> str:
-    """``anna`` (the live version) or ``anna@2``: what the caches here are keyed by."""
-    return voice_id if version is None else f"{voice_id}@{version}"
-
-
-def _split_ref(ref: str) -> tuple[str, int | None]:
-    voice_id, _, version = ref.partition("@")
-    return voice_id, int(version) if version.isdigit() else None
+def _gate(record: dict[str, str]) -> VoiceStatus:
+    """A listed record's gate status (``LISTED``: ready or held)."""
+    return "held" if record.get("status") == "held" else "ready"
 
 
 def _record_voice(record: dict[str, str]) -> Voice:

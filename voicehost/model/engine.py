@@ -329,7 +329,8 @@ class SpeechEngine:
             return self.base_voice_lora
         key = (voice.voice_id, voice.checksum)
         lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
-        return LoRARequest(f"{voice.voice_id}@{lora_id}", lora_id, str(voice.adapter_path))
+        # no "@" in the name: in the API, "anna@2" is version 2 of anna, not a LoRA id
+        return LoRARequest(f"lora-{lora_id}:{voice.voice_id}", lora_id, str(voice.adapter_path))
 
     async def audio_tokens(
         self, prompt: Sequence[int], voice: Voice, options: SamplingOptions

@@ -27,9 +27,11 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+from voicehost.ids import now_iso, parse_iso
 
 if TYPE_CHECKING:
     from voicehost.tenancy.keys import Principal
@@ -100,7 +102,7 @@ class Change:
     job: str | None = None
     request_id: str | None = None
     details: dict[str, object] = field(default_factory=dict)
-    time: str = field(default_factory=lambda: now_iso())
+    time: str = field(default_factory=now_iso)
 
     def event(self, seq: int, prev: str) -> dict[str, object]:
         """The event this change is as line ``seq`` after a line hashing to ``prev``."""
@@ -117,10 +119,6 @@ class Change:
             "job": self.job,
             "details": self.details,
         }
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def canonical(event: dict[str, object]) -> str:
@@ -233,7 +231,7 @@ class AuditQuery:
             return False
         if not self.all_tenants and event.get("tenant") != self.tenant:
             return False
-        return self.since is None or datetime.fromisoformat(str(event["time"])) >= self.since
+        return self.since is None or parse_iso(str(event["time"])) >= self.since
 
 
 @dataclass(frozen=True, slots=True)

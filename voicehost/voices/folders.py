@@ -21,21 +21,18 @@ import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from voicehost.ids import is_version, is_voice_id
+from voicehost.voices import versioning
 from voicehost.voices.validation import (
     MANIFEST,
-    PROMOTED,
-    STATUS,
     VERSION,
     AdapterRules,
     InvalidAdapter,
-    assign_tenant,
     read_json_object,
     validate_adapter,
     voice_status,
@@ -44,26 +41,16 @@ from voicehost.voices.validation import (
 )
 from voicehost.voices.voice import (
     BrokenAdapter,
-    DuplicateVersion,
-    HeldVersion,
-    LiveVersion,
-    NoSuchVersion,
     NotHeld,
     ReadOnlyVoice,
     Voice,
-    VoiceExists,
     VoiceVersion,
-    version_status,
 )
 
 log = logging.getLogger(__name__)
 
 LIVE = "live.json"
 VERSIONS = "versions"
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def read_live(folder: Path) -> tuple[int, int] | None:
@@ -76,7 +63,7 @@ def read_live(folder: Path) -> tuple[int, int] | None:
     live, newest = data.get("live"), data.get("newest", data.get("live"))
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (live, newest)):
         raise InvalidAdapter(f"{LIVE} must hold the live and newest version numbers")
-    return live, max(live, newest)
+    return live, versioning.newest_version(live, newest)
 
 
 def write_live(folder: Path, live: int, newest: int) -> None:
@@ -125,8 +112,8 @@ def make_versioned(folder: Path) -> None:
         else:
             _link_or_copy(str(path), str(staging / path.name))
     path = staging / MANIFEST
-    manifest = read_json_object(path) if path.exists() else {}
-    write_manifest(staging, {**manifest, VERSION: 1, PROMOTED: manifest.get(PROMOTED, now_iso())})
+    manifest = {**(read_json_object(path) if path.exists() else {}), VERSION: 1}
+    write_manifest(staging, versioning.first_promotion(manifest) or manifest)  # version 1 is live
     staging.rename(folder / VERSIONS / "1")
     write_live(folder, 1, 1)
     for path in top:
@@ -237,7 +224,7 @@ class FolderVoiceDirectory:
         if version is None:
             return voice
         if voice_id in self.builtin and voice_id not in self._versions:
-            return voice if version == 1 else None
+            return versioning.builtin_version(self.builtin[voice_id], version)
         found = self._versions.get(voice_id, {}).get(version)
         return found if isinstance(found, Voice) else None
 
@@ -275,7 +262,7 @@ class FolderVoiceDirectory:
         await asyncio.to_thread(validate_adapter, folder, self.rules)
         target = self.writable_root / voice_id
         if await self.exists(voice_id):
-            raise VoiceExists(f"voice {voice_id!r} already exists")
+            raise versioning.voice_exists(voice_id)
         path = folder / MANIFEST
         manifest = await asyncio.to_thread(read_json_object, path) if path.exists() else {}
         await asyncio.to_thread(write_manifest, folder, {**manifest, VERSION: 1})
@@ -293,8 +280,8 @@ class FolderVoiceDirectory:
         folder = self._folders.get(voice_id)
         if folder is None:
             if voice_id in self.builtin:
-                raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
-            raise NoSuchVersion(f"voice {voice_id!r} does not exist")
+                raise versioning.builtin_voice(voice_id)
+            raise versioning.no_such_voice(voice_id)
         if folder.parent.resolve() != self.writable_root.resolve():
             raise ReadOnlyVoice(f"voice {voice_id!r} is not a deletable adapter")
         return folder
@@ -306,27 +293,24 @@ class FolderVoiceDirectory:
     def _add_version(self, voice_id: str, folder: Path, staged: Voice, promote: bool) -> Voice:
         with self._lock:
             target = self._managed_folder(voice_id)
-            versions = self._versions.get(voice_id, {})
-            if any(
-                isinstance(v, Voice) and v.checksum == staged.checksum for v in versions.values()
-            ):
-                raise DuplicateVersion(f"voice {voice_id!r} has a version with this adapter")
+            versions = self._versions.get(voice_id, {}).values()
+            versioning.refuse_duplicate(
+                voice_id, staged.checksum, [v.checksum for v in versions if isinstance(v, Voice)]
+            )
             current = self.adapters.get(voice_id)
             make_versioned(target)
             pointer = read_live(target)
             assert pointer is not None
             live, newest = pointer
-            number = newest + 1
+            number = versioning.next_version(newest)
             path = folder / MANIFEST
-            manifest = read_json_object(path) if path.exists() else {}
-            manifest[VERSION] = number
-            promote = promote and voice_status(manifest) == "ready"
-            if promote:
-                manifest[PROMOTED] = now_iso()
+            staged_manifest = read_json_object(path) if path.exists() else {}
+            # the voice's tenant, as its live version says (the staged one's if that is unusable)
+            tenant = current.tenant if current is not None else voice_tenant(staged_manifest)
+            manifest, promote = versioning.new_version_manifest(
+                staged_manifest, number, tenant, promote
+            )
             write_manifest(folder, manifest)
-            # every version is its voice's tenant's, whatever the staged manifest says
-            tenant = current.tenant if current is not None else voice_tenant(manifest)
-            assign_tenant(folder, tenant)
             staging = target / VERSIONS / f".{uuid.uuid4().hex}"
             shutil.move(folder, staging)
             staging.rename(target / VERSIONS / str(number))
@@ -344,19 +328,17 @@ class FolderVoiceDirectory:
         with self._lock:
             target = self._managed_folder(voice_id)
             found = self._versions.get(voice_id, {}).get(version)
-            if found is None:
-                raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
             if isinstance(found, str):
                 raise InvalidAdapter(found)
-            if found.status == "held":
-                raise HeldVersion(f"version {version} of {voice_id!r} is held: publish it first")
+            versioning.check_promotable(voice_id, version, None if found is None else found.status)
+            assert found is not None
             pointer = read_live(target)
             if pointer is None:  # a one-adapter folder: version 1, live already
                 return found
             assert found.adapter_path is not None
-            manifest = read_json_object(found.adapter_path / MANIFEST)
-            if PROMOTED not in manifest:
-                write_manifest(found.adapter_path, {**manifest, PROMOTED: now_iso()})
+            promoted = versioning.first_promotion(read_json_object(found.adapter_path / MANIFEST))
+            if promoted is not None:
+                write_manifest(found.adapter_path, promoted)
             write_live(target, version, pointer[1])
             self._load(target, force=True)
             return self._versions[voice_id][version]  # type: ignore[return-value]
@@ -367,13 +349,9 @@ class FolderVoiceDirectory:
     def _remove_version(self, voice_id: str, version: int) -> bool:
         with self._lock:
             target = self._managed_folder(voice_id)
-            if version not in self._versions.get(voice_id, {}):
+            exists = version in self._versions.get(voice_id, {})
+            if not versioning.removable(voice_id, version, self._live.get(voice_id), exists):
                 return False
-            if self._live.get(voice_id) == version:
-                raise LiveVersion(
-                    f"version {version} is the live version of {voice_id!r}: promote another "
-                    "one first, or delete the voice"
-                )
             doomed = target / VERSIONS / f".deleted-{uuid.uuid4().hex}"
             (target / VERSIONS / str(version)).rename(doomed)  # gone at once, whole
             shutil.rmtree(doomed, ignore_errors=True)
@@ -386,9 +364,7 @@ class FolderVoiceDirectory:
             entries = dict(self._versions.get(voice_id, {}))
             live = self._live.get(voice_id)
         if not entries:
-            if voice_id in self.builtin:
-                return [VoiceVersion(1, "ready", True, None, {})]
-            return None
+            return versioning.builtin_versions() if voice_id in self.builtin else None
         listed = []
         for number, entry in sorted(entries.items()):
             if isinstance(entry, str):
@@ -400,8 +376,9 @@ class FolderVoiceDirectory:
                 manifest = await asyncio.to_thread(read_json_object, path) if path.exists() else {}
             except (InvalidAdapter, OSError):  # deleted or rewritten meanwhile
                 continue
-            status = version_status(entry.status, number == live, PROMOTED in manifest)
-            listed.append(VoiceVersion(number, status, number == live, entry.checksum, manifest))
+            listed.append(
+                versioning.listed_version(number, entry.status, live, entry.checksum, manifest)
+            )
         return listed
 
     async def remove(self, voice_id: str) -> bool:
@@ -411,7 +388,7 @@ class FolderVoiceDirectory:
             return False
         known = self._folders.get(voice_id)
         if voice_id in self.builtin and known is None:
-            raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
+            raise versioning.builtin_voice(voice_id)
         if known is None or known.resolve() != folder.resolve():
             raise ReadOnlyVoice(f"voice {voice_id!r} is not a deletable adapter")
         await asyncio.to_thread(shutil.rmtree, folder, True)  # every version, and its consent
@@ -436,7 +413,7 @@ class FolderVoiceDirectory:
     ) -> Voice | None:
         """Under the scan lock, so two publishes of one voice cannot both find it held."""
         if voice_id in self.builtin and voice_id not in self.adapters:
-            raise NotHeld(f"voice {voice_id!r} is a built-in voice")
+            raise versioning.builtin_voice(voice_id, NotHeld)
         with self._lock:
             if version is None:
                 voice = self.adapters.get(voice_id)
@@ -448,9 +425,8 @@ class FolderVoiceDirectory:
             folder = voice.adapter_path
             path = folder / MANIFEST
             manifest = read_json_object(path) if path.exists() else {}
-            if voice_status(manifest) != "held":
-                raise NotHeld(f"voice {voice_id!r} is not held")
-            write_manifest(folder, {**manifest, STATUS: "ready", "published": published})
+            versioning.check_publishable(voice_id, voice_status(manifest))
+            write_manifest(folder, versioning.published_manifest(manifest, published))
             self._load(self._folders[voice_id], force=True)  # load it again now
             found = self._versions.get(voice_id, {}).get(voice.version)
             return found if isinstance(found, Voice) else None

@@ -27,7 +27,7 @@ STATUS = "status"  # the manifest key saying whether a voice is ready or held (a
 STATUSES: tuple[str, ...] = get_args(VoiceStatus)
 VERSION = "version"  # the manifest key holding which version of its voice an adapter is
 PROMOTED = (
-    "promoted_at"  # when a version first went live (absent: never; see voices.version_status)
+    "promoted_at"  # when a version first went live (absent: never; see versioning.version_status)
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # First bytes of what torch.load would unpickle: a pickle (protocol 2-5) or a torch zip archive.
@@ -166,14 +166,18 @@ def voice_status(manifest: dict) -> VoiceStatus:
     return "held" if manifest.get(STATUS) == "held" else "ready"
 
 
+def with_tenant(manifest: dict, tenant: str | None) -> dict:
+    """``manifest`` naming ``tenant`` (with ``None``, naming none: a shared voice)."""
+    manifest = {k: v for k, v in manifest.items() if k != TENANT}
+    if tenant is not None:
+        manifest[TENANT] = tenant
+    return manifest
+
+
 def assign_tenant(folder: Path, tenant: str | None) -> None:
     """Record (or, with ``None``, remove) the tenant in a staged voice folder's manifest."""
     path = folder / MANIFEST
-    manifest = read_json_object(path) if path.exists() else {}
-    manifest.pop(TENANT, None)
-    if tenant is not None:
-        manifest[TENANT] = tenant
-    write_manifest(folder, manifest)
+    write_manifest(folder, with_tenant(read_json_object(path) if path.exists() else {}, tenant))
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:

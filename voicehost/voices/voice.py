@@ -4,7 +4,9 @@
 
 A voice id names a sequence of immutable versions (1, 2, ...), each one adapter (by checksum)
 with its own ``voice.json``; one version is live. ``"anna"`` is the live version, ``"anna@3"``
-pins version 3 (``voicehost.ids.split_voice_ref``). A built-in voice is version 1, always.
+pins version 3 (``voicehost.ids.split_voice_ref``). A built-in voice is version 1, always. What
+either directory may do with versions (numbering, promotion, deletion) is
+``voicehost.voices.versioning``'s to say.
 """
 
 from __future__ import annotations
@@ -81,16 +83,6 @@ class VoiceVersion:
     checksum: str | None
     manifest: dict
     error: str | None = None  # why its adapter is unusable, if it is
-
-
-def version_status(gate: VoiceStatus, live: bool, promoted: bool) -> VersionStatus:
-    """How a version is listed, from its gate status, whether it is live, and whether it has
-    ever been (its ``voice.json`` records when it was first promoted)."""
-    if gate == "held":
-        return "held"
-    if live:
-        return "ready"
-    return "retired" if promoted else "candidate"
 
 
 @dataclass(frozen=True, slots=True)

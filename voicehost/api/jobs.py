@@ -1,0 +1,70 @@
+"""Clone jobs over HTTP: ``GET``, ``DELETE`` (cancel, or delete a finished one) and retry."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import (
+    SERVICE,
+    ApiError,
+    path_id,
+    record,
+)
+from voicehost.api.schemas import (
+    CloneJobInfo,
+)
+from voicehost.cloning.jobs import FINISHED, CloneJob
+from voicehost.tenancy.keys import can_see
+
+
+def job_info(job: CloneJob) -> CloneJobInfo:
+    return CloneJobInfo.model_validate(job, from_attributes=True)
+
+
+def _job(request: web.Request) -> CloneJob:
+    """The job the route names: 404 if there is none, or it is another tenant's."""
+    job_id = path_id(request, "job_id")
+    job = request.app[SERVICE].jobs.get(job_id)
+    if job is None or not can_see(request_principal(request), job.tenant):
+        raise ApiError(404, "job_not_found", f"job {job_id!r} does not exist")
+    return job
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job = _job(request)
+    return web.json_response({"job": job_info(job).model_dump()})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    """``DELETE /v1/jobs/{id}``: cancel a queued or running job; delete a finished one (and its
+    stored inputs)."""
+    runtime = request.app[SERVICE]
+    job = _job(request)
+    if job.status in FINISHED:
+        if runtime.jobs.is_running(job.id):
+            raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
+        await asyncio.to_thread(runtime.jobs.discard, job.id)
+        await record(request, "job.deleted", tenant=job.tenant, voice=job.voice_id, job=job.id)
+        return web.Response(status=204)
+    job = await runtime.jobs.cancel(job.id)
+    await record(request, "job.cancelled", tenant=job.tenant, voice=job.voice_id, job=job.id)
+    return web.json_response({"job": job_info(job).model_dump()})
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    runtime = request.app[SERVICE]
+    job = _job(request)
+    if runtime.jobs.is_running(job.id):
+        raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
+    if not job.new_version and await runtime.voices.exists(job.voice_id):
+        raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
+    if job.status not in ("failed", "cancelled"):
+        raise ApiError(
+            409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
+        )
+    job = await runtime.jobs.retry(job.id)
+    await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)
+    return web.json_response({"job": job_info(job).model_dump()}, status=202)

@@ -1,0 +1,448 @@
+"""Uploads over HTTP: ``POST /v1/voices`` and ``POST /v1/voices/{id}/versions``.
+
+The handler parses the multipart form (streamed to disk under safe names, capped while read),
+checks its consent record and recording, and then either registers an uploaded adapter at once
+(201) or hands the audio to the cloning service (``voicehost.cloning.intake``: a probe of each
+file, then a queued job, 202). Nothing here builds a training spec or prepares the training
+audio: the worker that trains does; only a consent recording is compared with the first 30 s of
+up to 8 clips (``voicehost.cloning.consent``), so that a mismatch is refused at once (422)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from aiohttp import BodyPartReader, MultipartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import ValidationError
+
+from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio
+from lora_training.recipe import NotEnoughSpeech
+from lora_training.transcripts import MissingTranscripts, read_metadata
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import (
+    SERVICE,
+    ApiError,
+    VoiceService,
+    load_json,
+    path_id,
+    record,
+    validation_message,
+    voice_not_found,
+)
+from voicehost.api.jobs import job_info
+from voicehost.api.schemas import ConsentRecord, VersionInfo
+from voicehost.api.voices import managed_voice, version_info, voice_detail
+from voicehost.audio.speaker import shared_encoder
+from voicehost.cloning import consent
+from voicehost.cloning.intake import (
+    TRANSCRIPTS,
+    CloneRequest,
+    RefusedFile,
+    check_audio,
+    queue_clone,
+)
+from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.tenancy.keys import owner_tenant
+from voicehost.voices.validation import (
+    MANIFEST,
+    PICKLE_SUFFIXES,
+    InvalidAdapter,
+    assign_tenant,
+    read_json_object,
+    voice_tenant,
+)
+from voicehost.voices.voice import (
+    DuplicateVersion,
+    NoSuchVersion,
+    ReadOnlyVoice,
+    VoiceExists,
+)
+
+CHUNK = 1 << 16
+MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
+MAX_FILES = 1000  # file parts in one upload
+MAX_NAME_CHARS = 100  # of a saved file name
+ADAPTER_PARTS = {
+    "adapter_config": "adapter_config.json",
+    "adapter_model": "adapter_model.safetensors",
+}
+
+
+def _safe_name(filename: str | None, index: int) -> str:
+    """A file name for an uploaded part: the sent name's last component, ASCII letters, digits
+    and ``._-`` only, short, never hidden (the sent name never makes a path)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename or "").name)[-MAX_NAME_CHARS:]
+    return name if name and not name.startswith(".") else f"audio-{index}"
+
+
+@dataclass
+class Upload:
+    """A multipart upload saved to disk."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)  # sent file stem -> saved file stem
+
+
+async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload:
+    """Stream a multipart upload into ``folder``, under safe file names.
+
+    The size cap is enforced while reading: an oversized upload stops at the cap with 413.
+    """
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
+    try:
+        reader = await request.multipart()
+    except (ValueError, AssertionError) as exc:
+        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+    try:
+        return await _read_parts(reader, folder, max_bytes)
+    except (ValueError, AssertionError, HttpProcessingError) as exc:  # a truncated or bad body
+        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+
+
+async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> Upload:
+    upload = Upload()
+    received = 0
+    index = 0
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ApiError(400, "invalid_multipart", "nested multipart bodies are not taken")
+        if part.filename is None or not part.name:  # a field; a part without a name is dropped
+            value = bytearray()  # raw: a Content-Encoding is never inflated
+            while chunk := await part.read_chunk(CHUNK):
+                value += chunk
+                if len(value) > MAX_FIELD_BYTES or received + len(value) > max_bytes:
+                    raise ApiError(
+                        413, "upload_too_large", f"form field {part.name!r} is too large"
+                    )
+            received += len(value)
+            if part.name:
+                upload.fields[part.name] = value.decode("utf-8", errors="replace").strip()
+            continue
+        index += 1
+        if index > MAX_FILES:
+            raise ApiError(413, "upload_too_large", f"uploads are limited to {MAX_FILES} files")
+        sent = unquote(part.filename)  # some clients percent-encode file names
+        target = folder / _safe_name(sent, index)
+        while target.exists():
+            target = target.with_name(f"{index}-{target.name}"[: 2 * MAX_NAME_CHARS])
+        upload.renamed[Path(sent).stem] = target.stem
+        with target.open("wb") as sink:
+            while chunk := await part.read_chunk(CHUNK):
+                received += len(chunk)
+                if received > max_bytes:
+                    raise ApiError(
+                        413, "upload_too_large", f"uploads are limited to {max_bytes} bytes"
+                    )
+                sink.write(chunk)
+        upload.files.setdefault(part.name, []).append(target)
+    return upload
+
+
+async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
+    voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
+    voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
+    if not is_voice_id(voice_id):
+        raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+    await _ensure_free(runtime, voice_id)
+    return voice_id
+
+
+async def _ensure_no_job(runtime: VoiceService, voice_id: str) -> None:
+    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
+        raise ApiError(409, "job_in_progress", f"a version of {voice_id!r} is being trained")
+
+
+async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
+    if await runtime.voices.exists(voice_id):
+        raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
+    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
+        raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
+
+
+async def create_voice(request: web.Request) -> web.Response:
+    """``POST /v1/voices``: audio files -> a clone job (202); a PEFT adapter -> a voice (201)."""
+    return await _upload(request, None)
+
+
+async def add_version(request: web.Request) -> web.Response:
+    """``POST /v1/voices/{id}/versions``: the voice's next version, cloned from audio (202 and
+    a job) or a ready-made adapter (201); live at once if it passes the gate, unless the form
+    says ``promote=false``."""
+    runtime = request.app[SERVICE]
+    voice_id = path_id(request, "voice_id")
+    await managed_voice(runtime, voice_id, request_principal(request))
+    return await _upload(request, voice_id)
+
+
+async def _upload(request: web.Request, version_of: str | None) -> web.Response:
+    """A new voice (``version_of`` None) or a new version of ``version_of``, from a multipart
+    upload: its consent record (required for audio where ``consent_required``), then an
+    adapter registered at once or audio queued as a clone job."""
+    runtime = request.app[SERVICE]
+    settings = runtime.settings
+    principal = request_principal(request)
+    tenant = owner_tenant(principal)
+    if version_of is not None:  # a version is its voice's tenant's, whoever adds it
+        tenant = voice_tenant(await runtime.voices.manifest(version_of) or {})
+    job_id, inputs = runtime.jobs.new_job_dir()
+    job_dir = runtime.jobs.job_dir(job_id)
+    promote = True
+    try:
+        upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
+        consent_record, recording = _consent_parts(upload, job_dir)
+        if version_of is None:
+            voice_id = await _voice_id(runtime, upload.fields)
+        else:
+            voice_id = version_of
+            promote = _form_flag(upload.fields, "promote", True)
+            await _ensure_no_job(runtime, voice_id)
+        adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
+        if adapter and upload.files.get("audio"):
+            raise ApiError(
+                400, "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
+            )
+        if recording is not None and consent_record is None:
+            raise ApiError(
+                400, "consent_required", "a consent recording goes with its 'consent' record"
+            )
+        if adapter:
+            if recording is not None:
+                raise ApiError(
+                    400, "invalid_consent", "a consent recording is checked against audio to clone"
+                )
+            response, added = await _register_adapter(
+                runtime, voice_id, upload, inputs, tenant, consent_record, version_of, promote
+            )
+            runtime.jobs.discard(job_id)
+            audited = {"tenant": tenant, "voice": voice_id, "version": added.version}
+            if version_of is None:
+                await record(request, "voice.created", **audited, details=_made(added))
+            else:
+                details = {"source": "adapter", "checksum": added.checksum, "live": added.live}
+                await record(request, "voice.version_added", **audited, details=details)
+                if added.live:
+                    await record(request, "voice.promoted", **audited)
+            if consent_record is not None:
+                await record(request, "voice.consent_recorded", **audited)
+            return response
+        if consent_record is None and settings.consent_required():
+            raise ApiError(
+                400,
+                "consent_required",
+                "cloning from audio needs a 'consent' part: the speaker's name, the statement "
+                "they agreed to, who collected it, when, and the purpose",
+            )
+        measured = None
+        if recording is not None and upload.files.get("audio"):  # the speaker before the data
+            measured = await _check_consent_recording(runtime, recording, upload.files["audio"])
+        await _check_audio(runtime, upload, inputs)
+        if consent_record is not None:
+            await asyncio.to_thread(
+                consent.save_for_job, job_dir, consent_record, recording, measured
+            )
+        if version_of is None:  # again: another upload may have taken it meanwhile
+            await _ensure_free(runtime, voice_id)
+    except Exception:
+        await asyncio.to_thread(runtime.jobs.discard, job_id)
+        raise
+    except BaseException:  # cancelled: no awaiting
+        runtime.jobs.discard(job_id)
+        raise
+    name = upload.fields.get("name") or voice_id
+    clone = CloneRequest(
+        voice_id, name, tenant, new_version=version_of is not None, promote=promote
+    )
+    try:
+        job = await queue_clone(runtime.jobs, settings, job_id, clone)
+    except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
+        await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
+        raise
+    await record(request, "job.created", tenant=tenant, voice=voice_id, job=job.id)
+    return web.json_response(
+        {"job": job_info(job).model_dump()},
+        status=202,
+        headers={"Location": f"/v1/jobs/{job.id}"},
+    )
+
+
+def _form_flag(fields: dict[str, str], name: str, default: bool) -> bool:
+    value = fields.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in ("true", "false"):
+        raise ApiError(400, "invalid_request", f"{name} must be true or false")
+    return value == "true"
+
+
+def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | None]:
+    """The upload's consent record (the ``consent`` field or file, JSON, validated) and
+    consent recording, both taken out of the training inputs."""
+    text = upload.fields.pop("consent", None)
+    for path in upload.files.pop("consent", []):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        path.unlink()
+    recordings = upload.files.pop("consent_recording", [])
+    recording = None
+    for index, path in enumerate(recordings):
+        if index == 0:
+            recording = path.replace(job_dir / "consent_upload")
+        else:
+            path.unlink()
+    if len(recordings) > 1:
+        raise ApiError(400, "invalid_consent", "send one 'consent_recording' file")
+    if text is None:
+        return None, recording
+    try:
+        payload = load_json(text)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_consent", f"'consent' is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_consent", "'consent' must be a JSON object")
+    try:
+        record = ConsentRecord.model_validate(payload)
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_consent", validation_message(exc, "consent")) from exc
+    return record.model_dump(mode="json"), recording
+
+
+async def _check_consent_recording(
+    runtime: VoiceService, recording: Path, clips: list[Path]
+) -> float:
+    """The consent recording's similarity to the training audio's speaker: 422
+    ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
+    settings = runtime.settings
+    try:
+        encoder = await asyncio.to_thread(shared_encoder, settings.speaker_encoder)
+        return await asyncio.to_thread(
+            consent.check_recording, encoder, recording, clips, settings.consent_min_similarity
+        )
+    except consent.ConsentMismatch as exc:
+        raise ApiError(422, "consent_speaker_mismatch", str(exc)) from exc
+    except AudioTooLong as exc:
+        raise ApiError(413, "audio_too_long", f"the consent recording: {exc}") from exc
+    except UnreadableAudio as exc:
+        raise ApiError(
+            415, "not_audio", f"the consent recording is not audio we can read: {exc}"
+        ) from exc
+
+
+def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> None:
+    """Save an uploaded ``metadata.csv`` keyed by the names the audio files were saved under."""
+    try:
+        texts = read_metadata(upload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        message = f"transcripts must be UTF-8 lines of file|text: {exc}"
+        raise ApiError(400, "invalid_transcripts", message) from exc
+    upload.unlink()
+    lines = [f"{renamed.get(stem, stem)}|{text}" for stem, text in texts.items()]
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+async def _check_audio(runtime: VoiceService, upload: Upload, inputs: Path) -> None:
+    """The upload's audio and transcripts, as the cloning service judges them before anything
+    is decoded (``intake.check_audio``): 413 or 415 naming the file that is not audio we take,
+    400 for clips without transcripts or too little audio."""
+    audio = upload.files.get("audio", [])
+    if not audio:
+        raise ApiError(400, "no_audio", "send one or more 'audio' files (or an adapter)")
+    for path in upload.files.get("transcripts", []):
+        _store_transcripts(path, inputs / TRANSCRIPTS, upload.renamed)
+    try:
+        await asyncio.to_thread(check_audio, audio, inputs, runtime.settings)
+    except RefusedFile as exc:
+        name, reason = exc.file.name, exc.reason
+        if isinstance(reason, AudioTooLong):
+            raise ApiError(413, "audio_too_long", f"{name}: {reason}") from exc
+        if isinstance(reason, UnsupportedAudio):
+            raise ApiError(415, "unsupported_audio", f"{name}: {reason}") from exc
+        raise ApiError(415, "not_audio", f"{name} is not audio we can read: {reason}") from exc
+    except NotEnoughSpeech as exc:
+        raise ApiError(400, "not_enough_speech", str(exc)) from exc
+    except MissingTranscripts as exc:
+        raise ApiError(400, "missing_transcripts", str(exc)) from exc
+
+
+async def _register_adapter(
+    runtime: VoiceService,
+    voice_id: str,
+    upload: Upload,
+    inputs: Path,
+    tenant: str | None,
+    consent_record: dict | None,
+    version_of: str | None,
+    promote: bool,
+) -> tuple[web.Response, VersionInfo]:
+    """Stage the uploaded adapter (with its consent record, if any) and register it: as a
+    new voice (201 and the voice), or as ``version_of``'s next version (201 and the version);
+    and the version it is."""
+    files, fields = upload.files, upload.fields
+    max_bytes = int(runtime.settings.max_adapter_mb * 1e6)
+    staging = inputs / voice_id
+    staging.mkdir()
+    for part, name in ADAPTER_PARTS.items():
+        if len(files.get(part, [])) != 1:
+            raise ApiError(400, "invalid_adapter", f"send exactly one '{part}' file")
+        if files[part][0].suffix.lower() in PICKLE_SUFFIXES:
+            message = f"'{part}' is named like a pickle file: safetensors only"
+            raise ApiError(400, "invalid_adapter", message)
+        if files[part][0].stat().st_size > max_bytes:
+            raise ApiError(413, "adapter_too_large", f"adapters are limited to {max_bytes} bytes")
+        files[part][0].replace(staging / name)
+    manifest_part = files.get("voice", [])
+    try:  # the weights are first read by the directory's validation, after the config
+        manifest = read_json_object(manifest_part[0]) if manifest_part else {}
+    except InvalidAdapter as exc:
+        raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
+    manifest.pop(consent.CONSENT, None)  # only a validated record is stored as consent
+    manifest = {
+        "base_model": runtime.settings.served_base_name(),
+        "prompt_style": "plain",
+        **manifest,
+        "voice_id": voice_id,
+        "name": fields.get("name") or manifest.get("name") or voice_id,
+    }
+    if consent_record is not None:
+        manifest[consent.CONSENT] = consent_record
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
+    try:
+        if version_of is not None:
+            added = await runtime.voices.add_version(voice_id, staging, promote)
+        else:
+            await runtime.voices.add(voice_id, staging)
+    except InvalidAdapter as exc:
+        raise ApiError(400, "invalid_adapter", str(exc)) from exc
+    except VoiceExists as exc:
+        raise ApiError(409, "voice_exists", str(exc)) from exc
+    except DuplicateVersion as exc:
+        raise ApiError(409, "version_exists", str(exc)) from exc
+    except NoSuchVersion as exc:  # deleted meanwhile
+        raise voice_not_found(voice_id) from exc
+    except ReadOnlyVoice as exc:
+        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    if version_of is not None:
+        info = await version_info(runtime, voice_id, added.version, None)
+        response = web.json_response(
+            {"version": info.model_dump()},
+            status=201,
+            headers={"Location": f"/v1/voices/{voice_id}/versions/{added.version}"},
+        )
+        return response, info
+    voice = await voice_detail(runtime, voice_id, None)
+    response = web.json_response(
+        {"voice": voice.model_dump()}, status=201, headers={"Location": f"/v1/voices/{voice_id}"}
+    )
+    return response, await version_info(runtime, voice_id, 1, None)
+
+
+def _made(version: VersionInfo) -> dict[str, object]:
+    """What an audit event says of a voice registered from an uploaded adapter."""
+    return {"source": "adapter", "name": version.manifest.get("name"), "checksum": version.checksum}
