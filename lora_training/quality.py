@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from lora_training import segment as segmenting
+from lora_training import split as splitting
 from lora_training.ingest import ingest
 from lora_training.transcripts import find_transcripts
 from lora_training.trim import trim
-from voicehost.audio.speaker import EmbeddingCache, SpeakerEncoder, centroid, shared_encoder
+from voicehost.audio.speaker import EmbeddingCache, SpeakerEmbedder, centroid, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE
 
 MIN_SIMILARITY = 0.92  # between two groups' speakers; see the benchmark
@@ -212,7 +212,7 @@ def voice_pitch(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float | 
 def measure_clip(clip: SourceClip) -> ClipQuality:
     """A clip's figures, all but its speaker similarity."""
     uploaded = clip.samples / clip.gain
-    regions = segmenting.speech_regions(clip.samples) if clip.samples.size else []
+    regions = splitting.speech_regions(clip.samples) if clip.samples.size else []
     speech = sum(end - start for start, end in regions)
     return ClipQuality(
         file=clip.name,
@@ -445,7 +445,7 @@ def _refined(vectors: np.ndarray, majority: np.ndarray, rounds: int = 10) -> np.
 
 def assess(
     clips: Sequence[SourceClip],
-    encoder: SpeakerEncoder,
+    encoder: SpeakerEmbedder,
     min_similarity: float = MIN_SIMILARITY,
     min_pitch_shift: float = MIN_PITCH_SHIFT,
 ) -> DataReport:
@@ -507,14 +507,14 @@ def warnings_for(report: DataReport) -> list[str]:
     return said
 
 
-def encoder_with_cache(spec: str | None, folder: Path | None) -> EmbeddingCache:
-    return EmbeddingCache(shared_encoder(spec), folder)
+def embedder_with_cache(spec: str | None, folder: Path | None) -> EmbeddingCache:
+    return EmbeddingCache(shared_embedder(spec), folder)
 
 
 def check_data(
     audio: list[Path],
     transcripts: Path | None = None,
-    encoder: SpeakerEncoder | None = None,
+    encoder: SpeakerEmbedder | None = None,
     min_similarity: float = MIN_SIMILARITY,
     max_file_seconds: float | None = 3600.0,
     min_pitch_shift: float = MIN_PITCH_SHIFT,
@@ -526,17 +526,17 @@ def check_data(
     clips: list[SourceClip] = []
     for recording in recordings:
         pieces = [(recording.source.name, recording.samples)]
-        if recording.seconds > segmenting.MAX_CLIP_SECONDS:
-            groups = segmenting.group_regions(segmenting.speech_regions(recording.samples))
+        if recording.seconds > splitting.MAX_CLIP_SECONDS:
+            groups = splitting.group_regions(splitting.speech_regions(recording.samples))
             name, samples = recording.source.name, recording.samples
             pieces = [(f"{name}#{k + 1}", samples[s:e]) for k, (s, e) in enumerate(groups)]
         for name, samples in pieces:
             trimmed = trim(samples)
             speech = None if trimmed is None else trimmed.samples
             clips.append(SourceClip(name, samples, recording.gain, speech))
-    report = assess(clips, encoder or shared_encoder(None), min_similarity, min_pitch_shift)
+    report = assess(clips, encoder or shared_embedder(None), min_similarity, min_pitch_shift)
     report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
-    short = [r for r in recordings if r.seconds <= segmenting.MAX_CLIP_SECONDS]
+    short = [r for r in recordings if r.seconds <= splitting.MAX_CLIP_SECONDS]
     untranscribed = [r.source.name for r in short if r.source not in texts]
     if untranscribed:
         report.warnings.append(
@@ -583,7 +583,7 @@ def run(args: argparse.Namespace) -> int:
     shift = args.min_pitch_shift
     if shift is None:
         shift = settings.speaker_min_pitch_shift
-    encoder = shared_encoder(settings.speaker_encoder)
+    encoder = shared_embedder(settings.speaker_encoder)
     report = check_data(args.audio, args.transcripts, encoder, threshold, min_pitch_shift=shift)
     print(describe(report))
     if args.json:

@@ -1,6 +1,6 @@
 """The training recipe: audio files in, a servable voice folder out.
 
-Composes the components top to bottom: ingest -> transcripts -> segment -> trim -> quality
+Composes the components top to bottom: ingest -> transcripts -> split -> trim -> quality
 (the data report; clips of other speakers left out; references held out) -> tokenise -> train ->
 export. ``voicehost train`` and the REST clone jobs both run this.
 """
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from lora_training import segment as segmenting
+from lora_training import split as splitting
 from lora_training.export import Reference, VoiceData, export_voice, manifest
 from lora_training.ingest import Rejected, ingest
 from lora_training.quality import (
@@ -23,7 +23,7 @@ from lora_training.quality import (
     DataReport,
     SourceClip,
     assess,
-    encoder_with_cache,
+    embedder_with_cache,
 )
 from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
@@ -68,7 +68,7 @@ class VoiceJob:
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
     replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
-    speaker_encoder: str | None = None  # voicehost.audio.speaker.load_encoder's spec
+    speaker_encoder: str | None = None  # voicehost.audio.speaker.load_embedder's spec
     speaker_min_similarity: float = MIN_SIMILARITY  # clips of a voice less alike are left out
     speaker_min_pitch_shift: float = MIN_PITCH_SHIFT  # semitones; 0: no pitch cue
 
@@ -123,10 +123,10 @@ def precheck(
     short clips without text (and no ``recognizer``), ``NotEnoughSpeech`` when the clips it
     could use hold less audio than a voice needs. Passing is no promise: ``prepare`` measures
     the speech in them."""
-    short = [path for path, seconds in clips.items() if seconds <= segmenting.MAX_CLIP_SECONDS]
+    short = [path for path, seconds in clips.items() if seconds <= splitting.MAX_CLIP_SECONDS]
     if not recognizer:
         require_transcripts(short, find_transcripts(short, transcripts), None)
-    usable = {p: s for p, s in clips.items() if recognizer or s <= segmenting.MAX_CLIP_SECONDS}
+    usable = {p: s for p, s in clips.items() if recognizer or s <= splitting.MAX_CLIP_SECONDS}
     found = sum(usable.values())
     if found < min_speech_seconds:
         long = len(clips) - len(usable)
@@ -134,7 +134,7 @@ def precheck(
             f"found {found:.1f} s of audio in {len(usable)} clips; a voice needs at least "
             f"{min_speech_seconds:.0f} s of speech"
             + (
-                f" ({long} recordings over {segmenting.MAX_CLIP_SECONDS:.0f} s need an ASR "
+                f" ({long} recordings over {splitting.MAX_CLIP_SECONDS:.0f} s need an ASR "
                 "model to be split)"
                 if long
                 else ""
@@ -145,23 +145,23 @@ def precheck(
 def prepare(
     job: VoiceJob, recognizer: SpeechRecognizer | None = None, measure: bool = True
 ) -> PreparedData:
-    """Decode, transcribe, segment and trim; measure the data (``measure``: the data report,
+    """Decode, transcribe, split and trim; measure the data (``measure``: the data report,
     which leaves clips of other speakers out); hold references out; raises when training
     would get too little usable speech."""
     recordings, rejected = ingest(job.audio, job.max_file_seconds)
     texts = find_transcripts([r.source for r in recordings], job.transcripts)
-    short = [r for r in recordings if r.seconds <= segmenting.MAX_CLIP_SECONDS]
+    short = [r for r in recordings if r.seconds <= splitting.MAX_CLIP_SECONDS]
     require_transcripts([r.source for r in short], texts, recognizer)
     texted: list[tuple[str, SourceClip, TrimmedClip | None]] = []
     for recording in recordings:
         name = recording.source.name
-        if recording.seconds <= segmenting.MAX_CLIP_SECONDS:
+        if recording.seconds <= splitting.MAX_CLIP_SECONDS:
             text = texts.get(recording.source) or recognizer.transcribe(recording.samples)
             pieces = [(text, name, recording.samples)]
         else:
             try:
-                split = segmenting.split_recording(recording.samples, recognizer)
-            except segmenting.NeedsRecognizer as exc:
+                split = splitting.split_recording(recording.samples, recognizer)
+            except splitting.NeedsRecognizer as exc:
                 rejected.append(Rejected(recording.source, str(exc)))
                 continue
             pieces = [(text, f"{name}#{k + 1}", piece) for k, (text, piece) in enumerate(split)]
@@ -172,7 +172,7 @@ def prepare(
             texted.append((text, clip, trimmed))
     report = None
     if measure:
-        encoder = encoder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
+        encoder = embedder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
         clips = [clip for _, clip, _ in texted]
         report = assess(clips, encoder, job.speaker_min_similarity, job.speaker_min_pitch_shift)
         report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]

@@ -13,7 +13,7 @@ Speakers, all made here (``voicehost.tools.devcorpus.speak``), each saying ``SEN
   sentence: a median F0 varying by about 1.5 semitones, as read speech does): one speaker whose
   clips the filter must all keep.
 
-Measured, with the encoder ``voicehost.audio.speaker.load_encoder(--encoder)`` names:
+Measured, with the encoder ``voicehost.audio.speaker.load_embedder(--encoder)`` names:
 
 1. Similarity of every pair of clips that say different sentences: same speaker, distinct
    speakers, and a speaker against its near variants; the equal error rate of each comparison
@@ -60,7 +60,7 @@ from lora_training import quality
 from lora_training.ingest import ingest
 from lora_training.recipe import VoiceJob, prepare
 from lora_training.trim import trim
-from voicehost.audio.speaker import EmbeddingCache, shared_encoder
+from voicehost.audio.speaker import EmbeddingCache, shared_embedder
 from voicehost.tools.devcorpus import SENTENCES, build_corpus, speak
 
 ACCENTS = ["en", "en-us", "en-gb-scotland", "en-029", "en-gb-x-rp", "en-us-nyc"]
@@ -252,7 +252,7 @@ def report_time(work: Path, clips: int) -> dict:
         adapters_dir=work / "adapters",
         work_dir=work / f"time-work-{time.time_ns()}",
     )
-    shared_encoder(None)  # loaded once per process, as in a worker: not counted
+    shared_embedder(None)  # loaded once per process, as in a worker: not counted
     start = time.perf_counter()
     plain = prepare(job, measure=False)
     without = time.perf_counter() - start
@@ -311,7 +311,7 @@ def main() -> int:
     parser.add_argument("--thresholds", default="0.88,0.9,0.92,0.94")
     parser.add_argument("--pitch-shift", type=float, default=quality.MIN_PITCH_SHIFT)
     parser.add_argument("--time-clips", type=int, default=108)
-    parser.add_argument("--encoder", help="a load_encoder spec (default: resemblyzer)")
+    parser.add_argument("--encoder", help="a load_embedder spec (default: resemblyzer)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -319,7 +319,7 @@ def main() -> int:
     speakers = make_speakers(args.work_dir / "speakers")
     made = time.perf_counter() - start
     cache = args.work_dir / f"embeddings-{args.encoder or 'resemblyzer'}".replace("/", "_")
-    encoder = EmbeddingCache(shared_encoder(args.encoder), cache)
+    encoder = EmbeddingCache(shared_embedder(args.encoder), cache)
     start = time.perf_counter()
     embeddings, pitches = embed_speakers(speakers, encoder)
     embedded = time.perf_counter() - start

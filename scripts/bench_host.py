@@ -124,7 +124,7 @@ class TokenSource:
             next_step += self.interval
             await asyncio.sleep(max(0.0, next_step - loop.time()))
 
-    # what SpeechEngine and the runtime ask of an AsyncLLM
+    # what SpeechEngine and the serving ask of an AsyncLLM
     errored = False
 
     def get_num_unfinished_requests(self) -> int:
@@ -245,7 +245,7 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from voicehost.api.server import RUNTIME, create_app
+    from voicehost.api.server import SERVING, create_app
     from voicehost.config import Settings
     from voicehost.model.codec import DecodeScheduler
     from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
@@ -267,31 +267,31 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
         realtime_tokens_per_second=0,
     )
     app = create_app(settings)
-    runtime = app[RUNTIME]
+    serving = app[SERVING]
     source = TokenSource(rate, per_step, frames)
     lag = LoopLag()
     profile: dict[str, cProfile.Profile] = {}
 
     async def load() -> None:
-        s = runtime.settings
+        s = serving.settings
         tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
-        runtime.engine = SpeechEngine(source, tokenizer, s)  # type: ignore[arg-type]
-        runtime.codec = instant_codec()
-        runtime.scheduler = DecodeScheduler(
-            runtime.codec, s.codec_batch_window_ms, s.codec_max_batch
+        serving.engine = SpeechEngine(source, tokenizer, s)  # type: ignore[arg-type]
+        serving.codec = instant_codec()
+        serving.scheduler = DecodeScheduler(
+            serving.codec, s.codec_batch_window_ms, s.codec_max_batch
         )
         synthesizer = Synthesizer(
-            runtime.engine,
-            runtime.scheduler,
-            runtime.metrics,
+            serving.engine,
+            serving.scheduler,
+            serving.metrics,
             s.lookahead_frames,
             s.codec_max_chunk_frames,
         )
-        await synthesizer.warm_up(next(iter(runtime.voices.builtin.values())))
-        runtime.synthesizer = synthesizer
+        await synthesizer.warm_up(next(iter(serving.voices.builtin.values())))
+        serving.synthesizer = synthesizer
         asyncio.get_running_loop().create_task(lag.run())
 
-    runtime._load = load  # type: ignore[method-assign]
+    serving._load = load  # type: ignore[method-assign]
 
     async def stats(request: web.Request) -> web.Response:
         times = os.times()
@@ -303,7 +303,7 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
                 "lag_p99_ms": float(np.percentile(lags, 99) * 1000) if lags else None,
                 "lag_max_ms": float(max(lags) * 1000) if lags else None,
                 "tokens": source.tokens,
-                "encode_threads": getattr(getattr(runtime, "encoders", None), "threads", 0),
+                "encode_threads": getattr(getattr(serving, "encoders", None), "threads", 0),
             }
         )
 
@@ -322,8 +322,8 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
         from voicehost.model import orpheus
 
         streams = int(request.query["streams"])
-        engine = runtime.engine
-        voice = next(iter(runtime.voices.builtin.values()))
+        engine = serving.engine
+        voice = next(iter(serving.voices.builtin.values()))
         text = text_for(frames * orpheus.FRAME_SECONDS)
 
         async def one() -> int:

@@ -9,7 +9,7 @@ the locked version. uv resolves (in seconds, and for the GPU platform from a CPU
 installs, because pip finds the local CPU torch wheel through this machine's pip settings.
 
 Each lock starts with the SHA-256 of the parts of ``pyproject.toml`` that decide what is
-installed; ``tests/test_lock.py`` fails when they change without ``make lock``.
+installed; ``tests/project/test_install.py`` fails when they change without ``make lock``.
 
 Usage::
 

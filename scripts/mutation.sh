@@ -32,10 +32,10 @@ modules=(
 )
 if (($#)); then modules=("$@"); fi
 tests=(
-    tests/test_orpheus.py tests/test_fuzz.py tests/test_text.py tests/test_audio_formats.py
-    tests/test_ring.py tests/test_admission.py tests/test_keys.py tests/test_auth.py
-    tests/test_ids.py tests/test_hostile_uploads.py tests/test_adapter_validation.py
-    tests/test_voices.py
+    tests/model/test_orpheus.py tests/model/test_fuzz.py tests/text/test_text.py tests/audio/test_audio_formats.py
+    tests/cluster/test_ring.py tests/speech/test_admission.py tests/tenancy/test_keys.py tests/api/test_auth.py
+    tests/project/test_ids.py tests/api/test_hostile_uploads.py tests/voices/test_adapter_validation.py
+    tests/voices/test_voices.py
 )
 
 # The scratch copy: what `git status` shows, without ignored files (.venv, caches, mutants/).
@@ -121,7 +121,7 @@ cat >cosmic-ray.toml <<TOML
 module-path = "voicehost/speech/admission.py"
 timeout = 120.0
 excluded-modules = []
-test-command = "$python -m pytest -x -q -p no:cacheprovider -m unit tests/test_admission.py"
+test-command = "$python -m pytest -x -q -p no:cacheprovider -m unit tests/speech/test_admission.py"
 
 [cosmic-ray.distributor]
 name = "local"

@@ -302,7 +302,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lora_training.ingest import ingest
     from lora_training.transcripts import FasterWhisper
-    from voicehost.audio.speaker import shared_encoder
+    from voicehost.audio.speaker import shared_embedder
     from voicehost.client import ApiError, AsyncClient, http_speaker
     from voicehost.cloning import evaluation
 
@@ -318,7 +318,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not sentences:
             print(f"voicehost eval: {args.sentences} holds no sentence", file=sys.stderr)
             return 2
-    encoder = shared_encoder(args.encoder or Settings().speaker_encoder)
+    encoder = shared_embedder(args.encoder or Settings().speaker_encoder)
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
 
     async def run() -> evaluation.EvalReport:

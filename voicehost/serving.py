@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
-from voicehost.audio.formats import EncoderPool
-from voicehost.audio.speaker import shared_encoder
+from voicehost.audio.formats import FormatEncoderPool
+from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class ClusterLink(Protocol):
-    """What a cluster worker adds to a runtime (``voicehost.cluster.worker.WorkerCluster``):
+    """What a cluster worker adds to a serving process (``voicehost.cluster.worker.WorkerCluster``):
     voices and jobs shared through the cluster, and a place on its ring."""
 
     worker_id: str
@@ -87,7 +87,7 @@ def is_missing_folder(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
 
 
-class Runtime:
+class ServingProcess:
     """Engine, codec, voice directory, clone jobs and metrics of one process.
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
@@ -125,7 +125,7 @@ class Runtime:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
-        self.encoders = EncoderPool(settings.encode_threads)
+        self.format_encoders = FormatEncoderPool(settings.encode_threads)
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
@@ -169,7 +169,7 @@ class Runtime:
 
         await self._started.wait()
         references = await asyncio.to_thread(read_references, folder)
-        encoder = await asyncio.to_thread(shared_encoder, self.settings.speaker_encoder)
+        encoder = await asyncio.to_thread(shared_embedder, self.settings.speaker_encoder)
         s = self.settings
         report = await evaluate_candidate(
             self,
@@ -331,6 +331,6 @@ class Runtime:
             await self.scheduler.close()
         if self.codec is not None:
             self.codec.close()
-        self.encoders.close()
+        self.format_encoders.close()
         if self.cluster is not None:
             await self.cluster.close()

@@ -35,7 +35,7 @@ from voicehost.ids import (
     split_voice_ref,
 )
 from voicehost.metrics import SpeechMetrics
-from voicehost.serving import NotReady, Runtime
+from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
 from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
@@ -57,7 +57,7 @@ PATH_IDS = {"voice_id": (is_voice_id, VOICE_ID_PATTERN), "job_id": (is_job_id, J
 
 
 class VoiceService(Protocol):
-    """What the shared routes need: a serving runtime and a gateway both provide it."""
+    """What the shared routes need: a serving process and a gateway both provide it."""
 
     settings: Settings
     metrics: SpeechMetrics
@@ -69,7 +69,9 @@ class VoiceService(Protocol):
 
 
 SERVICE = web.AppKey("service", VoiceService)
-RUNTIME = web.AppKey("runtime", Runtime)  # the engine's process (serve, worker): not a gateway
+SERVING = web.AppKey(
+    "serving", ServingProcess
+)  # the engine's process (serve, worker): not a gateway
 
 
 # --- the one error shape ---------------------------------------------------------------------
@@ -280,7 +282,6 @@ def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
     """How the synthesizer speaks a request's segments, from its options and the settings."""
     return SpeakOptions(
         seed=body.seed,
-        normalize=body.normalize,
         continuity_frames=settings.continuity_frames if body.continuity else 0,
         prefetch=settings.segment_prefetch,
         trim_db=settings.trim_threshold_db if body.trim_silence else None,

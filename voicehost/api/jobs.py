@@ -41,30 +41,30 @@ async def get_job(request: web.Request) -> web.Response:
 async def cancel_job(request: web.Request) -> web.Response:
     """``DELETE /v1/jobs/{id}``: cancel a queued or running job; delete a finished one (and its
     stored inputs)."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     job = _job(request)
     if job.status in FINISHED:
-        if runtime.jobs.is_running(job.id):
+        if service.jobs.is_running(job.id):
             raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
-        await asyncio.to_thread(runtime.jobs.discard, job.id)
+        await asyncio.to_thread(service.jobs.discard, job.id)
         await record(request, "job.deleted", tenant=job.tenant, voice=job.voice_id, job=job.id)
         return web.Response(status=204)
-    job = await runtime.jobs.cancel(job.id)
+    job = await service.jobs.cancel(job.id)
     await record(request, "job.cancelled", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": job_info(job).model_dump()})
 
 
 async def retry_job(request: web.Request) -> web.Response:
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     job = _job(request)
-    if runtime.jobs.is_running(job.id):
+    if service.jobs.is_running(job.id):
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
-    if not job.new_version and await runtime.voices.exists(job.voice_id):
+    if not job.new_version and await service.voices.exists(job.voice_id):
         raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in ("failed", "cancelled"):
         raise ApiError(
             409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
         )
-    job = await runtime.jobs.retry(job.id)
+    job = await service.jobs.retry(job.id)
     await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": job_info(job).model_dump()}, status=202)

@@ -146,19 +146,6 @@ async def list_lexicons(request: web.Request) -> web.Response:
 # --- the lexicon a request is spoken with ------------------------------------------------------
 
 
-def said(lexicon: Lexicon, text: str, max_chars: int) -> str:
-    """``text`` as the lexicon has it said: 413 ``input_too_long`` if its aliases make it
-    longer than ``max_chars``."""
-    spoken = lexicon.apply(text)
-    if len(spoken) > max_chars:
-        raise ApiError(
-            413,
-            "input_too_long",
-            f"with its lexicons the input says {len(spoken)} characters; the limit is {max_chars}",
-        )
-    return spoken
-
-
 _missing_defaults: set[tuple[str, str]] = set()  # (voice, lexicon) already logged
 
 

@@ -2,7 +2,7 @@
 
 Draining stops admitting (``/readyz`` answers 503 at once, so a load balancer stops sending),
 lets the streams in flight finish for up to the drain timeout, and only then closes the
-listener and the runtime. A second signal skips the rest of the drain.
+listener and the serving process. A second signal skips the rest of the drain.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of the public API.
 
 Request and response bodies are the pydantic models of ``voicehost.api.schemas``, turned into
-JSON Schema here; this module only says which route takes and answers what. ``tests/test_openapi``
-keeps it true: the paths come from the app's route table (``voicehost.api.routes``), each
-route's operation from here by its id.
+JSON Schema here; this module only says which route takes and answers what.
+``tests/api/test_openapi`` keeps it true: the paths come from the app's route table
+(``voicehost.api.routes``), each route's operation from here by its id.
 """
 
 from __future__ import annotations

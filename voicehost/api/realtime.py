@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
-    RUNTIME,
+    SERVING,
     ApiError,
     check_audio_options,
     error_event,
@@ -39,12 +39,13 @@ from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio.formats import content_type
 from voicehost.model.orpheus import SAMPLE_RATE
-from voicehost.serving import NotReady, Runtime
+from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
 from voicehost.speech.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
-from voicehost.tenancy.usage import StreamMeter
-from voicehost.text.lexicon import Lexicon, SpokenSegmenter
-from voicehost.text.segment import Segment, TextSegmenter
+from voicehost.tenancy.usage import UsageTally
+from voicehost.text.lexicon import Lexicon
+from voicehost.text.segment import Segment
+from voicehost.text.stage import TextStage
 from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
@@ -104,26 +105,27 @@ class RealtimeSession:
     def __init__(
         self,
         ws: web.WebSocketResponse,
-        runtime: Runtime,
+        serving: ServingProcess,
         synthesizer: Synthesizer,
         voice: Voice,
         config: RealtimeConfig,
-        meter: StreamMeter,
+        tally: UsageTally,
         lexicon: Lexicon | None = None,
     ) -> None:
         self.ws = ws
-        self.meter = meter  # counts the audio sent, and the text of its segments
-        self.runtime = runtime
+        self.tally = tally  # counts the audio sent, and the text of its segments
+        self.serving = serving
         self.synthesizer = synthesizer
         self.voice = voice
-        self.options: SpeakOptions = speak_options(config, runtime.settings)
-        self.encoder = runtime.encoders.stream(
+        self.options: SpeakOptions = speak_options(config, serving.settings)
+        self.encoder = serving.format_encoders.stream(
             config.response_format, config.sample_rate, config.speed
         )
         self.received = 0  # characters of text so far: segment spans count from the first
-        self.lexicon = lexicon if lexicon else None
-        self.spoken = 0  # characters said so far, the lexicon's aliases in place of its words
-        self.segmenter = self._new_segmenter()
+        max_chars = serving.settings.segment_max_chars
+        self.stage = TextStage(lexicon if lexicon else None, max_chars, config.normalize)
+        self.said = 0  # characters said by the segmenters before this one (their ``said``)
+        self.segmenter = self.stage.streamed()
         self.segmenter_base = 0  # where the current segmenter's offsets start
         self.queue: asyncio.Queue[Segment | None] = asyncio.Queue()
         self.speaker: asyncio.Task[None] | None = None
@@ -148,7 +150,7 @@ class RealtimeSession:
             }
         )
         self.speaker = self._start_speaker()
-        idle = self.runtime.settings.ws_idle_timeout_seconds
+        idle = self.serving.settings.ws_idle_timeout_seconds
         try:
             while not self.ws.closed:
                 try:
@@ -178,7 +180,7 @@ class RealtimeSession:
         if self.ended:
             raise ProtocolError("ended", "the input has ended; open a new socket")
         if isinstance(message, RealtimeText):
-            limit = self.runtime.settings.max_input_chars  # over a socket as over HTTP
+            limit = self.serving.settings.max_input_chars  # over a socket as over HTTP
             if self.received + len(message.text) > limit:
                 raise ProtocolError(
                     "input_too_long",
@@ -197,17 +199,10 @@ class RealtimeSession:
         else:
             await self._cancel()
 
-    def _new_segmenter(self) -> TextSegmenter | SpokenSegmenter:
-        max_chars = self.runtime.settings.segment_max_chars
-        if self.lexicon is None:
-            return TextSegmenter(max_chars=max_chars)
-        return SpokenSegmenter(self.lexicon, max_chars)
-
     def _queue(self, segments: list[Segment]) -> None:
-        if self.lexicon is not None:  # aliases may say more than the text: the same cap
-            self.spoken += sum(len(segment.speech) for segment in segments)
-            limit = self.runtime.settings.max_input_chars
-            if self.spoken > limit:
+        if self.stage.lexicon is not None:  # aliases may say more than the text: the same cap
+            limit = self.serving.settings.max_input_chars
+            if self.said + self.segmenter.said > limit:
                 raise ProtocolError(
                     "input_too_long",
                     f"with its lexicons this socket's text would say over {limit} characters",
@@ -232,7 +227,8 @@ class RealtimeSession:
         """Barge-in: stop speaking, drop every queued segment and the buffered text."""
         await self._stop_speaker()
         self.queue = asyncio.Queue()
-        self.segmenter = self._new_segmenter()
+        self.said += self.segmenter.said
+        self.segmenter = self.stage.streamed()
         self.segmenter_base = self.received
         await self.send({"type": "cancelled"})
         self.speaker = self._start_speaker()
@@ -273,7 +269,7 @@ class RealtimeSession:
         except ConnectionError:
             pass  # the client left; the socket's loop ends too
         except Exception as exc:
-            self.runtime.metrics.errors.labels("engine").inc()
+            self.serving.metrics.errors.labels("engine").inc()
             log.exception("realtime synthesis failed")
             with suppress(ConnectionError):
                 await self.send(error_event("synthesis_failed", f"synthesis failed: {exc}"))
@@ -287,11 +283,11 @@ class RealtimeSession:
             try:
                 await self._audio(data)
             except asyncio.CancelledError:  # a barge-in cut the drain after the write: sent
-                self.meter.sent(event.size)
+                self.tally.sent(event.size)
                 raise
-            self.meter.sent(event.size)
+            self.tally.sent(event.size)
         elif isinstance(event, SegmentStarted):
-            self.meter.segment(event.segment.text)
+            self.tally.segment(event.segment.text)
             self.in_segment = True
             span = event.segment
             await self.send(
@@ -389,27 +385,27 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/speech/ws``: the WebSocket of the protocol above. Refused before the
     upgrade (503 warming up or draining, 503 at capacity, 429 over the key's quota, each with
     ``Retry-After``), its code in ``ERROR_CODE_HEADER`` as well (a gateway passes it on)."""
-    runtime = request.app[RUNTIME]
+    serving = request.app[SERVING]
     principal = request_principal(request)
     async with AsyncExitStack() as admitted:
         try:
-            synthesizer = runtime.require_synthesizer()
+            synthesizer = serving.require_synthesizer()
             # a session holds one stream slot while it is open
-            await admitted.enter_async_context(runtime.admit(principal))
+            await admitted.enter_async_context(serving.admit(principal))
         except NotReady as exc:
             return refused_upgrade(Refused(503, "not_ready", str(exc), retry_after=1))
         except Refused as exc:
-            runtime.metrics.errors.labels(exc.code).inc()
+            serving.metrics.errors.labels(exc.code).inc()
             return refused_upgrade(exc)
 
         async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
-            aliases = runtime.settings.voice_aliases
-            voice = await find_voice(runtime.voices, config.voice, principal, aliases)
-            meter = runtime.usage.meter(principal, voice.voice_id)
-            lexicon = await speech_lexicon(runtime, config.lexicons, voice, principal)
-            await RealtimeSession(ws, runtime, synthesizer, voice, config, meter, lexicon).run()
+            aliases = serving.settings.voice_aliases
+            voice = await find_voice(serving.voices, config.voice, principal, aliases)
+            tally = serving.usage.tally(principal, voice.voice_id)
+            lexicon = await speech_lexicon(serving, config.lexicons, voice, principal)
+            await RealtimeSession(ws, serving, synthesizer, voice, config, tally, lexicon).run()
 
-        return await serve_socket(request, runtime.settings.ws_idle_timeout_seconds, session)
+        return await serve_socket(request, serving.settings.ws_idle_timeout_seconds, session)
 
 
 def refused_upgrade(refusal: Refused) -> web.Response:

@@ -2,7 +2,7 @@
 
 Each route is declared once, here: its method, path, handler, who may call it and its OpenAPI
 operation. The app's router, the authentication's scopes (``auth.ROUTE_ACCESS``) and the OpenAPI
-document's paths are all derived from the table, so they cannot drift; ``tests/test_routes.py``
+document's paths are all derived from the table, so they cannot drift; ``tests/api/test_openapi.py``
 fails on a route without its documentation.
 
 ``voicehost serve``, a cluster worker and a gateway answer the same routes; only speech and

@@ -17,7 +17,7 @@ from aiohttp import web
 from voicehost.api import lifecycle, realtime
 from voicehost.api.auth import AUTH, INTERNAL, bind_host, request_principal
 from voicehost.api.edge import (
-    RUNTIME,
+    SERVING,
     VERSION_HEADER,
     ApiError,
     check_speech_request,
@@ -27,16 +27,17 @@ from voicehost.api.edge import (
     registry_health,
     speak_options,
 )
-from voicehost.api.lexicons import said, speech_lexicon
+from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import SpeechRequest
-from voicehost.audio.formats import StreamEncoder, content_type
+from voicehost.audio.formats import FormatStream, content_type
 from voicehost.config import Settings
 from voicehost.model.engine import InputTooLong
-from voicehost.serving import ClusterLink, Runtime
+from voicehost.serving import ClusterLink, ServingProcess
 from voicehost.speech.synthesis import SegmentStarted, SpeechEvent
-from voicehost.tenancy.usage import StreamMeter
-from voicehost.text.segment import Segment, split_text
+from voicehost.tenancy.usage import UsageTally
+from voicehost.text.segment import Segment
+from voicehost.text.stage import TextStage, TextTooLong
 
 log = logging.getLogger(__name__)
 
@@ -47,48 +48,49 @@ async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
 
 
 async def audio_only(
-    events: AsyncIterator[SpeechEvent], meter: StreamMeter
+    events: AsyncIterator[SpeechEvent], tally: UsageTally
 ) -> AsyncIterator[np.ndarray]:
-    """The audio of ``events``; each segment's text goes to ``meter`` as it starts."""
+    """The audio of ``events``; each segment's text goes to ``tally`` as it starts."""
     async for event in events:
         if isinstance(event, np.ndarray):
             yield event
         elif isinstance(event, SegmentStarted):
-            meter.segment(event.segment.text)
+            tally.segment(event.segment.text)
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: the input's segments spoken as one stream."""
-    runtime = request.app[RUNTIME]
+    serving = request.app[SERVING]
     body = await read_body(request, SpeechRequest)
-    check_speech_request(body, runtime.settings.max_input_chars)
-    synthesizer = runtime.require_synthesizer()
+    check_speech_request(body, serving.settings.max_input_chars)
+    synthesizer = serving.require_synthesizer()
     principal = request_principal(request)
-    voice = await find_voice(runtime.voices, body.voice, principal, runtime.settings.voice_aliases)
-    lexicon = await speech_lexicon(runtime, body.lexicons, voice, principal)
-    segments = split_text(
-        said(lexicon, body.input, runtime.settings.max_input_chars),
-        runtime.settings.segment_max_chars,
-    )
-    options = speak_options(body, runtime.settings)
-    meter = runtime.usage.meter(principal, voice.voice_id)  # counts what is sent
-    async with runtime.admit(principal):
+    voice = await find_voice(serving.voices, body.voice, principal, serving.settings.voice_aliases)
+    lexicon = await speech_lexicon(serving, body.lexicons, voice, principal)
+    stage = TextStage(lexicon, serving.settings.segment_max_chars, body.normalize)
+    try:
+        segments = stage.whole(body.input, serving.settings.max_input_chars)
+    except TextTooLong as exc:
+        raise ApiError(413, "input_too_long", str(exc)) from exc
+    options = speak_options(body, serving.settings)
+    tally = serving.usage.tally(principal, voice.voice_id)  # counts what is sent
+    async with serving.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
         version = {VERSION_HEADER: str(voice.version)}
-        return await respond(request, runtime, body, events, meter, version)
+        return await respond(request, serving, body, events, tally, version)
 
 
 async def respond(
     request: web.Request,
-    runtime: Runtime,
+    serving: ServingProcess,
     body: SpeechRequest,
     events: AsyncIterator[SpeechEvent],
-    meter: StreamMeter,
+    tally: UsageTally,
     headers: dict[str, str],
 ) -> web.StreamResponse:
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
-    format, or SSE), each chunk counted by ``meter`` once written."""
-    async with aclosing(events), aclosing(audio_only(events, meter)) as chunks:
+    format, or SSE), each chunk counted by ``tally`` once written."""
+    async with aclosing(events), aclosing(audio_only(events, tally)) as chunks:
         try:
             first = await anext(chunks)
         except InputTooLong as exc:
@@ -96,32 +98,32 @@ async def respond(
         except StopAsyncIteration:
             raise ApiError(500, "no_audio", "the model produced no audio for this input") from None
         except Exception as exc:
-            runtime.metrics.errors.labels("engine").inc()
+            serving.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
-        encoder = runtime.encoders.stream(body.response_format, body.sample_rate, body.speed)
+        encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
         if body.stream_format == "sse":
-            return await send_sse(request, encoder, first, chunks, meter, headers)
-        return await send_audio(request, encoder, first, chunks, meter, headers)
+            return await send_sse(request, encoder, first, chunks, tally, headers)
+        return await send_audio(request, encoder, first, chunks, tally, headers)
 
 
 async def send_audio(
     request: web.Request,
-    encoder: StreamEncoder,
+    encoder: FormatStream,
     first: np.ndarray,
     rest: AsyncIterator[np.ndarray],
-    meter: StreamMeter,
+    tally: UsageTally,
     headers: dict[str, str],
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt), **headers})
     response.enable_chunked_encoding()
     await response.prepare(request)
     await response.write(await encoder.encode(first))
-    meter.sent(first.size)
+    tally.sent(first.size)
     async for pcm in rest:
         if data := await encoder.encode(pcm):
             await response.write(data)
-        meter.sent(pcm.size)
+        tally.sent(pcm.size)
     await response.write(await encoder.finish())
     await response.write_eof()
     return response
@@ -129,10 +131,10 @@ async def send_audio(
 
 async def send_sse(
     request: web.Request,
-    encoder: StreamEncoder,
+    encoder: FormatStream,
     first: np.ndarray,
     rest: AsyncIterator[np.ndarray],
-    meter: StreamMeter,
+    tally: UsageTally,
     headers: dict[str, str],
 ) -> web.StreamResponse:
     response = web.StreamResponse(
@@ -149,11 +151,11 @@ async def send_sse(
 
     samples = first.size
     await audio(await encoder.encode(first))
-    meter.sent(first.size)
+    tally.sent(first.size)
     async for pcm in rest:
         samples += pcm.size
         await audio(await encoder.encode(pcm))
-        meter.sent(pcm.size)
+        tally.sent(pcm.size)
     await audio(await encoder.finish())
     await event({"type": "speech.audio.done", "samples": encoder.output_samples(samples)})
     await response.write_eof()
@@ -161,32 +163,32 @@ async def send_sse(
 
 
 async def healthz(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    if runtime.failure:
-        return error_response(503, "failed", runtime.failure)
-    return web.json_response({"status": "ok", **registry_health(runtime.voices)})
+    serving = request.app[SERVING]
+    if serving.failure:
+        return error_response(503, "failed", serving.failure)
+    return web.json_response({"status": "ok", **registry_health(serving.voices)})
 
 
 async def readyz(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    runtime.require_synthesizer()
+    serving = request.app[SERVING]
+    serving.require_synthesizer()
     return web.json_response({"status": "ready"})
 
 
 async def worker_load(request: web.Request) -> web.Response:
     """``GET /internal/load``: this process's streams in flight and whether it is draining."""
-    runtime = request.app[RUNTIME]
+    serving = request.app[SERVING]
     return web.json_response(
-        {"active_streams": runtime.active_streams, "draining": runtime.draining}
+        {"active_streams": serving.active_streams, "draining": serving.draining}
     )
 
 
 async def drain(request: web.Request) -> web.Response:
     """``POST /internal/drain``: take no new streams and leave the ring; in-flight ones finish."""
-    runtime = request.app[RUNTIME]
-    await runtime.drain()
+    serving = request.app[SERVING]
+    await serving.drain()
     return web.json_response(
-        {"active_streams": runtime.active_streams, "draining": runtime.draining}
+        {"active_streams": serving.active_streams, "draining": serving.draining}
     )
 
 
@@ -198,16 +200,16 @@ INTERNAL_ROUTES = (
 
 
 def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Application:
-    """The application of a process that speaks; its runtime starts when the app starts.
+    """The application of a process that speaks; its serving starts when the app starts.
 
     ``cluster``: what a cluster worker adds (``voicehost.cluster.worker``): voices and jobs in
     Redis and the shared store, and a place on the ring.
     """
-    runtime = Runtime(settings, cluster)
+    serving = ServingProcess(settings, cluster)
     app = public_app(
         settings,
         "serve" if cluster is None else "worker",
-        runtime,
+        serving,
         {
             "speech": create_speech,
             "speech_ws": realtime.speech_ws,
@@ -216,12 +218,12 @@ def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Ap
         },
         own_routes=INTERNAL_ROUTES,
     )
-    app[RUNTIME] = runtime
+    app[SERVING] = serving
 
     async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[RUNTIME].start()
+        app[SERVING].start()
         yield
-        await app[RUNTIME].close()
+        await app[SERVING].close()
 
     app.cleanup_ctx.append(runtime_ctx)
     return app
@@ -231,14 +233,14 @@ def serve(settings: Settings, app: web.Application | None = None) -> None:
     """Serve ``app`` (``create_app(settings)`` by default) until SIGTERM or SIGINT, then drain
     (see ``lifecycle``); a disconnecting client cancels its handler."""
     app = app if app is not None else create_app(settings)
-    runtime = app[RUNTIME]
+    serving = app[SERVING]
     asyncio.run(
         lifecycle.serve_until_signalled(
             app,
             host=bind_host(settings.host, app[AUTH].enabled),
             port=settings.port,
-            drain=runtime.drain_and_wait,
-            in_flight=lambda: runtime.admission.active,
+            drain=serving.drain_and_wait,
+            in_flight=lambda: serving.admission.active,
             drain_timeout=settings.drain_timeout_seconds,
         )
     )

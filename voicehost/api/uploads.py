@@ -38,7 +38,7 @@ from voicehost.api.edge import (
 from voicehost.api.jobs import job_info
 from voicehost.api.schemas import ConsentRecord, VersionInfo
 from voicehost.api.voices import managed_voice, version_info, voice_detail
-from voicehost.audio.speaker import shared_encoder
+from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
     TRANSCRIPTS,
@@ -146,24 +146,24 @@ async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> 
     return upload
 
 
-async def _voice_id(runtime: VoiceService, fields: dict[str, str]) -> str:
+async def _voice_id(service: VoiceService, fields: dict[str, str]) -> str:
     voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
     if not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
-    await _ensure_free(runtime, voice_id)
+    await _ensure_free(service, voice_id)
     return voice_id
 
 
-async def _ensure_no_job(runtime: VoiceService, voice_id: str) -> None:
-    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
+async def _ensure_no_job(service: VoiceService, voice_id: str) -> None:
+    if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
         raise ApiError(409, "job_in_progress", f"a version of {voice_id!r} is being trained")
 
 
-async def _ensure_free(runtime: VoiceService, voice_id: str) -> None:
-    if await runtime.voices.exists(voice_id):
+async def _ensure_free(service: VoiceService, voice_id: str) -> None:
+    if await service.voices.exists(voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
-    if await asyncio.to_thread(runtime.jobs.voice_in_progress, voice_id):
+    if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
         raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
 
 
@@ -176,9 +176,9 @@ async def add_version(request: web.Request) -> web.Response:
     """``POST /v1/voices/{id}/versions``: the voice's next version, cloned from audio (202 and
     a job) or a ready-made adapter (201); live at once if it passes the gate, unless the form
     says ``promote=false``."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
-    await managed_voice(runtime, voice_id, request_principal(request))
+    await managed_voice(service, voice_id, request_principal(request))
     return await _upload(request, voice_id)
 
 
@@ -186,24 +186,24 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
     """A new voice (``version_of`` None) or a new version of ``version_of``, from a multipart
     upload: its consent record (required for audio where ``consent_required``), then an
     adapter registered at once or audio queued as a clone job."""
-    runtime = request.app[SERVICE]
-    settings = runtime.settings
+    service = request.app[SERVICE]
+    settings = service.settings
     principal = request_principal(request)
     tenant = owner_tenant(principal)
     if version_of is not None:  # a version is its voice's tenant's, whoever adds it
-        tenant = voice_tenant(await runtime.voices.manifest(version_of) or {})
-    job_id, inputs = runtime.jobs.new_job_dir()
-    job_dir = runtime.jobs.job_dir(job_id)
+        tenant = voice_tenant(await service.voices.manifest(version_of) or {})
+    job_id, inputs = service.jobs.new_job_dir()
+    job_dir = service.jobs.job_dir(job_id)
     promote = True
     try:
         upload = await _receive(request, inputs, int(settings.max_upload_mb * 1e6))
         consent_record, recording = _consent_parts(upload, job_dir)
         if version_of is None:
-            voice_id = await _voice_id(runtime, upload.fields)
+            voice_id = await _voice_id(service, upload.fields)
         else:
             voice_id = version_of
             promote = _form_flag(upload.fields, "promote", True)
-            await _ensure_no_job(runtime, voice_id)
+            await _ensure_no_job(service, voice_id)
         adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
         if adapter and upload.files.get("audio"):
             raise ApiError(
@@ -219,9 +219,9 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
                     400, "invalid_consent", "a consent recording is checked against audio to clone"
                 )
             response, added = await _register_adapter(
-                runtime, voice_id, upload, inputs, tenant, consent_record, version_of, promote
+                service, voice_id, upload, inputs, tenant, consent_record, version_of, promote
             )
-            runtime.jobs.discard(job_id)
+            service.jobs.discard(job_id)
             audited = {"tenant": tenant, "voice": voice_id, "version": added.version}
             if version_of is None:
                 await record(request, "voice.created", **audited, details=_made(added))
@@ -242,28 +242,28 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             )
         measured = None
         if recording is not None and upload.files.get("audio"):  # the speaker before the data
-            measured = await _check_consent_recording(runtime, recording, upload.files["audio"])
-        await _check_audio(runtime, upload, inputs)
+            measured = await _check_consent_recording(service, recording, upload.files["audio"])
+        await _check_audio(service, upload, inputs)
         if consent_record is not None:
             await asyncio.to_thread(
                 consent.save_for_job, job_dir, consent_record, recording, measured
             )
         if version_of is None:  # again: another upload may have taken it meanwhile
-            await _ensure_free(runtime, voice_id)
+            await _ensure_free(service, voice_id)
     except Exception:
-        await asyncio.to_thread(runtime.jobs.discard, job_id)
+        await asyncio.to_thread(service.jobs.discard, job_id)
         raise
     except BaseException:  # cancelled: no awaiting
-        runtime.jobs.discard(job_id)
+        service.jobs.discard(job_id)
         raise
     name = upload.fields.get("name") or voice_id
     clone = CloneRequest(
         voice_id, name, tenant, new_version=version_of is not None, promote=promote
     )
     try:
-        job = await queue_clone(runtime.jobs, settings, job_id, clone)
+        job = await queue_clone(service.jobs, settings, job_id, clone)
     except BaseException:  # e.g. the cluster's queue is unreachable: no job left half-made
-        await asyncio.shield(asyncio.to_thread(runtime.jobs.discard, job_id))
+        await asyncio.shield(asyncio.to_thread(service.jobs.discard, job_id))
         raise
     await record(request, "job.created", tenant=tenant, voice=voice_id, job=job.id)
     return web.json_response(
@@ -314,13 +314,13 @@ def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | N
 
 
 async def _check_consent_recording(
-    runtime: VoiceService, recording: Path, clips: list[Path]
+    service: VoiceService, recording: Path, clips: list[Path]
 ) -> float:
     """The consent recording's similarity to the training audio's speaker: 422
     ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
-    settings = runtime.settings
+    settings = service.settings
     try:
-        encoder = await asyncio.to_thread(shared_encoder, settings.speaker_encoder)
+        encoder = await asyncio.to_thread(shared_embedder, settings.speaker_encoder)
         return await asyncio.to_thread(
             consent.check_recording, encoder, recording, clips, settings.consent_min_similarity
         )
@@ -346,7 +346,7 @@ def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> N
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-async def _check_audio(runtime: VoiceService, upload: Upload, inputs: Path) -> None:
+async def _check_audio(service: VoiceService, upload: Upload, inputs: Path) -> None:
     """The upload's audio and transcripts, as the cloning service judges them before anything
     is decoded (``intake.check_audio``): 413 or 415 naming the file that is not audio we take,
     400 for clips without transcripts or too little audio."""
@@ -356,7 +356,7 @@ async def _check_audio(runtime: VoiceService, upload: Upload, inputs: Path) -> N
     for path in upload.files.get("transcripts", []):
         _store_transcripts(path, inputs / TRANSCRIPTS, upload.renamed)
     try:
-        await asyncio.to_thread(check_audio, audio, inputs, runtime.settings)
+        await asyncio.to_thread(check_audio, audio, inputs, service.settings)
     except RefusedFile as exc:
         name, reason = exc.file.name, exc.reason
         if isinstance(reason, AudioTooLong):
@@ -371,7 +371,7 @@ async def _check_audio(runtime: VoiceService, upload: Upload, inputs: Path) -> N
 
 
 async def _register_adapter(
-    runtime: VoiceService,
+    service: VoiceService,
     voice_id: str,
     upload: Upload,
     inputs: Path,
@@ -384,7 +384,7 @@ async def _register_adapter(
     new voice (201 and the voice), or as ``version_of``'s next version (201 and the version);
     and the version it is."""
     files, fields = upload.files, upload.fields
-    max_bytes = int(runtime.settings.max_adapter_mb * 1e6)
+    max_bytes = int(service.settings.max_adapter_mb * 1e6)
     staging = inputs / voice_id
     staging.mkdir()
     for part, name in ADAPTER_PARTS.items():
@@ -403,7 +403,7 @@ async def _register_adapter(
         raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
     manifest.pop(consent.CONSENT, None)  # only a validated record is stored as consent
     manifest = {
-        "base_model": runtime.settings.served_base_name(),
+        "base_model": service.settings.served_base_name(),
         "prompt_style": "plain",
         **manifest,
         "voice_id": voice_id,
@@ -415,9 +415,9 @@ async def _register_adapter(
     assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
     try:
         if version_of is not None:
-            added = await runtime.voices.add_version(voice_id, staging, promote)
+            added = await service.voices.add_version(voice_id, staging, promote)
         else:
-            await runtime.voices.add(voice_id, staging)
+            await service.voices.add(voice_id, staging)
     except InvalidAdapter as exc:
         raise ApiError(400, "invalid_adapter", str(exc)) from exc
     except VoiceExists as exc:
@@ -429,18 +429,18 @@ async def _register_adapter(
     except ReadOnlyVoice as exc:
         raise ApiError(403, "voice_read_only", str(exc)) from exc
     if version_of is not None:
-        info = await version_info(runtime, voice_id, added.version, None)
+        info = await version_info(service, voice_id, added.version, None)
         response = web.json_response(
             {"version": info.model_dump()},
             status=201,
             headers={"Location": f"/v1/voices/{voice_id}/versions/{added.version}"},
         )
         return response, info
-    voice = await voice_detail(runtime, voice_id, None)
+    voice = await voice_detail(service, voice_id, None)
     response = web.json_response(
         {"voice": voice.model_dump()}, status=201, headers={"Location": f"/v1/voices/{voice_id}"}
     )
-    return response, await version_info(runtime, voice_id, 1, None)
+    return response, await version_info(service, voice_id, 1, None)
 
 
 def _made(version: VersionInfo) -> dict[str, object]:

@@ -56,11 +56,11 @@ def _visible_manifest(manifest: dict, manageable: bool) -> dict:
 
 
 async def managed_voice(
-    runtime: VoiceService, voice_id: str, principal: Principal | None
+    service: VoiceService, voice_id: str, principal: Principal | None
 ) -> VoiceDetail:
     """The voice ``principal`` may change: 404 for one it cannot see, 403 ``voice_read_only``
     for a built-in voice or a shared one (admins only)."""
-    detail = await voice_detail(runtime, voice_id, principal)
+    detail = await voice_detail(service, voice_id, principal)
     if detail.kind == "builtin":
         raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is a built-in voice")
     if not can_manage(principal, voice_tenant(detail.manifest)):
@@ -80,9 +80,9 @@ def _version_of(entry: VoiceVersion, manageable: bool) -> VersionInfo:
 
 
 async def version_info(
-    runtime: VoiceService, voice_id: str, version: int, principal: Principal | None
+    service: VoiceService, voice_id: str, version: int, principal: Principal | None
 ) -> VersionInfo:
-    entries = await runtime.voices.versions(voice_id) or []
+    entries = await service.voices.versions(voice_id) or []
     for entry in entries:
         if entry.version == version:
             tenant = voice_tenant(entry.manifest)
@@ -93,11 +93,11 @@ async def version_info(
 async def list_versions(request: web.Request) -> web.Response:
     """``GET /v1/voices/{id}/versions``: every version, oldest first (held ones only for those
     who may manage the voice)."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
     principal = request_principal(request)
-    detail = await voice_detail(runtime, voice_id, principal)
-    entries = await runtime.voices.versions(voice_id)
+    detail = await voice_detail(service, voice_id, principal)
+    entries = await service.voices.versions(voice_id)
     if entries is None:
         raise voice_not_found(voice_id)
     manageable = can_manage(principal, voice_tenant(detail.manifest))
@@ -110,13 +110,13 @@ async def list_versions(request: web.Request) -> web.Response:
 async def promote_version(request: web.Request) -> web.Response:
     """``POST /v1/voices/{id}/versions/{n}/promote``: version n goes live (forward or back),
     at once for every process; the one it replaces stays servable when pinned."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
     version = path_version(request)
     principal = request_principal(request)
-    await managed_voice(runtime, voice_id, principal)
+    await managed_voice(service, voice_id, principal)
     try:
-        await runtime.voices.promote(voice_id, version)
+        await service.voices.promote(voice_id, version)
     except NoSuchVersion as exc:
         raise ApiError(404, "version_not_found", str(exc)) from exc
     except HeldVersion as exc:
@@ -125,7 +125,7 @@ async def promote_version(request: web.Request) -> web.Response:
         raise ApiError(422, "voice_unusable", f"version {version}: {exc}") from exc
     except ReadOnlyVoice as exc:
         raise ApiError(403, "voice_read_only", str(exc)) from exc
-    info = await version_info(runtime, voice_id, version, principal)
+    info = await version_info(service, voice_id, version, principal)
     tenant = voice_tenant(info.manifest)
     await record(request, "voice.promoted", tenant=tenant, voice=voice_id, version=version)
     return web.json_response({"version": info.model_dump()})
@@ -133,12 +133,12 @@ async def promote_version(request: web.Request) -> web.Response:
 
 async def delete_version(request: web.Request) -> web.Response:
     """``DELETE /v1/voices/{id}/versions/{n}``: remove a version that is not the live one."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
     version = path_version(request)
-    detail = await managed_voice(runtime, voice_id, request_principal(request))
+    detail = await managed_voice(service, voice_id, request_principal(request))
     try:
-        removed = await runtime.voices.remove_version(voice_id, version)
+        removed = await service.voices.remove_version(voice_id, version)
     except LiveVersion as exc:
         raise ApiError(409, "version_live", str(exc)) from exc
     except NoSuchVersion as exc:
@@ -153,14 +153,14 @@ async def delete_version(request: web.Request) -> web.Response:
 
 
 async def voice_detail(
-    runtime: VoiceService, voice_id: str, principal: Principal | None
+    service: VoiceService, voice_id: str, principal: Principal | None
 ) -> VoiceDetail:
-    manifest = await runtime.voices.manifest(voice_id)
+    manifest = await service.voices.manifest(voice_id)
     if manifest is None or not can_see(
         principal, voice_tenant(manifest), held=voice_status(manifest) == "held"
     ):
         raise voice_not_found(voice_id)
-    builtin = runtime.voices.builtin.get(voice_id)
+    builtin = service.voices.builtin.get(voice_id)
     if builtin is not None and not manifest:
         return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
     name = str(manifest.get("name") or voice_id)
@@ -212,22 +212,22 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 async def get_voice(request: web.Request) -> web.Response:
-    runtime = request.app[SERVICE]
-    voice = await voice_detail(runtime, path_id(request, "voice_id"), request_principal(request))
+    service = request.app[SERVICE]
+    voice = await voice_detail(service, path_id(request, "voice_id"), request_principal(request))
     return web.json_response({"voice": voice.model_dump()})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
     principal = request_principal(request)
     if principal is not None and not principal.admin:  # 404 for another tenant's
-        tenant = voice_tenant((await voice_detail(runtime, voice_id, principal)).manifest)
-        if not can_manage(principal, tenant) and voice_id not in runtime.voices.builtin:
+        tenant = voice_tenant((await voice_detail(service, voice_id, principal)).manifest)
+        if not can_manage(principal, tenant) and voice_id not in service.voices.builtin:
             raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
-    owner = voice_tenant(await runtime.voices.manifest(voice_id) or {})  # for its audit event
+    owner = voice_tenant(await service.voices.manifest(voice_id) or {})  # for its audit event
     try:
-        removed = await runtime.voices.remove(voice_id)
+        removed = await service.voices.remove(voice_id)
     except ReadOnlyVoice as exc:
         raise ApiError(403, "voice_read_only", str(exc)) from exc
     if not removed:
@@ -239,24 +239,24 @@ async def delete_voice(request: web.Request) -> web.Response:
 async def publish_voice(request: web.Request) -> web.Response:
     """``POST /v1/voices/{id}/publish``: its tenant or an admin makes a held voice ready anyway;
     why, by which key and when go into its ``voice.json`` as ``published``."""
-    runtime = request.app[SERVICE]
+    service = request.app[SERVICE]
     voice_id = path_id(request, "voice_id")
     body = await read_body(request, PublishRequest)
     principal = request_principal(request)
     # 404 for a voice it cannot see; a held voice is seen only by those who may manage it
-    await voice_detail(runtime, voice_id, principal)
+    await voice_detail(service, voice_id, principal)
     published = {
         "reason": body.reason,
         "by": principal.key_id if principal is not None else None,
         "at": now_iso(),
     }
     try:
-        voice = await runtime.voices.publish(voice_id, published, body.version)
+        voice = await service.voices.publish(voice_id, published, body.version)
     except NotHeld as exc:
         raise ApiError(409, "voice_not_held", str(exc)) from exc
     if voice is None:  # deleted meanwhile
         raise voice_not_found(voice_id)
-    detail = await voice_detail(runtime, voice_id, principal)
+    detail = await voice_detail(service, voice_id, principal)
     tenant = voice_tenant(detail.manifest)
     await record(
         request,

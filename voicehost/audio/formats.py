@@ -1,6 +1,6 @@
 """PCM samples -> bytes on the wire, in every response format, encoded as the audio arrives.
 
-The model speaks float32 mono at 24 kHz. ``AudioEncoder`` resamples that to the format's output
+The model speaks float32 mono at 24 kHz. ``FormatEncoder`` resamples that to the format's output
 rate with soxr (one stream per response, so chunk edges do not click) and encodes it:
 
     format  bytes                    content type             sample rate the client gets
@@ -27,8 +27,8 @@ mulaw, alaw and opus give back exactly the samples sent (opus trims its priming 
 the Ogg granule positions); mp3 and ADTS cannot say how much to trim, so a decoder returns
 codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of silence behind.
 
-Encoding runs off the event loop: an ``EncoderPool`` of threads (PyAV and soxr release the GIL
-while they work, so streams encode on every core) hands out one ``StreamEncoder`` per response.
+Encoding runs off the event loop: an ``FormatEncoderPool`` of threads (PyAV and soxr release the GIL
+while they work, so streams encode on every core) hands out one ``FormatStream`` per response.
 pcm and wav at the model's rate stay on the loop: converting to s16 costs less than a hop.
 """
 
@@ -243,7 +243,7 @@ class _Muxer:
         self._container.mux(self._stream.encode(frame))
 
 
-class AudioEncoder:
+class FormatEncoder:
     """One response's audio: model samples in, bytes of ``fmt`` out, as they become ready.
 
     Call ``encode`` for every chunk of float32 mono samples at 24 kHz in [-1, 1] (any length,
@@ -284,7 +284,7 @@ class AudioEncoder:
 
     def _push(self, samples: np.ndarray, last: bool) -> bytes:
         if self._finished:
-            raise RuntimeError("this AudioEncoder is finished")
+            raise RuntimeError("this FormatEncoder is finished")
         self._finished = last
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if self._stretch is not None:
@@ -312,10 +312,10 @@ def default_encode_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class EncoderPool:
+class FormatEncoderPool:
     """The process's encoding threads: every stream's resampling and encoding runs here.
 
-    Each stream's ``StreamEncoder`` sends one call at a time and waits for it, so a stream has
+    Each stream's ``FormatStream`` sends one call at a time and waits for it, so a stream has
     at most one chunk in the pool (its queue is bounded by the streams admitted) and a stream
     whose encoding falls behind waits for it, holding one thread, while the others go on.
     """
@@ -324,16 +324,16 @@ class EncoderPool:
         self.threads = threads or default_encode_threads()
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="audio-encode")
 
-    def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> StreamEncoder:
-        """The encoder of one response (``AudioEncoder``'s arguments and errors)."""
-        return StreamEncoder(AudioEncoder(fmt, sample_rate, speed), self._executor)
+    def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> FormatStream:
+        """The encoder of one response (``FormatEncoder``'s arguments and errors)."""
+        return FormatStream(FormatEncoder(fmt, sample_rate, speed), self._executor)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-class StreamEncoder:
-    """``AudioEncoder`` run on the pool: ``await encode(pcm)`` per chunk, ``await finish()``.
+class FormatStream:
+    """``FormatEncoder`` run on the pool: ``await encode(pcm)`` per chunk, ``await finish()``.
 
     Await each call before making the next: then the chunks leave in order. A call whose
     caller was cancelled still finishes in its thread before the next call starts (a lock held
@@ -341,7 +341,7 @@ class StreamEncoder:
     false) are encoded on the loop, without a hop.
     """
 
-    def __init__(self, encoder: AudioEncoder, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, encoder: FormatEncoder, executor: ThreadPoolExecutor) -> None:
         self.encoder = encoder
         self.fmt = encoder.fmt
         self.sample_rate = encoder.sample_rate
@@ -351,11 +351,11 @@ class StreamEncoder:
         self._lock = threading.Lock()
 
     async def encode(self, samples: np.ndarray) -> bytes:
-        """``AudioEncoder.encode`` off the loop: the bytes ready now, possibly b""."""
+        """``FormatEncoder.encode`` off the loop: the bytes ready now, possibly b""."""
         return await self._run(self.encoder.encode, samples)
 
     async def finish(self) -> bytes:
-        """``AudioEncoder.finish`` off the loop: the rest of the stream."""
+        """``FormatEncoder.finish`` off the loop: the rest of the stream."""
         return await self._run(self.encoder.finish)
 
     async def _run(self, call: Callable[..., bytes], *args: np.ndarray) -> bytes:

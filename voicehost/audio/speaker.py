@@ -1,12 +1,12 @@
 """Speaker embeddings: who is speaking in a clip, as a unit vector, whatever is said.
 
-A ``SpeakerEncoder`` turns float samples into an L2-normalised float32 vector; two clips of one
+A ``SpeakerEmbedder`` turns float samples into an L2-normalised float32 vector; two clips of one
 speaker point the same way (``similarity``, the cosine), and a speaker is the per-dimension
 median of their clips' vectors (``centroid``). The encoder's ``name`` goes with every figure
 computed from it, since figures from different encoders are on different scales.
 
-``load_encoder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``), and
-``shared_encoder`` keeps the one a process loads for it (the consent check, a clone's evaluation
+``load_embedder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``), and
+``shared_embedder`` keeps the one a process loads for it (the consent check, a clone's evaluation
 and the training data's speaker filter all use that one):
 
 - unset or ``resemblyzer``: Resemblyzer's GE2E encoder (256 dimensions, trained on VoxCeleb and
@@ -14,7 +14,11 @@ and the training data's speaker filter all use that one):
 - ``package.module:factory``: ``factory()`` from an importable module returns the encoder;
 - a folder: a stronger model an operator plugs in (an ECAPA or WavLM speaker-verification model
   saved locally, say) with a ``speaker_encoder.py`` beside its weights that defines
-  ``load(folder: Path) -> SpeakerEncoder``; nothing in voicehost changes.
+  ``load(folder: Path) -> SpeakerEmbedder``; nothing in voicehost changes.
+
+Names: in the code a speaker's model is an *embedder*, a response format's is an *encoder*
+(``voicehost.audio.formats``) and SNAC is the *codec* (``voicehost.model.codec``); the setting
+keeps its published name, ``VOICEHOST_SPEAKER_ENCODER``.
 
 Embedding is CPU-bound (a few tens of ms per second of audio): ``embed_off_loop`` runs it in a
 thread, and ``EmbeddingCache`` keeps each clip's vector (in memory, and on disk if given a folder).
@@ -41,7 +45,7 @@ FOLDER_ENTRY = "speaker_encoder.py"
 
 
 @runtime_checkable
-class SpeakerEncoder(Protocol):
+class SpeakerEmbedder(Protocol):
     """Float samples of one speaker -> their embedding (float32, 1-D, L2-normalised)."""
 
     name: str  # reported with every similarity figure
@@ -102,17 +106,17 @@ class Resemblyzer:
         return _unit(np.asarray(embedding, dtype=np.float32))
 
 
-_shared: dict[str | None, SpeakerEncoder] = {}
+_shared: dict[str | None, SpeakerEmbedder] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_encoder(spec: str | None = None) -> SpeakerEncoder:
+def shared_embedder(spec: str | None = None) -> SpeakerEmbedder:
     """The process's encoder for ``spec``, loaded on first use and kept: every caller in a
     process shares one model (``None``, ``""`` and ``"resemblyzer"`` name the same one)."""
     key = _spec_key(spec)
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = load_encoder(spec)
+            _shared[key] = load_embedder(spec)
         return _shared[key]
 
 
@@ -121,8 +125,8 @@ def _spec_key(spec: str | None) -> str | None:
     return None if spec is None or spec.strip() in ("", "resemblyzer") else spec.strip()
 
 
-def load_encoder(spec: str | None = None) -> SpeakerEncoder:
-    """A new encoder of the kind a spec names (see the module docstring; ``shared_encoder``
+def load_embedder(spec: str | None = None) -> SpeakerEmbedder:
+    """A new encoder of the kind a spec names (see the module docstring; ``shared_embedder``
     keeps one per process); raises ``ValueError`` for a spec that names nothing loadable, or
     something that is not an encoder."""
     spec = _spec_key(spec)
@@ -150,7 +154,7 @@ def load_encoder(spec: str | None = None) -> SpeakerEncoder:
             f"speaker encoder {spec!r}: expected 'resemblyzer', 'package.module:factory' "
             "or a folder holding speaker_encoder.py"
         )
-    if not isinstance(encoder, SpeakerEncoder):
+    if not isinstance(encoder, SpeakerEmbedder):
         raise ValueError(f"speaker encoder {spec!r} has no 'name' and 'embed'")
     return encoder
 
@@ -158,10 +162,10 @@ def load_encoder(spec: str | None = None) -> SpeakerEncoder:
 class EmbeddingCache:
     """An encoder that remembers: each clip's embedding, keyed by a hash of its samples, its
     rate and the encoder's name, kept in memory (the newest ``max_items``) and, with a
-    ``folder``, as ``<key>.npy`` files there. It is itself a ``SpeakerEncoder``."""
+    ``folder``, as ``<key>.npy`` files there. It is itself a ``SpeakerEmbedder``."""
 
     def __init__(
-        self, encoder: SpeakerEncoder, folder: Path | None = None, max_items: int = 10_000
+        self, encoder: SpeakerEmbedder, folder: Path | None = None, max_items: int = 10_000
     ) -> None:
         self.encoder = encoder
         self.name = encoder.name
@@ -214,7 +218,7 @@ class EmbeddingCache:
 
 
 async def embed_off_loop(
-    encoder: SpeakerEncoder, samples: np.ndarray, rate: int = SAMPLE_RATE
+    encoder: SpeakerEmbedder, samples: np.ndarray, rate: int = SAMPLE_RATE
 ) -> np.ndarray:
     """``encoder.embed`` in a worker thread, so the event loop keeps serving."""
     return await asyncio.to_thread(encoder.embed, samples, rate)

@@ -23,7 +23,7 @@ import numpy as np
 
 from lora_training.transcripts import SpeechRecognizer
 from voicehost.audio.formats import write_wav
-from voicehost.audio.speaker import SpeakerEncoder
+from voicehost.audio.speaker import SpeakerEmbedder
 from voicehost.cloning.evaluation import (
     EVAL_SENTENCES,
     EvalReport,
@@ -34,7 +34,8 @@ from voicehost.cloning.evaluation import (
 )
 from voicehost.config import Settings
 from voicehost.speech.synthesis import SpeakOptions, Synthesizer
-from voicehost.text.segment import Segment, split_text
+from voicehost.text.segment import Segment
+from voicehost.text.stage import TextStage
 from voicehost.voices.validation import (
     MANIFEST,
     STATUS,
@@ -52,7 +53,7 @@ EVAL = "eval"
 
 
 class ServingProcess(Protocol):
-    """What the evaluation needs of a process that speaks (``voicehost.serving.Runtime``)."""
+    """What the evaluation needs of a process that speaks (``voicehost.serving.ServingProcess``)."""
 
     voices: VoiceDirectory
 
@@ -111,7 +112,7 @@ async def evaluate_candidate(
     speaker: Synthesizer | ServingProcess,
     folder: Path,
     references: Sequence[np.ndarray],
-    encoder: SpeakerEncoder,
+    encoder: SpeakerEmbedder,
     settings: Settings,
     *,
     voice_id: str | None = None,
@@ -152,7 +153,7 @@ async def evaluate_candidate(
     async def speak(name: str, sentence: str) -> Sample:
         voice = candidate if name == candidate.voice_id else builtin[name]
         started = time.monotonic()
-        segments = split_text(sentence, settings.segment_max_chars)
+        segments = TextStage(max_chars=settings.segment_max_chars).whole(sentence)
         chunks: list[np.ndarray] = []
         async with aclosing(synthesizer.speak_segments(_each(segments), voice, options)) as events:
             async for event in events:

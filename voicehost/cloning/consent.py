@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voicehost.audio.speaker import SpeakerEncoder, centroid, similarity
+from voicehost.audio.speaker import SpeakerEmbedder, centroid, similarity
 from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
 
 CONSENT = "consent"  # the manifest key of a version's consent record
@@ -38,7 +38,7 @@ class ConsentMismatch(ValueError):
         self.measured = measured
 
 
-def recording_similarity(encoder: SpeakerEncoder, recording: Path, clips: list[Path]) -> float:
+def recording_similarity(encoder: SpeakerEmbedder, recording: Path, clips: list[Path]) -> float:
     """How alike the speaker of ``recording`` is to that of ``clips`` (the centroid of the
     first ``MAX_CLIPS``): the cosine of their embeddings. Raises ``UnreadableAudio`` for a
     recording that is not audio."""
@@ -63,7 +63,7 @@ def recording_similarity(encoder: SpeakerEncoder, recording: Path, clips: list[P
 
 
 def check_recording(
-    encoder: SpeakerEncoder, recording: Path, clips: list[Path], threshold: float
+    encoder: SpeakerEmbedder, recording: Path, clips: list[Path], threshold: float
 ) -> float:
     """``recording_similarity``, or ``ConsentMismatch`` below ``threshold``."""
     measured = recording_similarity(encoder, recording, clips)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from lora_training.transcripts import SpeechRecognizer
-from voicehost.audio.speaker import SpeakerEncoder, centroid, embed_off_loop, similarity
+from voicehost.audio.speaker import SpeakerEmbedder, centroid, embed_off_loop, similarity
 from voicehost.audio.speech_start import leading_silence_ms
 from voicehost.model.orpheus import SAMPLE_RATE
 
@@ -191,12 +191,12 @@ def char_error_rate(reference: str, hypothesis: str) -> float:
 # --- the evaluation --------------------------------------------------------------------------
 
 
-async def _embed_all(encoder: SpeakerEncoder, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+async def _embed_all(encoder: SpeakerEmbedder, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [await embed_off_loop(encoder, clip, SAMPLE_RATE) for clip in clips]
 
 
 async def _scores(
-    encoder: SpeakerEncoder, speaker: np.ndarray, samples: Sequence[Sample]
+    encoder: SpeakerEmbedder, speaker: np.ndarray, samples: Sequence[Sample]
 ) -> list[float]:
     """Each sample's similarity to the speaker's embedding."""
     return [similarity(e, speaker) for e in await _embed_all(encoder, [s.samples for s in samples])]
@@ -216,7 +216,7 @@ async def evaluate(
     speak: Speak,
     voice: str,
     references: Sequence[np.ndarray],
-    encoder: SpeakerEncoder,
+    encoder: SpeakerEmbedder,
     sentences: Sequence[str] = EVAL_SENTENCES,
     baseline_voices: Sequence[str] = (),
     recognizer: SpeechRecognizer | None = None,

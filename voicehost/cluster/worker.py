@@ -37,7 +37,7 @@ def worker_identity(settings: Settings) -> tuple[str, str]:
 
 
 class WorkerCluster:
-    """What ``voicehost worker`` adds to a serving runtime (a ``runtime.ClusterLink``)."""
+    """What ``voicehost worker`` adds to a serving process (a ``serving.ClusterLink``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

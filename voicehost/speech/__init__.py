@@ -1,3 +1,3 @@
 """The speech pipeline: synthesis (tokens to frames to PCM), admission, measured capacity, and the
-serving process's runtime.
+serving process.
 """

@@ -20,7 +20,6 @@ from voicehost.model import orpheus
 from voicehost.model.codec import DecodeScheduler, FrameDecoder
 from voicehost.model.engine import SpeechEngine
 from voicehost.speech.capacity import RateMeter
-from voicehost.text.normalize import normalize
 from voicehost.text.segment import Segment
 from voicehost.voices.voice import Voice
 
@@ -202,7 +201,6 @@ class SpeakOptions:
     """How a text of one or more segments is spoken."""
 
     seed: int | None = None
-    normalize: bool = True
     continuity_frames: int = 0
     prefetch: int = 1  # segments generated at once when continuity is off
     trim_db: float | None = None  # drop leading silence quieter than this (None: keep it)
@@ -313,7 +311,7 @@ class Synthesizer:
             index = 0
             async for segment in segments:
                 arrived = time.monotonic()
-                text = normalize(segment.speech) if options.normalize else segment.speech
+                text = segment.speech  # the text stage's last word (``voicehost.text.stage``)
                 if not any(ch.isalnum() for ch in text):
                     continue
                 await slots.acquire()  # released once the segment has been played

@@ -1,6 +1,6 @@
 """Usage: characters and seconds of audio spoken, per API key, tenant and voice.
 
-Counted as audio is sent, never when it is asked for: a stream's ``StreamMeter`` adds each
+Counted as audio is sent, never when it is asked for: a stream's ``UsageTally`` adds each
 chunk's seconds once the chunk has been written to the client (so a stream cancelled or cut
 half-way counts what was sent), and a segment's characters with the first chunk of its audio.
 The counts go at once into Prometheus counters (``voicehost_usage_*_total``) and into per-minute
@@ -66,7 +66,7 @@ class UsageStore(Protocol):
         ...
 
 
-class StreamMeter:
+class UsageTally:
     """The usage of one stream: call ``segment`` when a segment starts, ``sent`` after each
     chunk of audio reached the client's connection."""
 
@@ -110,10 +110,10 @@ class UsageLedger:
         self._flushing = asyncio.Lock()
         self._stored = True  # the last flush worked: a failure is logged once, not each second
 
-    def meter(self, principal: Principal | None, voice_id: str) -> StreamMeter:
+    def tally(self, principal: Principal | None, voice_id: str) -> UsageTally:
         if principal is None:
-            return StreamMeter(self, UsageKey("", "", voice_id))
-        return StreamMeter(self, UsageKey(principal.key_id, principal.tenant, voice_id))
+            return UsageTally(self, UsageKey("", "", voice_id))
+        return UsageTally(self, UsageKey(principal.key_id, principal.tenant, voice_id))
 
     def add(self, key: UsageKey, characters: int, audio_seconds: float) -> None:
         self._pending[(minute_of(time.time()), key)].add(characters, audio_seconds)

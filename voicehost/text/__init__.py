@@ -1,13 +1,14 @@
-"""The text stage: raw text -> speakable segments.
+"""The text stage: raw text -> speakable segments, called in one place (``stage.TextStage``).
 
-Two independent steps, applied in this order:
+Three steps, applied in this order:
 
-1. Segmentation (``TextSegmenter`` for text that arrives in pieces, ``split_text`` for a complete
-   text) cuts the *raw* text into segments that partition it exactly. It cuts only where
+1. A lexicon (``lexicon``) says its aliases in place of the words they stand for.
+2. Segmentation (``TextSegmenter`` for text that arrives in pieces, ``split_text`` for a complete
+   text) cuts the text that is said into segments that partition it exactly. It cuts only where
    whitespace follows (or, for a word longer than ``max_chars``, hard), so a number or an emotive
    tag is never split across two segments; only the ``max_chars`` fallback (cut at a space) can
    split a multi-word expression such as "$1.5 million".
-2. Normalisation (``normalize``) rewrites one segment for the model: numbers, dates, times,
+3. Normalisation (``normalize``) rewrites one segment for the model: numbers, dates, times,
    currency, percentages, units and common abbreviations become English words. Emotive tags such as
    ``<laugh>`` pass through byte-identical.
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lora_training.ingest import decode
-from voicehost.audio.speaker import load_encoder
+from voicehost.audio.speaker import load_embedder
 from voicehost.audio.speech_start import leading_silence_ms
 from voicehost.cli import main
 from voicehost.cloning.evaluation import (
@@ -107,7 +107,7 @@ def test_leading_silence_is_where_the_first_loud_window_starts():
 def test_an_evaluation_of_real_speech_finds_the_speaker_closer_than_other_voices(tmp_path):
     """The speaker's own espeak voice against its references beats two other espeak voices;
     every figure is filled in, and the report and its plot are written."""
-    encoder = load_encoder()
+    encoder = load_embedder()
     references = [espeak(SPEAKER, text, tmp_path / "refs") for text in REFERENCE_TEXTS]
     sentences = ["Can you tell me the way to the post office?", "Seven people waited outside."]
     spoken: list[tuple[str, str]] = []

@@ -21,7 +21,7 @@ from voicehost.config import Settings
 
 pytestmark = pytest.mark.unit
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "docker-compose.yml"
 WORKER_DOCKERFILE = DEPLOY / "worker.Dockerfile"

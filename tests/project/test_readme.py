@@ -8,7 +8,7 @@ from voicehost.config import Settings
 
 pytestmark = pytest.mark.unit
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_readme_starts_with_the_serve_and_test_commands():
@@ -23,7 +23,7 @@ def test_every_setting_is_in_the_configuration_table():
 
 
 def test_ci_runs_the_readme_test_command_and_nothing_else():
-    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     commands = [line for line in ci.splitlines()[1:] if line and not line.startswith("#")]
     assert commands[-1] == "exec make test"
     assert all(line.startswith(("set ", "cd ")) for line in commands[:-1]), commands

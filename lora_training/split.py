@@ -1,4 +1,5 @@
-"""Segment: split recordings longer than 15 s into 2-15 s utterances at pauses (silero-vad).
+"""Split: recordings longer than 15 s cut into 2-15 s utterances at pauses (silero-vad); a text
+*segment* is the text stage's (``voicehost.text.segment``), never audio.
 
 Their text comes from the ASR backend. Without one, a long recording is refused: a transcript is
 never guessed apart.

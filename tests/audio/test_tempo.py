@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from voicehost.audio.formats import AudioEncoder
+from voicehost.audio.formats import FormatEncoder
 from voicehost.audio.tempo import ATEMPO_RANGE, TimeStretch, atempo_steps
 from voicehost.model.orpheus import SAMPLE_RATE
 
@@ -28,7 +28,7 @@ def tone(seconds: float, hz: float = TONE_HZ) -> np.ndarray:
 def through_the_encoder(samples: np.ndarray, speed: float) -> np.ndarray:
     """``samples`` as a pcm response at ``speed``, fed in uneven chunks as the decoder yields
     them, decoded back to floats."""
-    encoder = AudioEncoder("pcm", None, speed)
+    encoder = FormatEncoder("pcm", None, speed)
     sizes = np.random.default_rng(0).integers(1, 4096, size=len(samples) // 1000 + 1)
     cuts = np.minimum(np.cumsum(sizes), len(samples))
     out = bytearray()
@@ -77,14 +77,14 @@ def test_speed_one_leaves_the_samples_exactly_as_they_were():
     source = tone(0.5)
     assert np.array_equal(
         through_the_encoder(source, 1.0),
-        np.frombuffer(AudioEncoder("pcm").encode(source), dtype="<i2").astype(np.float32) / 32768,
+        np.frombuffer(FormatEncoder("pcm").encode(source), dtype="<i2").astype(np.float32) / 32768,
     )
 
 
 def test_the_stream_says_how_many_samples_the_listener_gets():
     """``segment.done`` and SSE's ``done`` count what is heard: at the output rate, stretched."""
-    assert AudioEncoder("pcm", None, 2.0).output_samples(24000) == 12000
-    assert AudioEncoder("wav", 16000, 0.5).output_samples(24000) == 32000
+    assert FormatEncoder("pcm", None, 2.0).output_samples(24000) == 12000
+    assert FormatEncoder("wav", 16000, 0.5).output_samples(24000) == 32000
 
 
 def test_a_finished_stretch_takes_no_more_audio():

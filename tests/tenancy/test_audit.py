@@ -171,19 +171,19 @@ def test_audit_verify_says_where_a_copy_of_the_log_was_edited(tmp_path, capsys):
 async def test_usage_counts_what_was_sent_per_key_tenant_and_voice(tmp_path):
     store = FileUsageStore(tmp_path / "usage.jsonl")
     ledger = UsageLedger(store, None)
-    meter = ledger.meter(A, "anna")
-    meter.segment("Hello there.")
-    meter.sent(SAMPLE_RATE // 2)
-    meter.sent(SAMPLE_RATE // 4)  # the segment's characters count once, with its first audio
-    meter.segment("Unsent.")  # started, but no audio of it went out: not counted
-    ledger.meter(B, "anna").sent(SAMPLE_RATE)
-    ledger.meter(None, "tara").sent(SAMPLE_RATE * 2)
+    tally = ledger.tally(A, "anna")
+    tally.segment("Hello there.")
+    tally.sent(SAMPLE_RATE // 2)
+    tally.sent(SAMPLE_RATE // 4)  # the segment's characters count once, with its first audio
+    tally.segment("Unsent.")  # started, but no audio of it went out: not counted
+    ledger.tally(B, "anna").sent(SAMPLE_RATE)
+    ledger.tally(None, "tara").sent(SAMPLE_RATE * 2)
     totals = await ledger.totals(0, None)
     assert totals[UsageKey("a", "A", "anna")].characters == len("Hello there.")
     assert totals[UsageKey("a", "A", "anna")].audio_seconds == pytest.approx(0.75)
     assert totals[UsageKey("", "", "tara")].audio_seconds == pytest.approx(2.0)
     assert set(await ledger.totals(0, "B")) == {UsageKey("b", "B", "anna")}
-    meter.sent(SAMPLE_RATE)
+    tally.sent(SAMPLE_RATE)
     await asyncio.gather(ledger.flush(), ledger.flush())
     again = await FileUsageStore(store.path).totals(0, "A")  # read back from the file
     assert again[UsageKey("a", "A", "anna")].audio_seconds == pytest.approx(1.75)

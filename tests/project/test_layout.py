@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "voicehost"
 
 # Lowest first: each may import only those before it (and the shared modules below).

@@ -10,7 +10,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from lora_training import segment
+from lora_training import split
 from lora_training.export import read_references
 from lora_training.ingest import decode, ingest
 from lora_training.recipe import NotEnoughSpeech, VoiceJob, precheck, prepare, train_voice
@@ -125,8 +125,8 @@ def test_too_little_speech_says_how_much_was_found(corpus, dev_model, tmp_path):
 
 @pytest.mark.unit
 def test_a_long_recording_without_asr_is_refused_not_guessed():
-    with pytest.raises(segment.NeedsRecognizer, match="ASR"):
-        segment.split_recording(np.zeros(24000 * 20, dtype=np.float32), None)
+    with pytest.raises(split.NeedsRecognizer, match="ASR"):
+        split.split_recording(np.zeros(24000 * 20, dtype=np.float32), None)
 
 
 @pytest.mark.unit
@@ -139,7 +139,7 @@ def test_speech_regions_group_into_two_to_fifteen_second_utterances():
         (15 * rate, 15 * rate + 100),
     ]
     regions.append((20 * rate, 52 * rate))  # 32 s of unbroken speech
-    groups = segment.group_regions(regions)
+    groups = split.group_regions(regions)
     assert all(2 * rate <= e - s <= 15 * rate for s, e in groups)
     assert groups[0] == (0, 14 * rate)
 
@@ -322,7 +322,7 @@ def test_a_long_recording_is_split_at_pauses_with_silero_vad(corpus):
     long = np.concatenate([piece for r in recordings for piece in (r.samples, pause)])
     assert long.size / orpheus.SAMPLE_RATE > 30
     recognizer = FixedTextRecognizer()
-    utterances = segment.split_recording(long, recognizer)
+    utterances = split.split_recording(long, recognizer)
     durations = [samples.size / orpheus.SAMPLE_RATE for _, samples in utterances]
     assert len(utterances) >= 2 and recognizer.calls == len(utterances)
     assert all(2.0 <= d <= 15.2 + 0.2 for d in durations)  # 15 s plus the 0.1 s margins

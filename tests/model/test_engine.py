@@ -121,7 +121,7 @@ def test_the_gpu_extra_is_on_the_release_line_the_tests_run():
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     extras = extras["project"]["optional-dependencies"]
     (cpu,) = (Requirement(r) for r in extras["cpu"])
     (gpu,) = (Requirement(r) for r in extras["gpu"])

@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_DEPS = ROOT / "scripts" / "system_deps.sh"
 _spec = importlib.util.spec_from_file_location("lock_script", ROOT / "scripts" / "lock.py")
 assert _spec is not None and _spec.loader is not None

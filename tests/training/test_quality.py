@@ -16,8 +16,8 @@ from voicehost.audio.speaker import (
     EmbeddingCache,
     centroid,
     embed_off_loop,
-    load_encoder,
-    shared_encoder,
+    load_embedder,
+    shared_embedder,
     similarity,
 )
 from voicehost.cli import main
@@ -30,7 +30,7 @@ OTHER_VOICE = "en-us+f3"  # a woman's voice; the corpus speaks espeak-ng's defau
 
 @pytest.fixture(scope="module")
 def encoder():
-    return shared_encoder()  # the one the data report and training use in this process
+    return shared_embedder()  # the one the data report and training use in this process
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +97,14 @@ def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
         "def load(folder):\n"
         "    return Loudness()\n"
     )
-    assert load_encoder(str(folder)).name == "loudness-test"
-    shared = shared_encoder(str(folder))
-    assert shared.name == "loudness-test" and shared_encoder(f" {folder} ") is shared
-    assert load_encoder(str(folder)) is not shared  # a new one; the process keeps ``shared``
-    assert load_encoder("voicehost.audio.speaker:Resemblyzer").name == "resemblyzer-ge2e"
+    assert load_embedder(str(folder)).name == "loudness-test"
+    shared = shared_embedder(str(folder))
+    assert shared.name == "loudness-test" and shared_embedder(f" {folder} ") is shared
+    assert load_embedder(str(folder)) is not shared  # a new one; the process keeps ``shared``
+    assert load_embedder("voicehost.audio.speaker:Resemblyzer").name == "resemblyzer-ge2e"
     for spec in ("no.such.module:Factory", str(tmp_path), "voicehost.audio.speaker:centroid", "x"):
         with pytest.raises(ValueError):
-            load_encoder(spec)
+            load_embedder(spec)
 
 
 def test_clips_of_another_speaker_are_left_out_of_training_and_named(corpus, tmp_path):

@@ -7,8 +7,10 @@ import time
 
 import pytest
 
+from voicehost.text.lexicon import Lexicon, LexiconEntry
 from voicehost.text.normalize import normalize
 from voicehost.text.segment import ABBREVIATIONS, Segment, TextSegmenter, split_text
+from voicehost.text.stage import TextStage, TextTooLong
 
 pytestmark = pytest.mark.unit
 
@@ -604,3 +606,32 @@ def test_a_hard_cut_comes_out_as_soon_as_the_text_past_the_limit_is_known():
 )
 def test_sentences_merge_while_they_fit_in_target_chars(text, target, merged):
     assert texts(segment(text, first_min_words=None, target_chars=target)) == merged
+
+
+# --- the whole stage: lexicon, then segments, then normalisation --------------------------------
+
+
+def test_the_stage_says_the_lexicons_aliases_cuts_then_normalises_each_segment():
+    lexicon = Lexicon([LexiconEntry("W3C", "web consortium")])
+    text = "The W3C met on 3 May. " * 10 + "It cost $5."
+    segments = TextStage(lexicon, max_chars=80).whole(text)
+    assert len(segments) > 1 and all(len(s.text) <= 80 for s in segments)
+    assert "".join(s.text for s in segments) == lexicon.apply(text)  # cut in what is said
+    assert "web consortium" in segments[0].speech and "W3C" not in segments[0].speech
+    assert segments[0].speech.count("third") == 2  # "3 May", normalised once cut
+    assert "five dollars" in segments[-1].speech
+    plain = TextStage(lexicon, max_chars=80, normalise=False).whole(text)
+    assert [s.speech for s in plain] == [s.text for s in plain]
+    with pytest.raises(TextTooLong, match=r"says \d+ characters; the limit is 100"):
+        TextStage(lexicon).whole("W3C " * 30, limit=100)  # 120 characters, said as 450
+
+
+def test_streamed_text_counts_what_is_said_before_normalising_and_keeps_input_spans():
+    text = "Ask the W3C about 42 rules. Then rest."
+    streamed = TextStage(Lexicon([LexiconEntry("W3C", "web consortium")])).streamed()
+    segments = [s for piece in text.split(" ") for s in streamed.push(piece + " ")]
+    segments += streamed.flush()
+    assert "".join(s.text for s in segments).strip() == text  # spans of the input as sent
+    said = "Ask the web consortium about 42 rules. Then rest. "
+    assert streamed.said == len(said)  # aliases counted, normalisation not
+    assert "forty-two" in segments[0].speech or "forty two" in segments[0].speech

@@ -1,4 +1,4 @@
-"""EncoderPool: streams encoded on threads keep their chunks in order, and one stream's slow
+"""FormatEncoderPool: streams encoded on threads keep their chunks in order, and one stream's slow
 encoding holds up only that stream. Real encoders (PyAV, soxr) on a real thread pool."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from voicehost.audio.formats import AudioEncoder, EncoderPool, StreamEncoder
+from voicehost.audio.formats import FormatEncoder, FormatEncoderPool, FormatStream
 from voicehost.model.orpheus import SAMPLE_RATE
 
 pytestmark = pytest.mark.unit
@@ -36,7 +36,7 @@ def chunked(samples: np.ndarray, seed: int) -> list[np.ndarray]:
 
 
 def sequential(fmt: str, rate: int | None, chunks: list[np.ndarray]) -> bytes:
-    encoder = AudioEncoder(fmt, rate)
+    encoder = FormatEncoder(fmt, rate)
     return b"".join(encoder.encode(chunk) for chunk in chunks) + encoder.finish()
 
 
@@ -49,7 +49,7 @@ def packets(fmt: str, data: bytes) -> list[bytes] | bytes:
         return [bytes(packet) for packet in container.demux() if packet.size]
 
 
-async def encode_all(encoder: StreamEncoder, chunks: list[np.ndarray], sent: list[int]) -> bytes:
+async def encode_all(encoder: FormatStream, chunks: list[np.ndarray], sent: list[int]) -> bytes:
     out = []
     for chunk in chunks:
         sent.append(chunk.size)
@@ -63,13 +63,13 @@ def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding() -> Non
     are exactly what one encoder fed its chunks in order writes (a chunk encoded out of turn,
     or by two threads at once, would change them)."""
     chunks = [chunked(speechlike(1.5, seed), seed) for seed in range(len(STREAMS))]
-    pool = EncoderPool(4)
+    pool = FormatEncoderPool(4)
 
     async def run() -> list[bytes]:
-        encoders = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
-        assert all(encoder.encoder.costly for encoder in encoders)  # all of them on the pool
+        format_encoders = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
+        assert all(encoder.encoder.costly for encoder in format_encoders)  # all of them on the pool
         return await asyncio.gather(
-            *(encode_all(e, c, []) for e, c in zip(encoders, chunks, strict=True))
+            *(encode_all(e, c, []) for e, c in zip(format_encoders, chunks, strict=True))
         )
 
     try:
@@ -87,7 +87,7 @@ def test_a_slow_encoder_slows_only_its_own_stream() -> None:
     same 2-thread pool encodes all of its chunks; released, A finishes with its bytes intact."""
     a_chunks = chunked(speechlike(2.0, 1), 1)
     b_chunks = chunked(speechlike(2.0, 2), 2)
-    pool = EncoderPool(2)
+    pool = FormatEncoderPool(2)
 
     async def run() -> tuple[list[int], bytes, bytes]:
         a, b = pool.stream("mp3"), pool.stream("opus")
@@ -114,7 +114,7 @@ def test_a_slow_encoder_slows_only_its_own_stream() -> None:
 def test_encoding_runs_off_the_event_loop_and_pcm_stays_on_it() -> None:
     """While a 6 s mp3 chunk encodes, the loop runs and sees the encoder's lock held by the
     pool's thread; pcm at the model's rate is converted on the loop, with no thread."""
-    pool = EncoderPool(1)
+    pool = FormatEncoderPool(1)
 
     async def run() -> tuple[bool, int]:
         mp3 = pool.stream("mp3")

@@ -1,4 +1,4 @@
-"""AudioEncoder: every format and rate, encoded in odd chunks, decoded back with PyAV."""
+"""FormatEncoder: every format and rate, encoded in odd chunks, decoded back with PyAV."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import soxr
 from voicehost.audio.formats import (
     FORMATS,
     SAMPLE_RATES,
-    AudioEncoder,
+    FormatEncoder,
     UnsupportedAudio,
     content_type,
     encoding_rate,
@@ -65,7 +65,7 @@ def random_chunks(samples: np.ndarray, seed: int) -> list[np.ndarray]:
     return [samples[start:end] for start, end in itertools.pairwise(edges)]
 
 
-def encode_all(encoder: AudioEncoder, chunks: list[np.ndarray]) -> tuple[list[bytes], bytes]:
+def encode_all(encoder: FormatEncoder, chunks: list[np.ndarray]) -> tuple[list[bytes], bytes]:
     """What each ``encode`` call returned, and what ``finish`` returned."""
     return [encoder.encode(chunk) for chunk in chunks], encoder.finish()
 
@@ -104,7 +104,7 @@ VALID = [
 @pytest.mark.parametrize(("fmt", "rate"), VALID)
 def test_every_format_decodes_to_its_rate_and_duration(fmt: str, rate: int | None) -> None:
     signal = tone_and_chirp()
-    encoder = AudioEncoder(fmt, rate)
+    encoder = FormatEncoder(fmt, rate)
     parts, tail = encode_all(encoder, random_chunks(signal, seed=rate or 0))
     decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
 
@@ -122,7 +122,7 @@ def test_every_format_decodes_to_its_rate_and_duration(fmt: str, rate: int | Non
 @pytest.mark.parametrize("rate", [8000, 24000, 44100])
 def test_lossless_formats_carry_the_resampled_samples_exactly(fmt: str, rate: int) -> None:
     signal = tone_and_chirp()
-    encoder = AudioEncoder(fmt, rate)
+    encoder = FormatEncoder(fmt, rate)
     parts, tail = encode_all(encoder, random_chunks(signal, seed=rate))
     decoded, _ = decode(fmt, b"".join(parts) + tail, rate)
 
@@ -146,7 +146,7 @@ def test_lossless_formats_at_the_model_rate_carry_known_pcm_values_exactly(fmt: 
     values = known_pcm_values()
     over = np.array([1.5, -1.5, 2.0, -2.0, 1.0, -1.0], np.float32)  # clipped to full scale
     signal = np.concatenate([(values / 32767).astype(np.float32), over])
-    encoder = AudioEncoder(fmt)
+    encoder = FormatEncoder(fmt)
     parts, tail = encode_all(encoder, random_chunks(signal, seed=11))
     decoded, _ = decode(fmt, b"".join(parts) + tail, SAMPLE_RATE)
 
@@ -169,7 +169,7 @@ def test_pcm16_is_full_scale_at_32767_and_clips_beyond():
 def test_lossy_formats_clip_samples_beyond_full_scale(fmt: str) -> None:
     t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
     loud = (3.0 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
-    encoder = AudioEncoder(fmt)
+    encoder = FormatEncoder(fmt)
     parts, tail = encode_all(encoder, random_chunks(loud, seed=3))
     decoded, _ = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
 
@@ -182,20 +182,20 @@ def test_lossy_formats_clip_samples_beyond_full_scale(fmt: str) -> None:
 @pytest.mark.parametrize(("fmt", "rate"), [("pcm", 16000), ("wav", 44100), ("flac", None)])
 def test_samples_of_any_float_type_and_shape_encode_as_the_same_float32_samples(fmt, rate):
     signal = tone_and_chirp(5000)
-    reference = AudioEncoder(fmt, rate)
+    reference = FormatEncoder(fmt, rate)
     expected = reference.encode(signal) + reference.finish()
     for variant in (signal.astype(np.float64), signal.reshape(-1, 1), signal.reshape(1, -1)):
-        encoder = AudioEncoder(fmt, rate)
+        encoder = FormatEncoder(fmt, rate)
         assert encoder.encode(variant) + encoder.finish() == expected
-    encoder = AudioEncoder(fmt, rate)
+    encoder = FormatEncoder(fmt, rate)
     assert encoder.encode(signal.tolist()) + encoder.finish() == expected  # a plain list too
 
 
 @pytest.mark.unit
 def test_an_encoder_says_its_format_and_the_rate_it_sends():
-    opus = AudioEncoder("opus", 16000)
+    opus = FormatEncoder("opus", 16000)
     assert (opus.fmt, opus.sample_rate) == ("opus", 48000)
-    mulaw = AudioEncoder("mulaw")
+    mulaw = FormatEncoder("mulaw")
     assert (mulaw.fmt, mulaw.sample_rate) == ("mulaw", 8000)
 
 
@@ -226,7 +226,7 @@ def test_a_wav_header_with_a_length_makes_a_file_the_wave_module_reads():
 @pytest.mark.parametrize("fmt", TELEPHONE)
 def test_telephone_formats_are_the_signal_at_8_khz_with_g711_noise(fmt: str) -> None:
     signal = tone_and_chirp()
-    encoder = AudioEncoder(fmt)
+    encoder = FormatEncoder(fmt)
     parts, tail = encode_all(encoder, random_chunks(signal, seed=8))
     decoded, _ = decode(fmt, b"".join(parts) + tail, 8000)
 
@@ -242,7 +242,7 @@ def test_lossy_formats_keep_the_tone_and_its_loudness(fmt: str, rate: int) -> No
     tone = (0.5 * np.sin(2 * np.pi * TONE_HZ * np.arange(SAMPLE_RATE) / SAMPLE_RATE)).astype(
         np.float32
     )
-    encoder = AudioEncoder(fmt, rate)
+    encoder = FormatEncoder(fmt, rate)
     parts, tail = encode_all(encoder, random_chunks(tone, seed=rate))
     decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, rate)
 
@@ -256,7 +256,7 @@ def test_lossy_formats_keep_the_tone_and_its_loudness(fmt: str, rate: int) -> No
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_audio_streams_out_before_finish(fmt: str) -> None:
     signal = tone_and_chirp()
-    encoder = AudioEncoder(fmt)
+    encoder = FormatEncoder(fmt)
     model_frames = [
         signal[start : start + SAMPLES_PER_FRAME]
         for start in range(0, len(signal), SAMPLES_PER_FRAME)
@@ -274,16 +274,16 @@ def test_audio_streams_out_before_finish(fmt: str) -> None:
     [("wav", b"RIFF"), ("mp3", b"ID3"), ("opus", b"OggS"), ("flac", b"fLaC")],
 )
 def test_first_encode_returns_the_container_header(fmt: str, magic: bytes) -> None:
-    assert AudioEncoder(fmt).encode(np.zeros(0, np.float32)).startswith(magic)
+    assert FormatEncoder(fmt).encode(np.zeros(0, np.float32)).startswith(magic)
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "aac", "mulaw", "alaw"])
 def test_headerless_formats_return_nothing_for_no_audio(fmt: str) -> None:
-    assert AudioEncoder(fmt).encode(np.zeros(0, np.float32)) == b""
+    assert FormatEncoder(fmt).encode(np.zeros(0, np.float32)) == b""
 
 
 def test_wav_of_no_audio_is_the_bare_header_at_the_output_rate() -> None:
-    encoder = AudioEncoder("wav", 16000)
+    encoder = FormatEncoder("wav", 16000)
     data = encoder.encode(np.zeros(0, np.float32)) + encoder.finish()
     assert len(data) == 44
     assert int.from_bytes(data[24:28], "little") == 16000
@@ -291,7 +291,7 @@ def test_wav_of_no_audio_is_the_bare_header_at_the_output_rate() -> None:
 
 def test_pcm_at_the_model_rate_is_the_samples_as_s16le() -> None:
     signal = tone_and_chirp(2400)
-    parts, tail = encode_all(AudioEncoder("pcm"), random_chunks(signal, seed=0))
+    parts, tail = encode_all(FormatEncoder("pcm"), random_chunks(signal, seed=0))
     assert b"".join(parts) + tail == to_pcm16(signal)
 
 
@@ -322,7 +322,7 @@ def test_opus_encodes_at_the_next_opus_rate_and_plays_at_48_khz(rate: int, encod
 )
 def test_unsupported_formats_and_rates_are_refused(fmt: str, rate: int | None) -> None:
     with pytest.raises(UnsupportedAudio):
-        AudioEncoder(fmt, rate)
+        FormatEncoder(fmt, rate)
 
 
 def test_unknown_format_has_no_content_type() -> None:
@@ -344,13 +344,13 @@ def test_content_types() -> None:
 
 
 def test_a_finished_encoder_takes_no_more_audio() -> None:
-    encoder = AudioEncoder("mp3")
+    encoder = FormatEncoder("mp3")
     encoder.finish()
     with pytest.raises(RuntimeError) as after_encode:
         encoder.encode(np.zeros(10, np.float32))
     with pytest.raises(RuntimeError) as after_finish:
         encoder.finish()
-    assert str(after_encode.value) == str(after_finish.value) == "this AudioEncoder is finished"
+    assert str(after_encode.value) == str(after_finish.value) == "this FormatEncoder is finished"
 
 
 @pytest.mark.unit
@@ -360,8 +360,8 @@ def test_refused_rates_say_which_rates_are_taken():
         match=r"sample_rate 12345 is not supported; use one of 8000, 16000, 22050, 24000, 44100, "
         r"48000$",
     ):
-        AudioEncoder("wav", 12345)
+        FormatEncoder("wav", 12345)
     with pytest.raises(
         UnsupportedAudio, match=r"alaw is G\.711 telephone audio at 8000 Hz only, not 16000 Hz"
     ):
-        AudioEncoder("alaw", 16000)
+        FormatEncoder("alaw", 16000)

@@ -1,0 +1,82 @@
+"""The text stage, whole and in one place: what a caller sent -> the segments the engine says.
+
+Three steps, in this order: a lexicon's aliases (``lexicon``: what is said for a word), cutting
+into segments (``segment``: sentences packed up to ``max_chars`` of what is said), and
+normalising each segment for the model (``normalize``: numbers, dates, units ... as words).
+A request's whole input goes through ``TextStage.whole``; a socket's text, arriving in pieces,
+through ``TextStage.streamed``. Each segment keeps its span of the input (``text``, ``start``,
+``end``); ``speech`` is what the engine is prompted with. Nothing after this stage rewrites text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from voicehost.text.lexicon import Lexicon, SpokenSegmenter
+from voicehost.text.normalize import normalize
+from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, split_text
+
+
+class TextTooLong(ValueError):
+    """A lexicon's aliases make the input say more than the limit."""
+
+    def __init__(self, said: int, limit: int) -> None:
+        super().__init__(
+            f"with its lexicons the input says {said} characters; the limit is {limit}"
+        )
+        self.said = said
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class TextStage:
+    """How one request's or socket's text becomes segments: its lexicon (``None``: words are
+    said as written), the longest segment, and whether numbers and the like are normalised."""
+
+    lexicon: Lexicon | None = None
+    max_chars: int = DEFAULT_MAX_CHARS
+    normalise: bool = True
+
+    def whole(self, text: str, limit: int | None = None) -> list[Segment]:
+        """A complete input's segments; ``TextTooLong`` where the lexicon makes it say more
+        than ``limit`` characters."""
+        said = self.lexicon.apply(text) if self.lexicon else text
+        if limit is not None and len(said) > limit:
+            raise TextTooLong(len(said), limit)
+        return [self.finish(segment) for segment in split_text(said, self.max_chars)]
+
+    def streamed(self) -> StreamedText:
+        """A segmenter for text that arrives in pieces (the first segment cut early)."""
+        return StreamedText(self)
+
+    def finish(self, segment: Segment) -> Segment:
+        """The last step: ``segment`` with its speech normalised."""
+        if not self.normalise:
+            return segment
+        return dataclasses.replace(segment, spoken=normalize(segment.speech))
+
+
+class StreamedText:
+    """``TextStage`` over text that arrives in pieces: ``push`` each, ``flush`` at a flush or
+    the end (offsets then count from 0 again). ``said`` counts the characters said so far, with
+    the lexicon's aliases in place of its words (before normalisation), for a socket's cap."""
+
+    def __init__(self, stage: TextStage) -> None:
+        self.stage = stage
+        self.said = 0
+        self._cutter: TextSegmenter | SpokenSegmenter = (
+            SpokenSegmenter(stage.lexicon, stage.max_chars)
+            if stage.lexicon
+            else TextSegmenter(max_chars=stage.max_chars)
+        )
+
+    def push(self, piece: str) -> list[Segment]:
+        return self._finished(self._cutter.push(piece))
+
+    def flush(self) -> list[Segment]:
+        return self._finished(self._cutter.flush())
+
+    def _finished(self, segments: list[Segment]) -> list[Segment]:
+        self.said += sum(len(segment.speech) for segment in segments)
+        return [self.stage.finish(segment) for segment in segments]
