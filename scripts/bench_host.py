@@ -303,7 +303,7 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
                 "lag_p99_ms": float(np.percentile(lags, 99) * 1000) if lags else None,
                 "lag_max_ms": float(max(lags) * 1000) if lags else None,
                 "tokens": source.tokens,
-                "encode_threads": getattr(getattr(serving, "encoders", None), "threads", 0),
+                "encode_threads": getattr(getattr(serving, "format_encoders", None), "threads", 0),
             }
         )
 
@@ -707,6 +707,158 @@ async def vllm_output_cost(streams: int, tokens: int) -> dict[str, float]:
     }
 
 
+# --- the front end with the real engine, as the batch grows ------------------------------------
+
+FRONT_END_TEXT = "Hi there, how are you today?"  # about 2 s of speech: 160-odd tokens
+
+
+async def vllm_front_end(
+    counts: list[int],
+    formats: list[str],
+    engine: dict[str, Any] | None = None,
+    first_audio_runs: int = 0,
+) -> list[dict[str, Any]]:
+    """The serving process's CPU with the real CPU engine (dev model, its serving sampling and
+    frame constraint, the built-in voice) at each batch size in ``counts``, in passes that each
+    add one stage of the real path: ``vllm`` (``SpeechEngine.audio_tokens`` read and dropped:
+    vLLM's output handling), ``pcm`` (the ``Synthesizer``: frames, the decode scheduler and
+    decoder with SNAC answering at once, as on a GPU), then each format (a ``FormatEncoderPool``
+    stream per request, as the server encodes). The differences split the cost; each figure is
+    per token and per audio second, less the process's idle CPU. ``engine``: settings changed
+    for this run (e.g. ``{"stream_interval": 7}``). The engine core's own process is not
+    counted. ``first_audio_runs``: that many streams one after another, alone, and a row of
+    their time to first PCM (``stage`` ``first_audio``)."""
+    from voicehost.audio.formats import FormatEncoderPool
+    from voicehost.config import Settings
+    from voicehost.metrics import SpeechMetrics
+    from voicehost.model import orpheus
+    from voicehost.model.codec import DecodeScheduler
+    from voicehost.model.devmodel import ensure_dev_model
+    from voicehost.model.engine import SpeechEngine
+    from voicehost.speech.synthesis import Synthesizer
+    from voicehost.voices.voice import Voice
+
+    settings = Settings(dev=True, max_num_seqs=max([*counts, 1]), **(engine or {}))
+    ensure_dev_model(settings.dev_dir)
+    speech = await asyncio.to_thread(SpeechEngine.start, settings)
+    scheduler = DecodeScheduler(
+        instant_codec(), settings.codec_batch_window_ms, settings.codec_max_batch
+    )
+    synthesizer = Synthesizer(
+        speech,
+        scheduler,
+        SpeechMetrics(),
+        settings.lookahead_frames,
+        settings.codec_max_chunk_frames,
+    )
+    pool = FormatEncoderPool(settings.encode_threads)
+    voice = Voice("tara", "Tara")
+    samples_per_token = orpheus.SAMPLES_PER_FRAME / orpheus.TOKENS_PER_FRAME
+
+    async def tokens_only(index: int) -> float:
+        prompt = speech.prompt(FRONT_END_TEXT, voice)
+        options = speech.sampling(FRONT_END_TEXT, index, len(prompt))
+        tokens = 0
+        async for delta in speech.audio_tokens(prompt, voice, options):
+            tokens += len(delta)
+        return tokens * samples_per_token  # as samples, to compare with the other passes
+
+    firsts: list[float] = []  # seconds from a stream's start to its first PCM
+
+    async def to_pcm(index: int, fmt: str | None) -> float:
+        encoder = pool.stream(fmt) if fmt else None
+        samples = 0
+        started = time.perf_counter()
+        async for pcm in synthesizer.stream(FRONT_END_TEXT, voice, seed=index):
+            if not samples:
+                firsts.append(time.perf_counter() - started)
+            samples += pcm.size
+            if encoder is not None:
+                await encoder.encode(pcm)
+        if encoder is not None:
+            await encoder.finish()
+        return samples
+
+    async def run(count: int, stage: str) -> dict[str, Any]:
+        def one(i: int) -> Any:
+            if stage == "vllm":
+                return tokens_only(i)
+            return to_pcm(i, None if stage == "pcm" else stage)
+
+        firsts.clear()
+        start, wall = os.times(), time.perf_counter()
+        samples = sum(await asyncio.gather(*(one(i) for i in range(count))))
+        end, wall = os.times(), time.perf_counter() - wall
+        cpu = end.user + end.system - start.user - start.system - idle * wall
+        audio_s = samples / orpheus.SAMPLE_RATE
+        tokens = samples / samples_per_token
+        return {
+            "streams": count,
+            "stage": stage,
+            "tokens": round(tokens),
+            "audio_s": round(audio_s, 2),
+            "wall_s": round(wall, 2),
+            "tokens_per_s": round(tokens / wall, 1),
+            "cpu_us_per_token": round(cpu / tokens * 1e6, 1),
+            "cpu_ms_per_audio_s": round(cpu / audio_s * 1000, 2),
+            "first_audio_ms_p50": round(float(np.median(firsts)) * 1000, 1) if firsts else None,
+        }
+
+    rows: list[dict[str, Any]] = []
+    try:
+        await asyncio.gather(*(to_pcm(i, f) for i, f in enumerate(["pcm", *formats])))  # warm
+        idle_start = os.times()
+        await asyncio.sleep(3.0)
+        idle_end = os.times()
+        idle = (idle_end.user + idle_end.system - idle_start.user - idle_start.system) / 3.0
+        for count in counts:
+            for stage in ["vllm", "pcm", *formats]:
+                rows.append(await run(count, stage))
+                print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
+        if first_audio_runs:
+            firsts.clear()
+            for index in range(first_audio_runs):
+                await to_pcm(1000 + index, None)
+            ms = sorted(1000 * f for f in firsts)
+            rows.append(
+                {
+                    "streams": 1,
+                    "stage": "first_audio",
+                    "runs": len(ms),
+                    "first_audio_ms_p50": round(float(np.median(ms)), 1),
+                    "first_audio_ms_min": round(ms[0], 1),
+                    "first_audio_ms_max": round(ms[-1], 1),
+                }
+            )
+            print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
+    finally:
+        pool.close()
+        speech.shutdown()
+    return rows
+
+
+def front_end_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per batch size, the CPU per audio second of each stage: vLLM's output handling, our
+    pipeline to PCM (the ``pcm`` pass less the ``vllm`` one), each format's encoding (its pass
+    less the ``pcm`` one), and the total per format."""
+    split = []
+    measured = [row for row in rows if row["stage"] != "first_audio"]
+    for count in sorted({row["streams"] for row in measured}):
+        by_stage = {r["stage"]: r["cpu_ms_per_audio_s"] for r in measured if r["streams"] == count}
+        vllm, pcm = by_stage.pop("vllm"), by_stage.pop("pcm")
+        entry: dict[str, Any] = {
+            "streams": count,
+            "vllm_ms_per_audio_s": vllm,
+            "pipeline_ms_per_audio_s": round(pcm - vllm, 2),
+            "total_pcm_ms_per_audio_s": pcm,
+        }
+        for fmt, total in by_stage.items():
+            entry[f"encode_{fmt}_ms_per_audio_s"] = round(total - pcm, 2)
+            entry[f"total_{fmt}_ms_per_audio_s"] = total
+        split.append(entry)
+    return split
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -752,6 +904,22 @@ def main() -> int:
     parser.add_argument("--jitter-buffer-ms", type=float, default=100.0)
     parser.add_argument("--baseline", help="git revision measured too, as 'before'")
     parser.add_argument("--vllm", type=int, default=0, help="streams of the vLLM measurement")
+    parser.add_argument(
+        "--front-end",
+        default="",
+        help="comma list of batch sizes: the serving process's CPU with the real engine, "
+        "split into vLLM's output handling, the pipeline to PCM and encoding",
+    )
+    parser.add_argument("--front-end-formats", default="mp3,opus")
+    parser.add_argument(
+        "--first-audio-runs", type=int, default=0, help="lone streams timed to first PCM"
+    )
+    parser.add_argument(
+        "--stream-interval",
+        default="",
+        help="comma list of engine stream intervals (tokens per output) to compare with "
+        "--front-end",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--per-step", type=int, default=1, help=argparse.SUPPRESS)
@@ -783,7 +951,7 @@ def main() -> int:
 
     formats = [f for f in args.formats.split(",") if f]
     if not (formats or args.saturate or args.probe or args.profile):
-        versions = []  # only --vllm
+        versions = []  # only --vllm or --front-end
     for version, revision in versions:
         with code_tree(revision) as tree:
             for cores in core_counts:
@@ -819,7 +987,19 @@ def main() -> int:
             vllm = asyncio.run(vllm_output_cost(args.vllm, 512))
         except Exception as exc:  # the server figures above still stand
             vllm = {"error": f"{type(exc).__name__}: {exc}"}
+    front_end: dict[str, Any] = {}
+    if args.front_end or args.first_audio_runs:
+        counts_fe = [int(c) for c in args.front_end.split(",") if c]
+        fe_formats = [f for f in args.front_end_formats.split(",") if f]
+        intervals = [int(i) for i in args.stream_interval.split(",") if i] or [0]
+        for interval in intervals:
+            engine = {"stream_interval": interval} if interval else None
+            rows = asyncio.run(vllm_front_end(counts_fe, fe_formats, engine, args.first_audio_runs))
+            key = f"stream_interval_{interval}" if interval else "default"
+            front_end[key] = {"rows": rows, "split": front_end_split(rows)}
+            print(json.dumps({"front_end_split": front_end[key]["split"], "run": key}))
     report = {
+        "front_end": front_end,
         "rate_tokens_per_s": args.rate,
         "seconds_per_stream": round(seconds, 2),
         "jitter_buffer_ms": args.jitter_buffer_ms,

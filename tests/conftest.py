@@ -34,6 +34,7 @@ SERVER_FIXTURES = frozenset(
         "hot_server",
         "keyed",
         "keyed_server",
+        "frontends",
         "gateway",
         "cluster",
         "redis_server",

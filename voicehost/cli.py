@@ -18,6 +18,10 @@ from voicehost.tools.bench import DESCRIPTION as BENCH_DESCRIPTION
 from voicehost.tools.bench import add_arguments as add_bench_arguments
 
 
+def _frontends(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
     overrides = {
@@ -32,6 +36,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "redis_url": getattr(args, "redis", None),
             "worker_id": getattr(args, "worker_id", None),
             "advertise_url": getattr(args, "advertise_url", None),
+            "frontends": _frontends(getattr(args, "frontends", None)),
         }.items()
         if value is not None
     }
@@ -69,6 +74,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 2
     if not settings.redis_url:
         print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
+        return 2
+    if settings.frontends != 1:  # one ring member with one load figure: not built yet
+        print("voicehost worker: VOICEHOST_FRONTENDS is for serve only, for now", file=sys.stderr)
         return 2
     return _run_server("worker", lambda: serve_worker(settings))
 
@@ -420,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--adapters", type=Path, help="voice adapters folder")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--frontends",
+        help="serving processes sharing one engine core on the one port (a number, or auto)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = commands.add_parser("worker", help="run a cluster worker (engine + decoder)")

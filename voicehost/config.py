@@ -184,6 +184,18 @@ class Settings(BaseSettings):
     max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
     max_cpu_loras: int = Field(64, description="Adapters kept loaded in the engine's cache.")
     max_num_seqs: int = Field(64, description="Streams batched in one engine step.")
+    frontends: int | Literal["auto"] = Field(
+        1,
+        description="Serving processes sharing one engine core, all on the one port "
+        "(--frontends); auto: one per 2 cores beyond the engine core's 2, at most 16, on a GPU "
+        "(1 on the CPU engine).",
+    )
+    stream_interval: int = Field(
+        7,
+        ge=1,
+        description="Tokens vLLM gathers for a request before it hands them over (its first "
+        "token at once): 7, a frame, wakes the serving process once per frame, not per token.",
+    )
     gpu_memory_utilization: float | None = Field(
         None, description="Share of accelerator memory for vLLM (auto: 0.9 GPU, 0.3 CPU)."
     )
@@ -323,6 +335,18 @@ class Settings(BaseSettings):
         if self.realtime_tokens_per_second is not None:
             return self.realtime_tokens_per_second
         return 0.0 if self.dev else orpheus.AUDIO_TOKENS_PER_SECOND
+
+    def frontend_count(self) -> int:
+        """How many front ends share the engine core (``frontends``, with ``auto`` resolved)."""
+        if self.frontends != "auto":
+            return max(1, self.frontends)
+        import os
+
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cuda():
+            return 1
+        return max(1, min(16, (len(os.sched_getaffinity(0)) - 2) // 2))
 
     def stream_capacity(self) -> int:
         """Streams this process admits at once (and reports to the cluster)."""

@@ -35,6 +35,12 @@ class SpeechMetrics:
         self.audio_tokens = Counter(
             "voicehost_audio_tokens", "Audio tokens generated (rate() gives tokens/s).", registry=r
         )
+        self.engine_outputs = Counter(
+            "voicehost_engine_outputs",
+            "Outputs the engine handed this process (audio tokens / this: tokens per wake-up, "
+            "VOICEHOST_STREAM_INTERVAL's effect).",
+            registry=r,
+        )
         self.tokens_per_second = Gauge(
             "voicehost_stream_tokens_per_second",
             "Tokens/s of the last finished stream.",

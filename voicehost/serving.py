@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +23,7 @@ from voicehost.config import Settings
 from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
-from voicehost.model.engine import SpeechEngine
+from voicehost.model.engine import EngineSlot, SpeechEngine
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.capacity import RateMeter, Realtime
 from voicehost.speech.synthesis import Synthesizer
@@ -87,16 +88,46 @@ def is_missing_folder(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
 
 
+@dataclass(frozen=True)
+class FrontEnd:
+    """This process's place among one host's front ends (``voicehost.api.host``): its client
+    slot at the shared engine core, and the folder where each front end marks itself ready
+    (a file named by its index, there while it can take streams)."""
+
+    slot: EngineSlot
+    ready_dir: Path
+
+    def mark(self, ready: bool) -> None:
+        flag = self.ready_dir / str(self.slot.index)
+        if ready:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    def not_ready(self) -> list[int]:
+        """The front ends of the host that cannot take streams now (this one included)."""
+        return [i for i in range(self.slot.count) if not (self.ready_dir / str(i)).exists()]
+
+
 class ServingProcess:
     """Engine, codec, voice directory, clone jobs and metrics of one process.
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
-    folder; as a cluster worker they come from Redis and the shared store.
+    folder; as a cluster worker they come from Redis and the shared store. ``slot``: this
+    process is one of several front ends of one engine core (``voicehost.api.host``); the
+    first of them runs the host's clone jobs.
     """
 
-    def __init__(self, settings: Settings, cluster: ClusterLink | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cluster: ClusterLink | None = None,
+        frontend: FrontEnd | None = None,
+    ) -> None:
         self.settings = settings
         self.cluster = cluster
+        self.frontend = frontend
+        self.slot = frontend.slot if frontend is not None else None
         self.metrics = SpeechMetrics()
         self.voices: VoiceDirectory
         queue: JobQueue | None = None
@@ -199,6 +230,8 @@ class ServingProcess:
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish."""
         self.draining = True
+        if self.frontend is not None:
+            self.frontend.mark(False)
         if self.cluster is not None:
             await self.cluster.leave()
 
@@ -224,9 +257,10 @@ class ServingProcess:
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
         self._tasks.append(asyncio.create_task(self._start(), name="voicehost-startup"))
-        self._tasks.append(
-            asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
-        )
+        if self.slot is None or self.slot.index == 0:  # one runner per host
+            self._tasks.append(
+                asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
+            )
         self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
         self._tasks.append(asyncio.create_task(self._measure(), name="voicehost-rate-meter"))
 
@@ -286,7 +320,9 @@ class ServingProcess:
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
-        self._engine_start = asyncio.get_running_loop().run_in_executor(None, SpeechEngine.start, s)
+        self._engine_start = asyncio.get_running_loop().run_in_executor(
+            None, SpeechEngine.start, s, self.slot
+        )
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)
         self.codec = await asyncio.to_thread(
@@ -314,9 +350,13 @@ class ServingProcess:
         await synthesizer.warm_up(warm_voice)
         self.meter.forget()
         self.synthesizer = synthesizer
+        if self.frontend is not None and not self.draining:
+            self.frontend.mark(True)
         log.info("ready")
 
     async def close(self) -> None:
+        if self.frontend is not None:
+            self.frontend.mark(False)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

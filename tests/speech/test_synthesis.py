@@ -94,6 +94,40 @@ def test_closing_a_stream_closes_the_engine_stream_and_tokens_are_all_counted(co
     assert tokens == 12 * orpheus.TOKENS_PER_FRAME + 1  # the stop token included
 
 
+def test_deltas_of_a_stream_interval_give_first_audio_from_exactly_three_frames(codec):
+    """vLLM with ``stream_interval`` 7 hands over a request's first token at once, then 7 at a
+    time: 1, 8, 15, 22 ... so the third frame (token 21) comes with the delivery of token 22,
+    one engine step after it would alone. The first audio is the same: frame 0, decoded with
+    its two frames of lookahead; the tokens per output are counted."""
+    frames = random_frames(12, seed=9)
+    tokens = [t for frame in frames for t in frame.tokens()] + [orpheus.END_OF_SPEECH]
+
+    async def engine(interval: int):
+        sent = 0
+        for size in [1, *[interval] * len(tokens)]:
+            if sent >= len(tokens):
+                return
+            yield tokens[sent : sent + size]
+            sent += size
+            await asyncio.sleep(0)
+
+    async def first_chunk(interval: int):
+        synthesizer = Synthesizer(None, DecodeScheduler(codec), SpeechMetrics(), 2, 16)
+        chunks = synthesizer.play(engine(interval), time.monotonic())
+        first = await anext(chunks)
+        rest = [pcm async for pcm in chunks]
+        metrics = synthesizer.metrics
+        ratio = metrics.audio_tokens._value.get() / metrics.engine_outputs._value.get()
+        return first, sum(p.size for p in [first, *rest]), ratio
+
+    one = asyncio.run(first_chunk(1))
+    seven = asyncio.run(first_chunk(7))
+    assert one[0].size == seven[0].size == orpheus.SAMPLES_PER_FRAME
+    assert (one[0] == seven[0]).all()  # the same first audio, from the same three frames
+    assert one[1] == seven[1] == 12 * orpheus.SAMPLES_PER_FRAME
+    assert one[2] == 1.0 and seven[2] == pytest.approx(85 / 13)  # 1 + 12 outputs of 7
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WORKER_HEADER = "X-Voicehost-Worker"  # which worker served a request (cluster mode)
+FRONTEND_HEADER = "X-Voicehost-Frontend"  # which of a host's front ends answered (--frontends)
 VERSION_HEADER = "X-Voicehost-Voice-Version"  # which version of the voice a response speaks
 # A JSON body (speech, routing) is read whole: 1 MiB holds VOICEHOST_MAX_INPUT_CHARS' default of
 # 100000 characters however they are escaped; uploads stream under their own caps.

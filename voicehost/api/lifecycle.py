@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -24,14 +25,18 @@ async def serve_until_signalled(
     drain: Callable[[], Awaitable[None]],
     in_flight: Callable[[], int],
     drain_timeout: float,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``app`` on ``host:port``; on the first SIGTERM/SIGINT await ``drain()`` (which
-    stops admitting and returns once nothing is in flight) for at most ``drain_timeout`` s, or
-    until a second signal, then shut down. ``in_flight()`` is for the log."""
+    """Serve ``app`` on ``host:port`` (or on ``sock``, a bound socket this process shares with
+    the host's other front ends); on the first SIGTERM/SIGINT await ``drain()`` (which stops
+    admitting and returns once nothing is in flight) for at most ``drain_timeout`` s, or until
+    a second signal, then shut down. ``in_flight()`` is for the log."""
     # handlers still running after the drain are cancelled within a second of closing
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site: web.BaseSite = (
+        web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
+    )
     await site.start()
     log.info("listening on http://%s:%d", host, port)
     loop = asyncio.get_running_loop()

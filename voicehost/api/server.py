@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -17,6 +18,7 @@ from aiohttp import web
 from voicehost.api import lifecycle, realtime
 from voicehost.api.auth import AUTH, INTERNAL, bind_host, request_principal
 from voicehost.api.edge import (
+    FRONTEND_HEADER,
     SERVING,
     VERSION_HEADER,
     ApiError,
@@ -33,7 +35,7 @@ from voicehost.api.schemas import SpeechRequest
 from voicehost.audio.formats import FormatStream, content_type
 from voicehost.config import Settings
 from voicehost.model.engine import InputTooLong
-from voicehost.serving import ClusterLink, ServingProcess
+from voicehost.serving import ClusterLink, FrontEnd, ServingProcess
 from voicehost.speech.synthesis import SegmentStarted, SpeechEvent
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.segment import Segment
@@ -170,8 +172,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready: this process can speak, and so can each front end of its host."""
     serving = request.app[SERVING]
     serving.require_synthesizer()
+    if serving.frontend is not None and (waiting := serving.frontend.not_ready()):
+        message = f"front ends {waiting} of this host are starting or draining"
+        return error_response(503, "not_ready", message)
     return web.json_response({"status": "ready"})
 
 
@@ -199,13 +205,16 @@ INTERNAL_ROUTES = (
 )
 
 
-def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Application:
+def create_app(
+    settings: Settings, cluster: ClusterLink | None = None, frontend: FrontEnd | None = None
+) -> web.Application:
     """The application of a process that speaks; its serving starts when the app starts.
 
     ``cluster``: what a cluster worker adds (``voicehost.cluster.worker``): voices and jobs in
-    Redis and the shared store, and a place on the ring.
+    Redis and the shared store, and a place on the ring. ``slot``: this process is a front end
+    of an engine core it shares with others (``voicehost.api.host``).
     """
-    serving = ServingProcess(settings, cluster)
+    serving = ServingProcess(settings, cluster, frontend)
     app = public_app(
         settings,
         "serve" if cluster is None else "worker",
@@ -219,6 +228,13 @@ def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Ap
         own_routes=INTERNAL_ROUTES,
     )
     app[SERVING] = serving
+    if frontend is not None:
+        index = str(frontend.slot.index)
+
+        async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers[FRONTEND_HEADER] = index
+
+        app.on_response_prepare.append(name_frontend)
 
     async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVING].start()
@@ -229,9 +245,18 @@ def create_app(settings: Settings, cluster: ClusterLink | None = None) -> web.Ap
     return app
 
 
-def serve(settings: Settings, app: web.Application | None = None) -> None:
+def serve(
+    settings: Settings, app: web.Application | None = None, sock: socket.socket | None = None
+) -> None:
     """Serve ``app`` (``create_app(settings)`` by default) until SIGTERM or SIGINT, then drain
-    (see ``lifecycle``); a disconnecting client cancels its handler."""
+    (see ``lifecycle``); a disconnecting client cancels its handler. With
+    ``VOICEHOST_FRONTENDS`` above 1, ``voicehost.api.host`` starts one engine core and that
+    many front ends, each serving ``create_app`` on the one port (``sock``)."""
+    if app is None and sock is None and settings.frontend_count() > 1:
+        from voicehost.api.host import serve_frontends
+
+        serve_frontends(settings)
+        return
     app = app if app is not None else create_app(settings)
     serving = app[SERVING]
     asyncio.run(
@@ -242,5 +267,6 @@ def serve(settings: Settings, app: web.Application | None = None) -> None:
             drain=serving.drain_and_wait,
             in_flight=lambda: serving.admission.active,
             drain_timeout=settings.drain_timeout_seconds,
+            sock=sock,
         )
     )

@@ -104,7 +104,11 @@ class JobQueue(Protocol):
 
 
 class FolderQueue:
-    """One server's queue: the queued jobs in the jobs folder, oldest first."""
+    """One host's queue: the queued jobs in the jobs folder, oldest first. A job this process
+    queues wakes its runner at once; one that another front end of the host queued is seen
+    within ``POLL_SECONDS``."""
+
+    POLL_SECONDS = 1.0
 
     def __init__(self) -> None:
         self._wake = asyncio.Event()
@@ -118,7 +122,10 @@ class FolderQueue:
             if queued:
                 return queued[0].id, queued[0].id
             self._wake.clear()
-            await self._wake.wait()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.POLL_SECONDS)
+            except TimeoutError:
+                pass
 
     async def keep(self, receipt: str) -> None:
         return None

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from voicehost import lifeline
 from voicehost.config import Settings
@@ -31,6 +31,7 @@ from voicehost.voices.voice import Voice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+    from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -195,8 +196,9 @@ class SamplingOptions:
     constrained: bool = False  # only well-formed frames may be sampled (frame_constraint.py)
 
 
-def engine_args(settings: Settings) -> AsyncEngineArgs:
-    """vLLM's engine arguments for these settings (on CPU, also sets the KV cache size)."""
+def engine_args(settings: Settings, clients: int = 1, rank: int = 0) -> AsyncEngineArgs:
+    """vLLM's engine arguments for these settings (on CPU, also sets the KV cache size); with
+    ``clients`` front ends sharing the core, this one's ``rank`` (-1: the core's own)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
 
@@ -205,7 +207,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
     on_gpu = current_platform.is_cuda()
     if not on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
-    return AsyncEngineArgs(
+    args = AsyncEngineArgs(
         model=settings.served_model(),
         dtype=resolve_dtype(settings.dtype, on_gpu),
         quantization=resolve_quantization(settings.quantization),
@@ -220,6 +222,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         # every request, with or without an adapter: 5x slower decoding on CPU.
         lora_target_modules=list(LORA_TARGET_MODULES),
         max_num_seqs=settings.max_num_seqs,
+        stream_interval=settings.stream_interval,
         gpu_memory_utilization=settings.gpu_memory_utilization or (0.9 if on_gpu else 0.3),
         enforce_eager=settings.enforce_eager,
         enable_prefix_caching=True,
@@ -231,6 +234,27 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         **({} if on_gpu else {"enable_chunked_prefill": False}),
         **({} if on_gpu else {"max_num_batched_tokens": settings.max_model_len}),
     )
+    # vLLM's fields for API servers sharing a core (``vllm serve --api-server-count``)
+    args._api_process_count, args._api_process_rank = clients, rank
+    return args
+
+
+def engine_config(args: AsyncEngineArgs) -> VllmConfig:
+    """The engine's whole configuration, as ``vllm serve`` makes it for its API servers."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """A front end's place at an engine core it shares (``voicehost.api.host``): vLLM's client
+    addresses of client ``index`` (the core's input and output sockets, as
+    ``bind_engine_zmq_listeners`` made them), ``count`` clients in all."""
+
+    addresses: dict[str, Any]
+    index: int
+    count: int
 
 
 class SpeechEngine:
@@ -248,13 +272,14 @@ class SpeechEngine:
         self._scratch: Path | None = None
 
     @classmethod
-    def start(cls, settings: Settings) -> SpeechEngine:
-        """Build the engine (blocking: loads weights and profiles memory)."""
+    def start(cls, settings: Settings, slot: EngineSlot | None = None) -> SpeechEngine:
+        """Build the engine (blocking: loads weights and profiles memory); with ``slot``, a
+        client of an engine core another process started (blocking until it is ready)."""
         from transformers import AutoTokenizer
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = engine_args(settings)
+        args = engine_args(settings, slot.count, slot.index) if slot else engine_args(settings)
         lifeline.start_reaper()  # vLLM's processes end with this one, even after a kill -9
         log.info(
             "starting vLLM: model=%s quantization=%s kv_cache_dtype=%s max_loras=%d",
@@ -263,7 +288,16 @@ class SpeechEngine:
             args.kv_cache_dtype,
             args.max_loras,
         )
-        llm = AsyncLLM.from_engine_args(args)
+        if slot is None:
+            llm = AsyncLLM.from_engine_args(args)
+        else:
+            llm = AsyncLLM.from_vllm_config(
+                engine_config(args),
+                disable_log_stats=True,
+                client_addresses=slot.addresses,
+                client_count=slot.count,
+                client_index=slot.index,
+            )
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         engine = cls(llm, tokenizer, settings)
         if not current_platform.is_cuda():

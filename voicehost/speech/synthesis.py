@@ -43,6 +43,7 @@ class FrameFeed:
         meter: RateMeter,
     ) -> None:
         self.tokens = 0
+        self.deliveries = 0  # the engine's outputs: one per token, or per stream interval
         self._meter = meter
         self._deltas = deltas
         self._assembler = assembler
@@ -57,6 +58,7 @@ class FrameFeed:
         meter.begin()
         try:
             async for delta in self._deltas:
+                self.deliveries += 1
                 self.tokens += len(delta)
                 meter.tokens += len(delta)
                 if frames := self._assembler.push(delta):
@@ -398,7 +400,7 @@ class Synthesizer:
         window are decoded before the listener's lead runs out."""
         assembler = orpheus.FrameAssembler()
         decoder = FrameDecoder(self.scheduler, self.lookahead, self.max_chunk)
-        counted = 0  # tokens already in the metric: it is updated per frame batch, not per token
+        counted = delivered = 0  # already in the metrics: updated per frame batch, not per token
         self.metrics.active_streams.inc()
         self.active += 1
         feed = FrameFeed(deltas, assembler, self.meter)
@@ -406,7 +408,8 @@ class Synthesizer:
             while (frames := await feed.next(decoder.due_in())) is not None:
                 if frames:
                     self.metrics.audio_tokens.inc(feed.tokens - counted)
-                    counted = feed.tokens
+                    self.metrics.engine_outputs.inc(feed.deliveries - delivered)
+                    counted, delivered = feed.tokens, feed.deliveries
                     if keep is not None:
                         keep.extend(frames)
                     pcm = await decoder.push(frames)
@@ -417,6 +420,7 @@ class Synthesizer:
                     yield pcm
             if feed.tokens > counted:
                 self.metrics.audio_tokens.inc(feed.tokens - counted)
+            self.metrics.engine_outputs.inc(feed.deliveries - delivered)
             pcm = await decoder.finish()
             if pcm.size:
                 yield pcm

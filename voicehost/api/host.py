@@ -1,0 +1,153 @@
+"""One engine core, several front ends: ``voicehost serve --frontends N``.
+
+One serving process cannot feed a GPU: vLLM's output handling, the pipeline to PCM and the
+encoders run on its one event loop and GIL (``docs/BENCHMARKS.md``, host capacity). So the host
+runs as ``vllm serve --api-server-count N`` does:
+
+- this process (the parent) binds the HTTP port once, binds the engine core's sockets for N
+  clients (``bind_engine_zmq_listeners``), starts the engine core (``launch_core_engines``) and
+  spawns N front ends;
+- each front end is a whole serving process (``create_app``: its own event loop, GIL, SNAC codec
+  and encoder pool) whose engine is an ``AsyncLLM`` client of the shared core: client ``i`` of
+  ``N`` (``voicehost.model.engine.EngineSlot``), accepting on the inherited socket;
+- the parent waits: SIGTERM or SIGINT is passed to every front end, each drains as one server
+  does, and the engine core is shut down once they have exited; a front end that dies takes
+  the host down (a supervisor restarts it whole). Killed with SIGKILL, the parent's reaper
+  (``voicehost.lifeline``) ends the engine core and the front ends die with their parent.
+
+What is one per host: the engine's batch; the clone-job runner (front end 0 runs it; the others
+queue into the same jobs folder, which it polls); the audit chain (its file lock); usage (each
+stream is counted by the front end that sends it, into the one usage file).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from voicehost import lifeline
+from voicehost.config import Settings
+from voicehost.model.engine import EngineSlot, engine_args, engine_config
+from voicehost.serving import FrontEnd
+
+log = logging.getLogger(__name__)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The host's one HTTP socket, bound (each front end listens and accepts on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_frontend(settings: Settings, frontend: FrontEnd, sock: socket.socket) -> None:
+    """A front end's process: the serving app on ``sock``, its engine client ``slot``."""
+    from voicehost.api.server import create_app, serve
+
+    lifeline.die_with_parent()
+    index = frontend.slot.index
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s frontend-{index} %(name)s %(message)s"
+    )
+    serve(settings, create_app(settings, frontend=frontend), sock=sock)
+
+
+def serve_frontends(settings: Settings) -> None:
+    """Start the engine core and ``settings.frontend_count()`` front ends; return once they
+    have all exited (after SIGTERM/SIGINT, passed on to each) or one of them has died."""
+    from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+    from vllm.v1.executor import Executor
+
+    from voicehost.api.auth import Authenticator, bind_host
+    from voicehost.model.devmodel import ensure_dev_model
+
+    count = settings.frontend_count()
+    if settings.dev:
+        ensure_dev_model(settings.dev_dir)
+    lifeline.start_reaper()  # the engine core and the front ends end with this process
+    config = engine_config(engine_args(settings, count, -1))
+    listeners = bind_engine_zmq_listeners(config, count)
+    auth = Authenticator.from_settings(settings)  # a key file it cannot use stops it here
+    sock = listening_socket(bind_host(settings.host, auth.enabled), settings.port)
+    ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
+    context = multiprocessing.get_context("spawn")
+    frontends: list[Any] = []
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for process in frontends:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    log.info("starting one engine core and %d front ends on port %d", count, settings.port)
+    try:
+        with launch_core_engines(
+            config, Executor.get_class(config), False, listeners.addresses
+        ) as launch:
+            for index in range(count):
+                addresses = {
+                    "input_address": listeners.inputs[index].address,
+                    "output_address": listeners.outputs[index].address,
+                    "input_listener": listeners.inputs[index].socket,
+                    "output_listener": listeners.outputs[index].socket,
+                }
+                frontend = FrontEnd(EngineSlot(addresses, index, count), ready_dir)
+                process = context.Process(
+                    target=run_frontend,
+                    args=(settings, frontend, sock),
+                    name=f"voicehost-frontend-{index}",
+                )
+                process.start()
+                frontends.append(process)
+                listeners.inputs[index].close()
+                listeners.outputs[index].close()
+            launch.watched_frontend_processes = frontends
+        engines = launch.engine_manager  # held: dropping it shuts the engine core down
+        sock.close()  # the front ends hold it
+        _wait(frontends, lambda: stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for process in frontends:
+            if process.is_alive():
+                process.terminate()
+            process.join(5)
+        if "engines" in locals() and engines is not None:
+            engines.shutdown()
+        listeners.cleanup()
+        shutil.rmtree(ready_dir, ignore_errors=True)
+        del listeners  # its __del__ would run again at exit, with vLLM's modules torn down
+
+
+def _wait(frontends: list[Any], stopping: Any) -> None:
+    """Until every front end has exited; one that dies while the others serve stops them all."""
+    from multiprocessing.connection import wait
+
+    alive = list(frontends)
+    while alive:
+        wait([p.sentinel for p in alive])
+        ended = [p for p in alive if not p.is_alive()]
+        alive = [p for p in alive if p.is_alive()]
+        if ended and alive and not stopping():
+            log.error(
+                "front end %s exited (code %s): stopping the host",
+                ended[0].name,
+                ended[0].exitcode,
+            )
+            for process in alive:
+                if process.pid is not None:
+                    os.kill(process.pid, signal.SIGTERM)
