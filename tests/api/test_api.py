@@ -256,15 +256,20 @@ async def test_seeded_requests_whose_prompts_overflow_one_engine_step_keep_the_e
 
 
 async def test_metrics_report_latency_rtf_load_throughput_and_errors(http, server):
-    first_audio, segments = (
+    names = (
         "voicehost_time_to_first_audio_seconds_count",
         "voicehost_segments_total",
+        "voicehost_audio_tokens_total",
+        "voicehost_engine_outputs_total",
     )
-    before = [await metric(http, server, name) for name in (first_audio, segments)]
+    before = [await metric(http, server, name) for name in names]
     await speak(http, server, "dev-a", "Hi. " * 250)  # 999 characters: two segments of 900
-    after = [await metric(http, server, name) for name in (first_audio, segments)]
-    assert after[1] - before[1] == 2
-    assert after[0] - before[0] == 1, "time to first audio is the stream's, once, not a segment's"
+    after = [await metric(http, server, name) for name in names]
+    first_audio, segments, tokens, outputs = (a - b for a, b in zip(after, before, strict=True))
+    assert segments == 2
+    assert first_audio == 1, "time to first audio is the stream's, once, not a segment's"
+    # VOICEHOST_STREAM_INTERVAL 7: the engine hands over a frame at a time, not a token
+    assert tokens / outputs > 5, (tokens, outputs)
     async with http.post(server.url + SPEECH, json={"input": "Hi.", "voice": "nobody"}):
         pass
     assert await metric(http, server, "voicehost_time_to_first_audio_seconds_count") >= 1

@@ -22,7 +22,9 @@ from voicehost.tools import devserver
 SPEECH = "/v1/audio/speech"
 
 
-@start_early("frontends")
+# Booted while test_auth runs (before this module), not at collection beside every other
+# server: its three processes each load vLLM, and under the start's crowd that took over 300 s.
+@start_early("frontends", engines=2, with_module="test_auth")
 def start_frontends(tmp_path_factory) -> EarlyServer:
     return EarlyServer(tmp_path_factory.mktemp("frontends"), VOICEHOST_FRONTENDS="2")
 

@@ -22,6 +22,7 @@ stream is counted by the front end that sends it, into the one usage file).
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -131,6 +132,7 @@ def serve_frontends(settings: Settings) -> None:
         listeners.cleanup()
         shutil.rmtree(ready_dir, ignore_errors=True)
         del listeners  # its __del__ would run again at exit, with vLLM's modules torn down
+        gc.collect()
 
 
 def _wait(frontends: list[Any], stopping: Any) -> None:
