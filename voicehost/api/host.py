@@ -84,6 +84,7 @@ def serve_frontends(settings: Settings) -> None:
     ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
     context = multiprocessing.get_context("spawn")
     frontends: list[Any] = []
+    engines = None  # vLLM's manager of the engine core, once it has started
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -127,7 +128,7 @@ def serve_frontends(settings: Settings) -> None:
             if process.is_alive():
                 process.terminate()
             process.join(5)
-        if "engines" in locals() and engines is not None:
+        if engines is not None:
             engines.shutdown()
         listeners.cleanup()
         shutil.rmtree(ready_dir, ignore_errors=True)
