@@ -1,12 +1,22 @@
-"""Prometheus metrics of the synthesis pipeline, in one registry per process."""
+"""Prometheus metrics of the synthesis pipeline, in one registry per process.
+
+The front ends of one host (``voicehost serve --frontends N``) answer ``/metrics`` for the host:
+the host sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts them (``MULTIPROCESS``), so every
+value is kept in a file of that folder per process, and ``render`` sums them (Prometheus'
+multiprocess mode): counters and histograms add up, a gauge says how its processes combine.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"  # set: this process is one front end of several
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -18,6 +28,13 @@ class SpeechMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.multiprocess = MULTIPROCESS in os.environ
+        self._rendered = r
+        if self.multiprocess:  # what every front end's files hold
+            self._rendered = CollectorRegistry()
+            MultiProcessCollector(self._rendered)
+        # gauges read from a function when rendered; in multiprocess mode set by ``refresh``
+        self._watched: list[tuple[Gauge, Callable[[], float]]] = []
         self.time_to_first_audio = Histogram(
             "voicehost_time_to_first_audio_seconds",
             "Per stream, from its text accepted to the first audio samples sent (once per stream, "
@@ -31,7 +48,12 @@ class SpeechMetrics:
             buckets=RTF_BUCKETS,
             registry=r,
         )
-        self.active_streams = Gauge("voicehost_active_streams", "Streams in progress.", registry=r)
+        self.active_streams = Gauge(
+            "voicehost_active_streams",
+            "Streams in progress.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.audio_tokens = Counter(
             "voicehost_audio_tokens", "Audio tokens generated (rate() gives tokens/s).", registry=r
         )
@@ -45,6 +67,7 @@ class SpeechMetrics:
             "voicehost_stream_tokens_per_second",
             "Tokens/s of the last finished stream.",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.underruns = Counter(
             "voicehost_stream_underruns",
@@ -57,11 +80,13 @@ class SpeechMetrics:
             "Audio tokens/s per engine request, as measured by admission, by batch size.",
             ["batch"],
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.realtime_headroom = Gauge(
             "voicehost_realtime_headroom_streams",
-            "Streams more this process predicts it keeps real time (what it tells gateways).",
+            "Streams more the host predicts it keeps real time (what it tells gateways).",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.audio_seconds = Counter("voicehost_audio_seconds", "Audio produced.", registry=r)
         self.stall_flushes = Counter(
@@ -79,14 +104,19 @@ class SpeechMetrics:
         )
         self.errors = Counter("voicehost_errors", "Errors by kind.", ["kind"], registry=r)
         self.engine_requests = Gauge(
-            "voicehost_engine_unfinished_requests", "Requests held by the vLLM engine.", registry=r
+            "voicehost_engine_unfinished_requests",
+            "Requests held by the vLLM engine.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.asyncio_tasks = Gauge(
             "voicehost_asyncio_tasks",
-            "Asyncio tasks alive in this process (flat under steady load; growth is a leak).",
+            "Asyncio tasks alive in the serving processes (flat under steady load; growth is a "
+            "leak).",
             registry=r,
+            multiprocess_mode="livesum",
         )
-        self.asyncio_tasks.set_function(open_tasks)
+        self._watch(self.asyncio_tasks, open_tasks)
         self.usage_characters = Counter(
             "voicehost_usage_characters",
             "Characters of input spoken (counted with the first audio of their segment sent).",
@@ -103,16 +133,30 @@ class SpeechMetrics:
             "voicehost_registry_missing_voices",
             "Voices in the cluster's shared store whose Redis record is missing (0: whole).",
             registry=r,
+            multiprocess_mode="max",
         )
 
     def watch_engine(self, unfinished: Callable[[], int]) -> None:
-        self.engine_requests.set_function(unfinished)
+        self._watch(self.engine_requests, unfinished)
 
     def watch_registry(self, missing: Callable[[], int]) -> None:
-        self.registry_missing.set_function(missing)
+        self._watch(self.registry_missing, missing)
+
+    def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        if self.multiprocess:  # a function is not shared through the files: ``refresh`` it
+            self._watched.append((gauge, read))
+        else:
+            gauge.set_function(read)
+
+    def refresh(self) -> None:
+        """Bring the gauges read from functions up to date in this process's file (multiprocess
+        mode; the serving process calls it every half second and each render does)."""
+        for gauge, read in self._watched:
+            gauge.set(read())
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.refresh()
+        return generate_latest(self._rendered)
 
 
 def series(text: str, name: str, label: str) -> dict[str, float]:

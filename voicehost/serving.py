@@ -25,6 +25,7 @@ from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.model.engine import EngineSlot, SpeechEngine
 from voicehost.speech.admission import Admission, WorkerLoad
+from voicehost.speech.board import HostBoard, LocalBoard
 from voicehost.speech.capacity import RateMeter, Realtime
 from voicehost.speech.synthesis import Synthesizer
 from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
@@ -88,14 +89,23 @@ def is_missing_folder(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
 
 
+BOARD_FILE = "streams"  # in a host's ready folder: its ``HostBoard``
+
+
 @dataclass(frozen=True)
 class FrontEnd:
     """This process's place among one host's front ends (``voicehost.api.host``): its client
     slot at the shared engine core, and the folder where each front end marks itself ready
-    (a file named by its index, there while it can take streams)."""
+    (a file named by its index, there while it can take streams) beside the host's stream
+    counts (``BOARD_FILE``)."""
 
     slot: EngineSlot
     ready_dir: Path
+
+    def board(self, slots: int) -> HostBoard:
+        """This front end's row of the host's stream counts (the host made the file)."""
+        path = self.ready_dir / BOARD_FILE
+        return HostBoard(path, self.slot.count, self.slot.index, slots)
 
     def mark(self, ready: bool) -> None:
         flag = self.ready_dir / str(self.slot.index)
@@ -162,10 +172,13 @@ class ServingProcess:
             jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
         )
         self._started = asyncio.Event()  # start-up has ended, ready or failed
-        self.meter = RateMeter()  # the engine's tokens/s per request, by batch size
+        # the host's streams: this process's, or every front end's of the engine core
+        capacity = settings.stream_capacity()
+        board = frontend.board(capacity) if frontend is not None else None
+        self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
         realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
         self.admission = Admission(
-            settings.stream_capacity(), settings.key_max_streams, realtime=realtime
+            capacity, settings.key_max_streams, realtime, board=board or LocalBoard()
         )
         self.draining = False
         self.startup_error: str | None = None
@@ -225,7 +238,8 @@ class ServingProcess:
         """What a cluster worker reports with each heartbeat."""
         loaded = self.voices.loaded()
         capacity = self.settings.stream_capacity()
-        return WorkerLoad(self.active_streams, loaded, capacity, self.admission.headroom())
+        streams = self.admission.streams()  # the host's
+        return WorkerLoad(streams, loaded, capacity, self.admission.headroom())
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish."""
@@ -275,6 +289,7 @@ class ServingProcess:
             for batch, rate in self.meter.measured().items():
                 gauge.labels(str(batch)).set(rate)
             self.metrics.realtime_headroom.set(self.admission.headroom())
+            self.metrics.refresh()
 
     async def _start(self) -> None:
         try:

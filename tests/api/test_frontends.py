@@ -1,32 +1,71 @@
 """``voicehost serve --frontends 2`` on the dev engine: one vLLM engine core, two serving
 processes accepting on one port, each an engine client of the core (``voicehost.api.host``).
+What is one per host is tested as such: the capacity and each key's quota count both front
+ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, and the audit
+chain stays one chain when both write to it at once.
 
-Its own server: the shared one has one front end. The last test here drains it with SIGTERM;
-the kill -9 test starts one more and kills it as soon as its processes stand (no warm-up)."""
+Its own server: the shared one has one front end, and these tests need a capacity of 3 streams
+and a quota of 2 per key. The last test here drains it with SIGTERM; the kill -9 test starts
+one more and kills it as soon as its processes stand (no warm-up)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import psutil
 import pytest
-from helpers import EarlyServer, alive, early_server, process_tree, start_early, wait_until
+from helpers import (
+    EarlyServer,
+    alive,
+    early_server,
+    process_tree,
+    start_early,
+    wait_until,
+)
 
-from voicehost.api.edge import FRONTEND_HEADER
+from voicehost.api.auth import INTERNAL_TOKEN_HEADER
+from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
+from voicehost.tenancy.audit import Head, verify_events
 from voicehost.tools import devserver
 
 SPEECH = "/v1/audio/speech"
+CAPACITY, QUOTA = 3, 2  # streams the host admits, and one key
+KEYS = {name: f"vh_frontends_test_key_{name}_0123456789" for name in ("a", "b", "c", "admin")}
+TENANTS = {"a": "acme", "b": "acme", "c": "globex", "admin": "ops"}
+INTERNAL_TOKEN = "vh_frontends_internal_token_0123456789"
+LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 
 # Booted while test_auth runs (before this module), not at collection beside every other
 # server: its three processes each load vLLM, and under the start's crowd that took over 300 s.
 @start_early("frontends", engines=2, with_module="test_auth")
 def start_frontends(tmp_path_factory) -> EarlyServer:
-    return EarlyServer(tmp_path_factory.mktemp("frontends"), VOICEHOST_FRONTENDS="2")
+    keys = [
+        {
+            "id": name,
+            "tenant": TENANTS[name],
+            "scopes": ["admin"] if name == "admin" else ["synthesize"],
+            "sha256": hashlib.sha256(key.encode()).hexdigest(),
+        }
+        for name, key in KEYS.items()
+    ]
+    return EarlyServer(
+        tmp_path_factory.mktemp("frontends"),
+        VOICEHOST_FRONTENDS="2",
+        VOICEHOST_API_KEYS=json.dumps(keys),
+        VOICEHOST_INTERNAL_TOKEN=INTERNAL_TOKEN,
+        VOICEHOST_WORKER_CAPACITY=str(CAPACITY),
+        VOICEHOST_KEY_MAX_STREAMS=str(QUOTA),
+        VOICEHOST_USAGE_FLUSH_SECONDS="0.2",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,33 +74,171 @@ def frontends(dev_model, tmp_path_factory):
         yield server
 
 
-async def speak(url: str, text: str, seed: int) -> tuple[str, int]:
-    """One speech request on a connection of its own: which front end answered, and the
-    bytes of PCM it sent."""
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+def connection() -> aiohttp.ClientSession:
+    """A session whose every request has a connection of its own: the kernel picks the front
+    end that accepts each (``SO_REUSEPORT``)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+async def speak(url: str, text: str, seed: int, key: str = "a") -> tuple[str, int]:
+    """One speech request: which front end answered, and the bytes of PCM it sent."""
     body = {"input": text, "voice": "dev-a", "response_format": "pcm", "seed": seed}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-        async with http.post(url + SPEECH, json=body) as response:
+    async with connection() as http:
+        async with http.post(url + SPEECH, json=body, headers=auth(key)) as response:
             assert response.status == 200, await response.text()
             return response.headers[FRONTEND_HEADER], len(await response.read())
+
+
+async def from_both(
+    call: Callable[[], Awaitable[tuple[str, Any]]], least: int = 8, parallel: int = 1
+) -> list[Any]:
+    """What ``call`` answers (each ``(front end, answer)``), ``parallel`` calls at a time,
+    until both front ends have answered: at least ``least`` calls, at most 64."""
+    answers: list[tuple[str, Any]] = []
+    while len(answers) < 64:
+        answers += await asyncio.gather(*(call() for _ in range(parallel)))
+        if len(answers) >= least and {frontend for frontend, _ in answers} == {"0", "1"}:
+            break
+    assert {frontend for frontend, _ in answers} == {"0", "1"}, answers
+    return [answer for _, answer in answers]
 
 
 async def test_both_front_ends_speak_from_one_engine_core(frontends):
     tree = process_tree(frontends.process.pid)
     names = [p.name() for p in tree]
     assert sum("EngineCore" in n for n in names) == 1, names  # one core for the host
-    served: dict[str, int] = {}
-    for _ in range(5):  # the kernel picks the acceptor: both get some of 8 connections
-        answers = await asyncio.gather(*(speak(frontends.url, "Hi there.", s) for s in range(8)))
-        for frontend, size in answers:
-            assert size > 0
-            served[frontend] = served.get(frontend, 0) + 1
-        if set(served) == {"0", "1"}:
+    sizes = await from_both(lambda: speak(frontends.url, "Hi.", 1), least=4, parallel=QUOTA)
+    assert all(size > 0 for size in sizes), sizes
+
+
+async def open_stream(http: aiohttp.ClientSession, url: str, key: str) -> aiohttp.ClientResponse:
+    """A speech stream that has started playing (its first bytes are in), left open."""
+    body = {"input": LONG_TEXT, "voice": "dev-b", "response_format": "pcm", "seed": 7}
+    response = await http.post(url + SPEECH, json=body, headers=auth(key))
+    assert response.status == 200, await response.text()
+    assert await response.content.readany()
+    return response
+
+
+async def attempt(url: str, key: str) -> tuple[str, tuple[int, str]]:
+    """A speech request expected to be refused: its front end, status and error code."""
+    body = {"input": "Hello there.", "voice": "dev-b", "response_format": "pcm"}
+    async with connection() as http:
+        async with http.post(url + SPEECH, json=body, headers=auth(key)) as response:
+            code = (await response.json())["error"]["code"] if response.status != 200 else ""
+            return response.headers[FRONTEND_HEADER], (response.status, code)
+
+
+async def host_metric(url: str, name: str) -> tuple[str, float]:
+    """A metric as one front end renders it: the front end, and the sum of its series."""
+    async with connection() as http:
+        async with http.get(url + "/metrics") as response:
+            text = await response.text()
+            frontend = response.headers[FRONTEND_HEADER]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    ]
+    assert values, f"{name} not in /metrics"
+    return frontend, sum(values)
+
+
+async def test_the_capacity_and_a_keys_quota_count_the_streams_of_both_front_ends(frontends):
+    """Key a holds its quota (2 streams) and key b one more: the host's capacity of 3. Every
+    front end then refuses key a with 429 and key c with 503, whichever holds the streams:
+    with counts of its own, a front end holding fewer would admit them. ``/metrics`` on either
+    says 3 streams. Once the streams end, both admit again."""
+    url = frontends.url
+    async with connection() as http:
+        held = [await open_stream(http, url, key) for key in ("a", "a", "b")]
+        try:
+            holders = sorted(r.headers[FRONTEND_HEADER] for r in held)
+            over = await from_both(lambda: attempt(url, "a"))
+            assert all(a == (429, "quota_exceeded") for a in over), over
+            full = await from_both(lambda: attempt(url, "c"))
+            assert all(a == (503, "at_capacity") for a in full), full
+            streams = await from_both(lambda: host_metric(url, "voicehost_active_streams"))
+            assert all(v == CAPACITY for v in streams), (streams, holders)
+        finally:
+            for response in held:
+                response.close()
+
+    async def admitted() -> bool:
+        answers = await from_both(lambda: attempt(url, "a"))
+        return all(a == (200, "") for a in answers)
+
+    deadline = time.monotonic() + 10
+    while not await admitted():  # the closed streams' slots are given back on both
+        assert time.monotonic() < deadline, "the host did not admit key a again"
+        await asyncio.sleep(0.2)
+
+
+async def test_usage_and_metrics_from_either_front_end_count_the_whole_host(frontends):
+    """Key c speaks over both front ends; ``/v1/usage`` from either counts every character
+    once, and the streams counter on either is the host's."""
+    url = frontends.url
+    text = "Once."
+    spoken = await from_both(lambda: speak(url, text, 3, key="c"), least=4, parallel=QUOTA)
+    characters = len(text) * len(spoken)
+
+    async def usage() -> tuple[str, object]:
+        async with connection() as http:
+            query = {"tenant": "globex"}
+            async with http.get(url + "/v1/usage", params=query, headers=auth("admin")) as r:
+                assert r.status == 200, await r.text()
+                return r.headers[FRONTEND_HEADER], (await r.json())["total"]["characters"]
+
+    deadline = time.monotonic() + 10
+    while True:  # each front end adds its counts to the host's file within the flush interval
+        counted = await from_both(usage)
+        if all(c == characters for c in counted):
             break
-    assert set(served) == {"0", "1"}, served
+        assert time.monotonic() < deadline, (counted, characters)
+        await asyncio.sleep(0.3)
+    segments = await from_both(lambda: host_metric(url, "voicehost_segments_total"))
+    assert len(set(segments)) == 1, segments  # one figure for the host
+
+
+async def test_both_front_ends_writing_at_once_keep_one_audit_chain(frontends):
+    """24 refusals for scope at once, over both front ends, each an audit event: the chain
+    read back verifies against its head, every event once, seq unbroken."""
+    url = frontends.url
+
+    async def refused(index: int) -> tuple[str, str]:
+        async with connection() as http:
+            body = {"entries": [{"grapheme": "vh", "alias": "voice host"}]}
+            async with http.put(
+                url + f"/v1/lexicons/chain{index}", json=body, headers=auth("a")
+            ) as response:
+                assert response.status == 403, await response.text()
+                return response.headers[FRONTEND_HEADER], response.headers[REQUEST_ID_HEADER]
+
+    writers = await asyncio.gather(*(refused(i) for i in range(24)))
+    assert {frontend for frontend, _ in writers} == {"0", "1"}, writers
+    events: list[dict] = []
+    async with connection() as http:
+        after = 0
+        while True:
+            params = {"after": str(after), "limit": "500"}
+            async with http.get(url + "/v1/audit", params=params, headers=auth("admin")) as r:
+                page = await r.json()
+            events += page["events"]
+            if page["next_after"] is None:
+                break
+            after = page["next_after"]
+    head = Head(**page["head"])
+    assert verify_events(events, head).ok, verify_events(events, head).reason
+    logged = [e["request_id"] for e in events]
+    assert all(logged.count(request) == 1 for _, request in writers), writers
 
 
 async def readiness(url: str) -> tuple[str, int, str]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+    async with connection() as http:
         async with http.get(url + "/readyz") as response:
             body = await response.json()
             message = body.get("error", {}).get("message", "")
@@ -76,10 +253,14 @@ async def test_one_front_end_draining_makes_the_host_unready_then_sigterm_drains
     SIGTERM to the host: each stream is spoken to its end, and every process exits."""
     tree = process_tree(frontends.process.pid)
     text = "Drain me. " * 8
-    streams = [asyncio.ensure_future(speak(frontends.url, text, s)) for s in range(4)]
+    streams = [
+        asyncio.ensure_future(speak(frontends.url, text, s, key))
+        for s, key in enumerate(["a", "a", "b"])  # the host's capacity
+    ]
     await asyncio.sleep(1.0)  # the streams are admitted
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-        async with http.post(frontends.url + "/internal/drain") as response:
+    async with connection() as http:
+        drain = frontends.url + "/internal/drain"
+        async with http.post(drain, headers={INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}) as response:
             assert response.status == 200
             drained = response.headers[FRONTEND_HEADER]
     answers = [await readiness(frontends.url) for _ in range(12)]

@@ -17,6 +17,7 @@ from helpers import EarlyServer, Server, early_server, metric, start_early
 
 from voicehost.metrics import series
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
+from voicehost.speech.board import HostBoard
 
 
 @pytest.mark.unit
@@ -53,7 +54,7 @@ def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
                 with admission.admit("a"):
                     pass
             assert over.value.status == 429
-    assert admission.active == 0 and admission.by_key == {}
+    assert admission.active == 0 and admission.board.by_key == {}
 
 
 @pytest.mark.unit
@@ -61,7 +62,7 @@ def test_a_stream_that_fails_still_gives_back_its_slots():
     admission = Admission(capacity=1, per_key=1)
     with pytest.raises(ValueError), admission.admit("a"):
         raise ValueError("synthesis failed")
-    assert admission.active == 0 and admission.by_key == {}
+    assert admission.active == 0 and admission.board.by_key == {}
     with admission.admit("a"):
         pass
 
@@ -101,24 +102,24 @@ def test_a_key_holds_up_to_its_quota_and_each_end_gives_one_back():
     admission = Admission(capacity=5, per_key=2)
     with admission.admit("a"):
         with admission.admit("a"):
-            assert admission.by_key == {"a": 2}
+            assert admission.board.by_key == {"a": 2}
             with pytest.raises(Refused, match="already has 2 streams"), admission.admit("a"):
                 pass
-        assert admission.by_key == {"a": 1} and admission.active == 1
+        assert admission.board.by_key == {"a": 1} and admission.active == 1
         with admission.admit("a"):  # the freed quota slot is usable again
-            assert admission.by_key == {"a": 2}
-    assert admission.by_key == {} and admission.active == 0
+            assert admission.board.by_key == {"a": 2}
+    assert admission.board.by_key == {} and admission.active == 0
 
 
 @pytest.mark.unit
 def test_without_a_quota_one_key_may_use_the_whole_capacity():
     admission = Admission(capacity=3)
     with admission.admit("a"), admission.admit("a"), admission.admit("a"):
-        assert admission.by_key == {"a": 3}
+        assert admission.board.by_key == {"a": 3}
         with pytest.raises(Refused) as full, admission.admit("a"):
             pass
         assert full.value.status == 503
-    assert admission.by_key == {}
+    assert admission.board.by_key == {}
 
 
 @pytest.mark.unit
@@ -146,6 +147,54 @@ async def test_idle_waits_for_the_last_stream():
     assert not waiter.done()
     slot.__exit__(None, None, None)
     await asyncio.wait_for(waiter, 1)
+
+
+def host_admissions(tmp_path, count: int, capacity: int, per_key: int) -> list[Admission]:
+    """The admission of each of ``count`` front ends of one host, on one ``HostBoard``."""
+    path = tmp_path / "board"
+    HostBoard.create(path, count, slots=capacity)
+    return [
+        Admission(capacity, per_key, board=HostBoard(path, count, index, capacity))
+        for index in range(count)
+    ]
+
+
+@pytest.mark.unit
+def test_front_ends_of_one_host_share_its_capacity_and_each_key_quota(tmp_path):
+    first, second = host_admissions(tmp_path, 2, capacity=3, per_key=2)
+    with first.admit("a"), second.admit("a"):
+        # the key holds its 2 streams across both front ends: 429 on either
+        for admission in (first, second):
+            with pytest.raises(Refused) as over, admission.admit("a"):
+                pass
+            assert over.value.status == 429
+        with second.admit("b"):
+            # 3 streams on the host: full for every key, on either front end
+            for admission in (first, second):
+                with pytest.raises(Refused) as full, admission.admit("c"):
+                    pass
+                assert full.value.status == 503
+            assert first.streams() == second.streams() == 3
+            assert (first.active, second.active) == (1, 2)  # what each one's drain waits for
+            assert first.headroom() == second.headroom() == 0
+        with first.admit("a" * 40):  # any key, hashed to its slot
+            pass
+    assert first.streams() == second.streams() == 0 and first.headroom() == 3
+    with first.admit("a"), first.admit("a"):  # the quota freed on both is whole again
+        with pytest.raises(Refused), second.admit("a"):
+            pass
+
+
+@pytest.mark.unit
+def test_the_host_board_publishes_each_front_ends_engine_requests(tmp_path):
+    path = tmp_path / "board"
+    HostBoard.create(path, 2, slots=1)
+    first, second = (HostBoard(path, 2, index, 1) for index in range(2))
+    first.publish(generating=2, busy=10.0, at=100.0)
+    second.publish(generating=3, busy=1.0, at=101.0)
+    # each row's request-seconds brought up to the same moment, then summed
+    assert first.generating(now=102.0) == (5, (10.0 + 2 * 2.0) + (1.0 + 3 * 1.0))
+    assert second.generating(now=102.0) == first.generating(now=102.0)
 
 
 # --- a real server: capacity 2 streams, 1 per key --------------------------------------------

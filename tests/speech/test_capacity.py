@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from voicehost.speech.board import HostBoard
 from voicehost.speech.capacity import RateMeter, Realtime, step_line
 
 
@@ -135,3 +136,35 @@ def test_streams_admitted_but_not_yet_generating_count_as_the_batch():
     realtime = Realtime(meter, tokens_per_second=70, margin=1.2)
     # a burst: two streams admitted, neither has reached the engine yet
     assert meter.generating == 0 and realtime.refusal(2) is not None
+
+
+@pytest.mark.unit
+def test_a_front_end_measures_its_requests_rate_at_the_batch_of_the_whole_host(tmp_path):
+    """Two front ends share one engine core: one has 1 request generating, the other 3. The
+    first measures its request's rate at batch 4 (the engine's), not 1, and admission reads
+    the host's 4 requests generating; a front end with none of its own measures nothing."""
+    path = tmp_path / "board"
+    HostBoard.create(path, 2, slots=4)
+    clock = Clock()
+    one, three = (
+        RateMeter(interval=0.5, clock=clock, board=HostBoard(path, 2, index, 4))
+        for index in range(2)
+    )
+    one.begin()
+    for _ in range(3):
+        three.begin()
+    assert one.batch() == three.batch() == 4 and one.generating == 1
+    for _ in range(6):
+        clock.now += one.interval
+        one.tokens += round(90 * one.interval)
+        three.tokens += round(3 * 90 * one.interval)
+        one.sample()
+        three.sample()
+    assert one.measured() == pytest.approx({4: 90}) and three.measured() == pytest.approx({4: 90})
+    for _ in range(3):
+        three.end()
+    clock.now += one.interval
+    one.tokens += 45
+    one.sample()
+    three.sample()  # nothing of its own generated: no observation at batch 1
+    assert one.batch() == 1 and set(three.measured()) == {4}

@@ -15,9 +15,12 @@ runs as ``vllm serve --api-server-count N`` does:
   the host down (a supervisor restarts it whole). Killed with SIGKILL, the parent's reaper
   (``voicehost.lifeline``) ends the engine core and the front ends die with their parent.
 
-What is one per host: the engine's batch; the clone-job runner (front end 0 runs it; the others
-queue into the same jobs folder, which it polls); the audit chain (its file lock); usage (each
-stream is counted by the front end that sends it, into the one usage file).
+What is one per host: the engine's batch; the streams admission counts, in all and per API key,
+and the engine requests the rate meter measures against (``voicehost.speech.board``); the
+metrics (Prometheus' multiprocess mode: any front end's ``/metrics`` sums them all); the
+clone-job runner (front end 0 runs it; the others queue into the same jobs folder, which it
+polls); the audit chain (its file lock); usage (each stream is counted by the front end that
+sends it, into the one usage file).
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from typing import Any
 
 from voicehost import lifeline
 from voicehost.config import Settings
+from voicehost.metrics import MULTIPROCESS
 from voicehost.model.engine import EngineSlot, engine_args, engine_config
-from voicehost.serving import FrontEnd
+from voicehost.serving import BOARD_FILE, FrontEnd
+from voicehost.speech.board import HostBoard
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,7 @@ def serve_frontends(settings: Settings) -> None:
     from voicehost.model.devmodel import ensure_dev_model
 
     count = settings.frontend_count()
+    capacity = settings.stream_capacity()
     if settings.dev:
         ensure_dev_model(settings.dev_dir)
     lifeline.start_reaper()  # the engine core and the front ends end with this process
@@ -82,6 +88,10 @@ def serve_frontends(settings: Settings) -> None:
     auth = Authenticator.from_settings(settings)  # a key file it cannot use stops it here
     sock = listening_socket(bind_host(settings.host, auth.enabled), settings.port)
     ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
+    HostBoard.create(ready_dir / BOARD_FILE, count, slots=capacity)
+    metrics_dir = ready_dir / "metrics"  # each front end's values, summed by any of them
+    metrics_dir.mkdir()
+    os.environ[MULTIPROCESS] = str(metrics_dir)
     context = multiprocessing.get_context("spawn")
     frontends: list[Any] = []
     engines = None  # vLLM's manager of the engine core, once it has started

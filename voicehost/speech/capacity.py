@@ -16,6 +16,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from voicehost.speech.board import Board
 
 
 @dataclass(slots=True)
@@ -31,6 +35,10 @@ class _Bucket:
 class RateMeter:
     """Counts the audio tokens the engine generates and how many requests generate them.
 
+    With ``board`` (front ends sharing one engine core) the per-request rate is measured from
+    this process's requests, and the batch it belongs to is the host's: every front end
+    publishes its requests generating on the board.
+
     The engine side calls ``begin``/``end`` around each request's token stream and adds its
     tokens to ``tokens``; ``sample`` (called every ``interval`` seconds, and before each
     decision) turns what happened since the last sample into one observation: the tokens per
@@ -44,8 +52,10 @@ class RateMeter:
         half_life: float = 5.0,
         memory: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        board: Board | None = None,
     ) -> None:
         self.interval = interval
+        self.board = board  # the host's engine requests, when front ends share the engine
         self.half_life = half_life
         self.memory = memory
         self.clock = clock
@@ -53,16 +63,31 @@ class RateMeter:
         self.tokens = 0  # audio tokens generated, all requests together
         self._busy = 0.0  # request-seconds: the integral of ``generating`` over time
         self._moved = clock()  # when ``_busy`` was last brought up to date
-        self._sampled = (self._moved, 0, 0.0)  # (time, tokens, busy) at the last sample
+        # (time, tokens, busy, the host's busy) at the last sample
+        self._sampled = (self._moved, 0, 0.0, 0.0)
         self.buckets: dict[int, _Bucket] = {}
 
     def begin(self) -> None:
-        self._settle()
+        now = self._settle()
         self.generating += 1
+        if self.board is not None:
+            self.board.publish(self.generating, self._busy, now)
 
     def end(self) -> None:
-        self._settle()
+        now = self._settle()
         self.generating -= 1
+        if self.board is not None:
+            self.board.publish(self.generating, self._busy, now)
+
+    def batch(self) -> int:
+        """The engine requests generating now: the host's (every front end's), or this
+        process's when it is the host."""
+        if self.board is None:
+            return self.generating
+        return self.board.generating(self.clock())[0]
+
+    def _host_busy(self, now: float) -> float:
+        return self._busy if self.board is None else self.board.generating(now)[1]
 
     def _settle(self) -> float:
         now = self.clock()
@@ -73,15 +98,17 @@ class RateMeter:
     def sample(self) -> None:
         """Close the observation since the last sample, if it has lasted ``interval``."""
         now = self._settle()
-        then, tokens, busy = self._sampled
+        then, tokens, busy, host_busy = self._sampled
         elapsed = now - then
         if elapsed < self.interval:
             return
-        self._sampled = (now, self.tokens, self._busy)
+        host_now = self._host_busy(now)
+        self._sampled = (now, self.tokens, self._busy, host_now)
         request_seconds = self._busy - busy
-        batch = round(request_seconds / elapsed)
-        if batch < 1 or self.tokens == tokens:  # idle, or every request still in its prefill
-            return
+        # the batch is the host's: every front end's requests share the engine's steps
+        batch = round((host_now - host_busy) / elapsed)
+        if batch < 1 or self.tokens == tokens or request_seconds <= 0:
+            return  # idle, every request still in its prefill, or only other front ends'
         rate = (self.tokens - tokens) / request_seconds
         bucket = self.buckets.get(batch)
         if bucket is None or now - bucket.seen > self.memory:
@@ -194,7 +221,7 @@ class Realtime:
         if not self.tokens_per_second:
             return None
         self.meter.sample()
-        batch = max(streams, self.meter.generating)
+        batch = max(streams, self.meter.batch())
         if batch == 0:
             return None
         rate = self.meter.predict(batch + 1)
@@ -213,7 +240,7 @@ class Realtime:
         if not self.tokens_per_second:
             return max(0, limit)
         self.meter.sample()
-        batch = max(streams, self.meter.generating)
+        batch = max(streams, self.meter.batch())
         limit = max(0, limit)
         line = self.meter.line()
         if line is None:  # cold: one stream at a time

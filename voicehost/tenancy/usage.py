@@ -12,6 +12,7 @@ buckets in memory, which a background task adds to the ``UsageStore`` every
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import threading
@@ -179,9 +180,12 @@ class FileUsageStore:
         await asyncio.to_thread(self._append, "".join(lines))
 
     def _append(self, text: str) -> None:
+        """One write of whole lines, under an exclusive ``flock``: the front ends of a host
+        append to one file."""
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as file:
+                fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
                 file.write(text)
 
     async def totals(self, since_minute: int, tenant: str | None) -> dict[UsageKey, Amount]:
