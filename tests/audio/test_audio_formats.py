@@ -269,6 +269,30 @@ def test_audio_streams_out_before_finish(fmt: str) -> None:
     assert held_back < 0.1
 
 
+CODEC_CASES = [
+    *[(fmt, None) for fmt in FORMATS if fmt not in ("pcm", "wav")],  # every format PyAV encodes
+    ("mp3", 48000),  # MPEG-1: 1152-sample frames
+    ("opus", 48000),  # 960-sample frames
+]
+
+
+@pytest.mark.parametrize(("fmt", "rate"), CODEC_CASES)
+def test_a_codec_stream_decodes_to_the_same_audio_however_the_samples_are_chunked(
+    fmt: str, rate: int | None
+) -> None:
+    signal = tone_and_chirp()
+    whole = FormatEncoder(fmt, rate)
+    one_chunk = whole.encode(signal) + whole.finish()
+    chunked = FormatEncoder(fmt, rate)
+    parts, tail = encode_all(chunked, random_chunks(signal, seed=7))
+    expected, _ = decode(fmt, one_chunk, whole.sample_rate)
+    received, _ = decode(fmt, b"".join(parts) + tail, chunked.sample_rate)
+
+    # Codec frames are cut from the stream, not from each chunk: the same frames and
+    # timestamps, no padding at chunk edges, one short frame at the end.
+    np.testing.assert_array_equal(received, expected)
+
+
 @pytest.mark.parametrize(
     ("fmt", "magic"),
     [("wav", b"RIFF"), ("mp3", b"ID3"), ("opus", b"OggS"), ("flac", b"fLaC")],

@@ -197,7 +197,11 @@ class _ByteSink:
 
 
 class _Muxer:
-    """A PyAV encoder and muxer writing to memory, fed whole codec frames."""
+    """A PyAV encoder and muxer writing to memory, fed one frame per chunk.
+
+    PyAV's encoder cuts each frame into codec frames in C (its resampler, with the codec's frame
+    size), so the Python work is per chunk, not per codec frame, and the last frame is short.
+    """
 
     def __init__(self, codec: _Codec, rate: int) -> None:
         self._codec = codec
@@ -210,29 +214,21 @@ class _Muxer:
         self._stream.codec_context.format = codec.sample_format
         if codec.bit_rate is not None:
             self._stream.codec_context.bit_rate = codec.bit_rate
-        # Opens the encoder (for its frame size) and writes the container header right away.
+        # Opens the encoder and writes the container header right away.
         self._container.start_encoding()
-        self._frame_size = self._stream.codec_context.frame_size  # 0: any size will do
-        self._pending = np.zeros(0, np.float32)
         self._pts = 0
 
     def push(self, samples: np.ndarray, last: bool) -> bytes:
-        """Encode the whole frames buffered (every sample if ``last``); returns the bytes out."""
-        pending = np.concatenate((self._pending, samples))
-        size = self._frame_size or max(len(pending), 1)
-        whole = len(pending) // size * size
-        for start in range(0, whole, size):
-            self._encode(pending[start : start + size])
-        self._pending = pending[whole:]
+        """Encode ``samples`` (and flush everything if ``last``); returns the bytes out."""
+        if len(samples):
+            self._container.mux(self._stream.encode(self._frame(samples)))
         if last:
-            if len(self._pending):
-                # A short last frame, not zero padding: the encoder knows where the audio ends.
-                self._encode(self._pending)
+            # Flushes the codec frame left over as a short last frame, then the encoder.
             self._container.mux(self._stream.encode(None))
             self._container.close()
         return self._sink.drain()
 
-    def _encode(self, block: np.ndarray) -> None:
+    def _frame(self, block: np.ndarray) -> av.AudioFrame:
         data = _pcm16(block) if self._codec.sample_format == "s16" else np.clip(block, -1.0, 1.0)
         frame = av.AudioFrame.from_ndarray(
             data[np.newaxis, :], format=self._codec.sample_format, layout="mono"
@@ -240,7 +236,7 @@ class _Muxer:
         frame.sample_rate = self._rate
         frame.pts = self._pts
         self._pts += len(block)
-        self._container.mux(self._stream.encode(frame))
+        return frame
 
 
 class FormatEncoder:
