@@ -837,6 +837,97 @@ async def vllm_front_end(
     return rows
 
 
+def frontends_compare(counts: list[int], streams: int, rounds: int) -> list[dict[str, Any]]:
+    """``voicehost serve --dev --frontends N`` for each N in ``counts``, the whole real server
+    (the dev model on vLLM's CPU engine, SNAC on the CPU as in ``--dev``): ``rounds`` rounds of
+    ``streams`` pcm streams at once, each on a connection of its own. Per N: the CPU of every
+    process of the host but the engine core's (the front ends, and the parent) per audio second
+    delivered, the audio seconds delivered per wall second, and how many streams each front end
+    carried (``X-Voicehost-Frontend``) and at most at once."""
+    import psutil
+
+    from voicehost.tools import devserver
+
+    rows = []
+    for count in counts:
+        root = Path(tempfile.mkdtemp(prefix="bench-frontends-"))
+        env = {
+            "VOICEHOST_FRONTENDS": str(count),
+            "VOICEHOST_CODEC_NOISE": "false",
+            "VOICEHOST_WORKER_CAPACITY": str(streams),
+        }
+        with devserver.dev_server(root, **env) as server:
+            host = psutil.Process(server.process.pid)
+
+            asyncio.run(_frontend_round(server.url, 2))  # warm every front end a little
+            before, started = _host_cpu(host), time.perf_counter()
+            carried: dict[str, int] = {}
+            peak: dict[str, int] = {}
+            audio_s = 0.0
+            for _ in range(rounds):
+                answers = asyncio.run(_frontend_round(server.url, streams))
+                round_count: dict[str, int] = {}
+                for frontend, seconds in answers:
+                    carried[frontend] = carried.get(frontend, 0) + 1
+                    round_count[frontend] = round_count.get(frontend, 0) + 1
+                    audio_s += seconds
+                for frontend, n in round_count.items():
+                    peak[frontend] = max(peak.get(frontend, 0), n)
+            wall = time.perf_counter() - started
+            cpu = _host_cpu(host) - before
+        shutil.rmtree(root, ignore_errors=True)
+        row = {
+            "frontends": count,
+            "streams_at_once": streams,
+            "audio_s": round(audio_s, 2),
+            "wall_s": round(wall, 2),
+            "front_end_cpu_s": round(cpu, 2),
+            "cpu_ms_per_audio_s": round(cpu / audio_s * 1000, 1),
+            "audio_s_per_wall_s": round(audio_s / wall, 2),
+            "streams_by_front_end": dict(sorted(carried.items())),
+            "most_at_once_by_front_end": dict(sorted(peak.items())),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _host_cpu(host: Any) -> float:
+    """CPU seconds of ``host`` (a ``psutil.Process``) and its processes, the engine core's
+    (and what runs under it) left out."""
+    import psutil
+
+    total = 0.0
+    for process in [host, *host.children(recursive=True)]:
+        try:
+            names = [p.name() for p in [process, *process.parents()]]
+            if any("EngineCore" in name for name in names):
+                continue
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+async def _frontend_round(url: str, streams: int) -> list[tuple[str, float]]:
+    """``streams`` pcm streams at once, each on its own connection: (front end, audio s)."""
+    import aiohttp
+
+    from voicehost.api.edge import FRONTEND_HEADER
+
+    async def one(seed: int) -> tuple[str, float]:
+        body = {"input": SPEECH_TEXT, "voice": "tara", "response_format": "pcm", "seed": seed}
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.post(f"{url}/v1/audio/speech", json=body) as response:
+                data = await response.read()
+                assert response.status == 200, data[:300]
+                return response.headers.get(FRONTEND_HEADER, "0"), len(data) / 2 / 24000
+
+    return await asyncio.gather(*(one(i) for i in range(streams)))
+
+
 def front_end_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per batch size, the CPU per audio second of each stage: vLLM's output handling, our
     pipeline to PCM (the ``pcm`` pass less the ``vllm`` one), each format's encoding (its pass
@@ -920,6 +1011,14 @@ def main() -> int:
         help="comma list of engine stream intervals (tokens per output) to compare with "
         "--front-end",
     )
+    parser.add_argument(
+        "--frontends",
+        default="",
+        help="comma list of front-end counts: the whole dev server with each, "
+        "--frontends-streams pcm streams at once, CPU per audio second",
+    )
+    parser.add_argument("--frontends-streams", type=int, default=8)
+    parser.add_argument("--frontends-rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--per-step", type=int, default=1, help=argparse.SUPPRESS)
@@ -951,7 +1050,7 @@ def main() -> int:
 
     formats = [f for f in args.formats.split(",") if f]
     if not (formats or args.saturate or args.probe or args.profile):
-        versions = []  # only --vllm or --front-end
+        versions = []  # only --vllm, --front-end or --frontends
     for version, revision in versions:
         with code_tree(revision) as tree:
             for cores in core_counts:
@@ -998,7 +1097,12 @@ def main() -> int:
             key = f"stream_interval_{interval}" if interval else "default"
             front_end[key] = {"rows": rows, "split": front_end_split(rows)}
             print(json.dumps({"front_end_split": front_end[key]["split"], "run": key}))
+    frontends = []
+    if args.frontends:
+        counts_n = [int(n) for n in args.frontends.split(",") if n]
+        frontends = frontends_compare(counts_n, args.frontends_streams, args.frontends_rounds)
     report = {
+        "frontends": frontends,
         "front_end": front_end,
         "rate_tokens_per_s": args.rate,
         "seconds_per_stream": round(seconds, 2),

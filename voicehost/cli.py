@@ -75,9 +75,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
         return 2
-    if settings.frontends != 1:  # one ring member with one load figure: not built yet
-        print("voicehost worker: VOICEHOST_FRONTENDS is for serve only, for now", file=sys.stderr)
-        return 2
     return _run_server("worker", lambda: serve_worker(settings))
 
 

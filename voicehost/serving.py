@@ -63,8 +63,10 @@ class ClusterLink(Protocol):
         """The tenants' lexicons, as every process of the cluster reads them."""
         ...
 
-    def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
-        """Keep this process on the ring, reporting ``load``, until cancelled."""
+    def join(self, load: Callable[[], WorkerLoad], ring: bool) -> Coroutine[Any, Any, None]:
+        """Keep this process on the ring, reporting ``load``, until cancelled. ``ring`` false:
+        a host's other front end, serving under front end 0's place (its key leases and
+        audit events kept, no place of its own)."""
         ...
 
     async def leave(self) -> None:
@@ -90,6 +92,7 @@ def is_missing_folder(model: str) -> bool:
 
 
 BOARD_FILE = "streams"  # in a host's ready folder: its ``HostBoard``
+DRAINING_FILE = "draining"  # there once any front end of the host has been drained
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,13 @@ class FrontEnd:
         """This front end's row of the host's stream counts (the host made the file)."""
         path = self.ready_dir / BOARD_FILE
         return HostBoard(path, self.slot.count, self.slot.index, slots)
+
+    def drain_host(self) -> None:
+        """Tell every front end of the host to drain (each looks every half second)."""
+        (self.ready_dir / DRAINING_FILE).touch()
+
+    def host_draining(self) -> bool:
+        return (self.ready_dir / DRAINING_FILE).exists()
 
     def mark(self, ready: bool) -> None:
         flag = self.ready_dir / str(self.slot.index)
@@ -242,10 +252,12 @@ class ServingProcess:
         return WorkerLoad(streams, loaded, capacity, self.admission.headroom())
 
     async def drain(self) -> None:
-        """Stop taking new streams and leave the ring; streams in flight finish."""
+        """Stop taking new streams and leave the ring; streams in flight finish. A front end
+        drains its whole host: the host's place on the ring is front end 0's."""
         self.draining = True
         if self.frontend is not None:
             self.frontend.mark(False)
+            self.frontend.drain_host()
         if self.cluster is not None:
             await self.cluster.leave()
 
@@ -290,6 +302,8 @@ class ServingProcess:
                 gauge.labels(str(batch)).set(rate)
             self.metrics.realtime_headroom.set(self.admission.headroom())
             self.metrics.refresh()
+            if self.frontend is not None and not self.draining and self.frontend.host_draining():
+                await self.drain()  # another front end of the host was drained
 
     async def _start(self) -> None:
         try:
@@ -308,7 +322,8 @@ class ServingProcess:
                 await self._publish_dev_voices()
             if self.draining:  # drained while warming up: never join
                 return
-            self._tasks.append(asyncio.create_task(self.cluster.join(self.load)))
+            ring = self.slot is None or self.slot.index == 0  # one ring member per host
+            self._tasks.append(asyncio.create_task(self.cluster.join(self.load, ring)))
 
     async def _publish_dev_voices(self) -> None:
         """A dev worker registers the dev voices in the cluster, once."""

@@ -245,32 +245,44 @@ async def readiness(url: str) -> tuple[str, int, str]:
             return response.headers[FRONTEND_HEADER], response.status, message
 
 
-async def test_one_front_end_draining_makes_the_host_unready_then_sigterm_drains_them_all(
-    frontends,
-):
+async def test_draining_one_front_end_drains_the_host_then_sigterm_ends_them_all(frontends):
     """The last test of the module. Streams run on the host; one front end is drained
-    (``/internal/drain``): ``/readyz`` is 503 from every front end, not only that one. Then
-    SIGTERM to the host: each stream is spoken to its end, and every process exits."""
+    (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
+    every front end at once, every front end drains itself within a second (its streams
+    refused with 503 ``not_ready``), and ``/internal/load`` on either counts the host's
+    streams. Then SIGTERM to the host: each stream is spoken to its end, and every process
+    exits."""
+    url = frontends.url
     tree = process_tree(frontends.process.pid)
-    text = "Drain me. " * 8
-    streams = [
-        asyncio.ensure_future(speak(frontends.url, text, s, key))
-        for s, key in enumerate(["a", "a", "b"])  # the host's capacity
-    ]
-    await asyncio.sleep(1.0)  # the streams are admitted
+    streams = aiohttp.ClientSession()
+    held = [await open_stream(streams, url, key) for key in ("a", "a", "b")]  # the capacity
+    internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
     async with connection() as http:
-        drain = frontends.url + "/internal/drain"
-        async with http.post(drain, headers={INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}) as response:
+        async with http.post(url + "/internal/drain", headers=internal) as response:
             assert response.status == 200
             drained = response.headers[FRONTEND_HEADER]
-    answers = [await readiness(frontends.url) for _ in range(12)]
+    answers = [await readiness(url) for _ in range(12)]
     assert all(status == 503 for _, status, _ in answers), answers
     others = [message for frontend, _, message in answers if frontend != drained]
     assert others, answers  # the kernel spread 12 connections over both
-    assert all(f"[{drained}]" in message for message in others), others
+    assert all(f"[{drained}]" in m or "draining" in m for m in others), others
+    await asyncio.sleep(1.0)  # each front end looks for a drain of its host every 0.5 s
+    refusals = await from_both(lambda: attempt(url, "c"))
+    assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
+
+    async def load() -> tuple[str, int]:
+        async with connection() as http:
+            async with http.get(url + "/internal/load", headers=internal) as response:
+                body = await response.json()
+                assert body["draining"] is True
+                return response.headers[FRONTEND_HEADER], body["active_streams"]
+
+    assert set(await from_both(load, least=2)) == {CAPACITY}  # the host's, on either
     os.kill(frontends.process.pid, signal.SIGTERM)
-    spoken = await asyncio.gather(*streams)
-    assert all(size > 0 for _, size in spoken)
+    async with streams:
+        for response in held:  # each spoken to its end
+            assert await response.read()
+            assert response.content.is_eof()
     await asyncio.to_thread(frontends.process.wait, 60)
     gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)
     print(f"{len(tree)} processes of the host were gone {gone:.2f} s after the drain")

@@ -39,6 +39,7 @@ from helpers import (
     wait_until,
 )
 
+from voicehost.api.edge import FRONTEND_HEADER
 from voicehost.cli import main
 from voicehost.tenancy.audit import verify
 from voicehost.tenancy.keys import hash_key
@@ -145,10 +146,15 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
         return {w["id"] for w in json.loads(response.read())["workers"]}
 
 
+W2_FRONTENDS = "2"  # w2 is one engine core with two front ends: one ring member all the same
+
+
 class EarlyCluster:
     """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
-    one worker and drain the other. Each worker's engine computes on a core of its own (vLLM
-    binds every engine to the first by default), so the two start and generate side by side.
+    one worker and drain the other; w2 runs two front ends on its engine core (every test that
+    fills or drains w2 holds for the host, not for the front end it reached). Each worker's
+    engine computes on a core of its own (vLLM binds every engine to the first by default),
+    so the two start and generate side by side.
     Started once the unit tests are done (deferred): its boots then run beside the tests of the
     modules before this one, which leave a core mostly idle, not beside the other boots."""
 
@@ -163,7 +169,8 @@ class EarlyCluster:
             log = root / f"{name}.log"
             command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
             command += ["--worker-id", name]
-            process = launch(command, {**self.env, **engine_core_env()}, log)
+            frontends = {"VOICEHOST_FRONTENDS": W2_FRONTENDS if name == "w2" else "1"}
+            process = launch(command, {**self.env, **engine_core_env(), **frontends}, log)
             self.workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
         self.gateway = start_gateway(root, self.env, "gateway", "1")
         self.engines = 2
@@ -820,6 +827,72 @@ async def gateway_metric(http, gateway: Node, series: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series)
     )
+
+
+async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_figure(cluster, http):
+    """w2 holds 2 streams on each of its front ends: the ring has one member for it, whose
+    heartbeat says 4 streams and no room (front end 0 reports the host's load, not its own 2),
+    and a fifth stream is refused by either front end."""
+    assert set(cluster.redis.client().zrange("vh:members", 0, -1)) == {"w1", "w2"}
+    w2 = cluster.workers["w2"]
+    held: dict[str, list[aiohttp.ClientResponse]] = {"0": [], "1": []}
+    body = {"input": LONG_TEXT, "voice": "tara", "response_format": "pcm"}
+
+    async def workers() -> dict[str, dict]:
+        async with http.get(cluster.gateway.url + "/v1/cluster") as response:
+            return {w["id"]: w for w in (await response.json())["workers"]}
+
+    sessions: list[aiohttp.ClientSession] = []
+    leases = cluster.redis.client()
+
+    def connection() -> aiohttp.ClientSession:  # one per request: the kernel picks its front end
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), headers=bearer(BUSY_KEY)
+        )
+        sessions.append(session)
+        return session
+
+    try:
+        for _ in range(40):  # keep 2 streams on each front end
+            if all(len(streams) == 2 for streams in held.values()):
+                break
+            response = await connection().post(w2.url + "/v1/audio/speech", json=body)
+            assert response.status == 200, await response.text()
+            await response.content.readany()
+            place = held[response.headers[FRONTEND_HEADER]]
+            if len(place) < 2:
+                place.append(response)
+                continue
+            response.close()  # its lease (the key's quota is 4 in the cluster) goes soon
+            holding = sum(len(streams) for streams in held.values())
+            await eventually(lambda n=holding: leases.zcard("vh:lease:busy") == n, 5)
+        assert all(len(streams) == 2 for streams in held.values()), held
+        for _ in range(50):  # the next heartbeat says so
+            load = (await workers())["w2"]
+            if (load["active_streams"], load["headroom"]) == (WORKER_CAPACITY, 0):
+                break
+            await asyncio.sleep(0.1)
+        assert (load["active_streams"], load["headroom"]) == (WORKER_CAPACITY, 0), load
+        assert set(await workers()) == {"w1", "w2"}
+        refused = set()
+        for _ in range(40):  # a fifth stream, of another key: refused by either front end
+            hi = {"input": "Hi.", "voice": "tara"}
+            async with connection().post(
+                w2.url + "/v1/audio/speech", json=hi, headers=bearer()
+            ) as response:
+                assert response.status == 503, await response.text()
+                refused.add(response.headers[FRONTEND_HEADER])
+            if refused == {"0", "1"}:
+                break
+        assert refused == {"0", "1"}
+    finally:
+        for streams in held.values():
+            for response in streams:
+                response.close()
+        for session in sessions:
+            await session.close()
+    await eventually(lambda: not cluster.redis.client().exists("vh:lease:busy"), 5)
+    await eventually(lambda: all_have_room(cluster), 5)
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):

@@ -17,6 +17,7 @@ runs as ``vllm serve --api-server-count N`` does:
 
 What is one per host: the engine's batch; the streams admission counts, in all and per API key,
 and the engine requests the rate meter measures against (``voicehost.speech.board``); the
+LoRA ids (``voicehost.model.lora_ids``: the core knows an adapter by its id alone); the
 metrics (Prometheus' multiprocess mode: any front end's ``/metrics`` sums them all); the
 clone-job runner (front end 0 runs it; the others queue into the same jobs folder, which it
 polls); the audit chain (its file lock); usage (each stream is counted by the front end that
@@ -33,15 +34,20 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from voicehost import lifeline
 from voicehost.config import Settings
 from voicehost.metrics import MULTIPROCESS
 from voicehost.model.engine import EngineSlot, engine_args, engine_config
+from voicehost.model.lora_ids import HostLoraIds
 from voicehost.serving import BOARD_FILE, FrontEnd
 from voicehost.speech.board import HostBoard
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +63,30 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_frontend(settings: Settings, frontend: FrontEnd, sock: socket.socket) -> None:
-    """A front end's process: the serving app on ``sock``, its engine client ``slot``."""
-    from voicehost.api.server import create_app, serve
+AppFactory = Callable[[Settings, FrontEnd], "web.Application"]
+
+
+def run_frontend(
+    settings: Settings, frontend: FrontEnd, sock: socket.socket, app: AppFactory
+) -> None:
+    """A front end's process: the serving app ``app`` makes on ``sock``, its engine client
+    ``frontend.slot``."""
+    from voicehost.api.server import serve
 
     lifeline.die_with_parent()
     index = frontend.slot.index
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s frontend-{index} %(name)s %(message)s"
     )
-    serve(settings, create_app(settings, frontend=frontend), sock=sock)
+    serve(settings, app(settings, frontend), sock=sock)
 
 
-def serve_frontends(settings: Settings) -> None:
-    """Start the engine core and ``settings.frontend_count()`` front ends; return once they
-    have all exited (after SIGTERM/SIGINT, passed on to each) or one of them has died."""
+def serve_frontends(
+    settings: Settings, app: AppFactory, role: Literal["serve", "worker"] = "serve"
+) -> None:
+    """Start the engine core and ``settings.frontend_count()`` front ends, each serving what
+    ``app`` makes (a module's function: the front ends are spawned); return once they have all
+    exited (after SIGTERM/SIGINT, passed on to each) or one of them has died."""
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
     from vllm.v1.executor import Executor
 
@@ -85,10 +100,12 @@ def serve_frontends(settings: Settings) -> None:
     lifeline.start_reaper()  # the engine core and the front ends end with this process
     config = engine_config(engine_args(settings, count, -1))
     listeners = bind_engine_zmq_listeners(config, count)
-    auth = Authenticator.from_settings(settings)  # a key file it cannot use stops it here
+    auth = Authenticator.from_settings(settings, role)  # keys it cannot use stop it here
     sock = listening_socket(bind_host(settings.host, auth.enabled), settings.port)
     ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
     HostBoard.create(ready_dir / BOARD_FILE, count, slots=capacity)
+    lora_ids = ready_dir / "lora-ids"  # the engine core knows an adapter by its id alone
+    HostLoraIds.create(lora_ids)
     metrics_dir = ready_dir / "metrics"  # each front end's values, summed by any of them
     metrics_dir.mkdir()
     os.environ[MULTIPROCESS] = str(metrics_dir)
@@ -117,10 +134,10 @@ def serve_frontends(settings: Settings) -> None:
                     "input_listener": listeners.inputs[index].socket,
                     "output_listener": listeners.outputs[index].socket,
                 }
-                frontend = FrontEnd(EngineSlot(addresses, index, count), ready_dir)
+                frontend = FrontEnd(EngineSlot(addresses, index, count, lora_ids), ready_dir)
                 process = context.Process(
                     target=run_frontend,
-                    args=(settings, frontend, sock),
+                    args=(settings, frontend, sock, app),
                     name=f"voicehost-frontend-{index}",
                 )
                 process.start()

@@ -182,19 +182,21 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def worker_load(request: web.Request) -> web.Response:
-    """``GET /internal/load``: this process's streams in flight and whether it is draining."""
+    """``GET /internal/load``: the host's streams in flight (every front end's) and whether it
+    is draining."""
     serving = request.app[SERVING]
     return web.json_response(
-        {"active_streams": serving.active_streams, "draining": serving.draining}
+        {"active_streams": serving.admission.streams(), "draining": serving.draining}
     )
 
 
 async def drain(request: web.Request) -> web.Response:
-    """``POST /internal/drain``: take no new streams and leave the ring; in-flight ones finish."""
+    """``POST /internal/drain``: the host takes no new streams (every front end) and leaves the
+    ring; in-flight ones finish."""
     serving = request.app[SERVING]
     await serving.drain()
     return web.json_response(
-        {"active_streams": serving.active_streams, "draining": serving.draining}
+        {"active_streams": serving.admission.streams(), "draining": serving.draining}
     )
 
 
@@ -245,6 +247,11 @@ def create_app(
     return app
 
 
+def frontend_app(settings: Settings, frontend: FrontEnd) -> web.Application:
+    """``voicehost serve``'s app, as front end ``frontend`` of a host."""
+    return create_app(settings, frontend=frontend)
+
+
 def serve(
     settings: Settings, app: web.Application | None = None, sock: socket.socket | None = None
 ) -> None:
@@ -255,7 +262,7 @@ def serve(
     if app is None and sock is None and settings.frontend_count() > 1:
         from voicehost.api.host import serve_frontends
 
-        serve_frontends(settings)
+        serve_frontends(settings, frontend_app)
         return
     app = app if app is not None else create_app(settings)
     serving = app[SERVING]

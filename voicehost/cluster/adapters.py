@@ -209,8 +209,11 @@ class AdapterCache:
                 )
             with self._lock:
                 entry.mkdir(exist_ok=True)
-                if not folder.exists():
+                try:
                     (staging / voice_id).rename(folder)
+                except OSError:  # another front end of this host fetched it meanwhile
+                    if not folder.is_dir():
+                        raise
                 os.utime(entry)
                 self._evict(keep=entry)
         except OSError as exc:

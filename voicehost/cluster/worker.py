@@ -14,6 +14,7 @@ from aiohttp import web
 
 from voicehost.api.auth import AUTH, INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import WORKER_HEADER, Handler
+from voicehost.api.host import serve_frontends
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
@@ -24,6 +25,7 @@ from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.cluster.usage import RedisUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
+from voicehost.serving import FrontEnd
 from voicehost.speech.admission import WorkerLoad
 from voicehost.voices.validation import AdapterRules
 
@@ -72,15 +74,22 @@ class WorkerCluster:
     def lexicon_store(self) -> RedisLexicons:
         return shared_lexicons(self.redis, self.settings)
 
-    def join(self, load: Callable[[], WorkerLoad]) -> Coroutine[Any, Any, None]:
-        self.presence = WorkerPresence(self.redis, self.settings, self.worker_id, self.url, load)
+    def join(self, load: Callable[[], WorkerLoad], ring: bool = True) -> Coroutine[Any, Any, None]:
+        if ring:
+            self.presence = WorkerPresence(
+                self.redis, self.settings, self.worker_id, self.url, load
+            )
         return self._serve_cluster(self.presence)
 
-    async def _serve_cluster(self, presence: WorkerPresence) -> None:
-        """Heartbeats, and the voice records rebuilt from the store whenever Redis lost them."""
-        tasks = [presence.run(), self.leases.refresh_forever(), self.audit.keep_forever()]
-        if self.directory is not None:
-            tasks.append(self.directory.reconcile_forever(self.settings.registry_reconcile_seconds))
+    async def _serve_cluster(self, presence: WorkerPresence | None) -> None:
+        """The leases of this process's streams and its audit events kept; on the ring,
+        heartbeats and the voice records rebuilt from the store whenever Redis lost them."""
+        tasks = [self.leases.refresh_forever(), self.audit.keep_forever()]
+        if presence is not None:
+            tasks.append(presence.run())
+            if self.directory is not None:
+                seconds = self.settings.registry_reconcile_seconds
+                tasks.append(self.directory.reconcile_forever(seconds))
         await asyncio.gather(*tasks)
 
     def key_stream(self, key_id: str, limit: int) -> AbstractAsyncContextManager[None]:
@@ -95,11 +104,12 @@ class WorkerCluster:
         await self.redis.aclose()
 
 
-def create_worker_app(settings: Settings) -> web.Application:
+def create_worker_app(settings: Settings, frontend: FrontEnd | None = None) -> web.Application:
     """A serving app whose voices and jobs live in Redis and the shared store, naming itself in
-    every response (``X-Voicehost-Worker``)."""
+    every response (``X-Voicehost-Worker``); ``frontend``: one of a host's front ends, the
+    host being one worker (one ring member, one load figure)."""
     cluster = WorkerCluster(settings)
-    app = create_app(settings, cluster)
+    app = create_app(settings, cluster, frontend)
 
     async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
         response.headers[WORKER_HEADER] = cluster.worker_id
@@ -120,4 +130,7 @@ def create_worker_app(settings: Settings) -> web.Application:
 
 
 def serve_worker(settings: Settings) -> None:
+    if settings.frontend_count() > 1:
+        serve_frontends(settings, create_worker_app, role="worker")
+        return
     serve(settings, create_worker_app(settings))

@@ -21,6 +21,7 @@ from voicehost import lifeline
 from voicehost.config import Settings
 from voicehost.model import orpheus
 from voicehost.model.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
+from voicehost.model.lora_ids import HostLoraIds
 from voicehost.voices.validation import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -250,11 +251,13 @@ def engine_config(args: AsyncEngineArgs) -> VllmConfig:
 class EngineSlot:
     """A front end's place at an engine core it shares (``voicehost.api.host``): vLLM's client
     addresses of client ``index`` (the core's input and output sockets, as
-    ``bind_engine_zmq_listeners`` made them), ``count`` clients in all."""
+    ``bind_engine_zmq_listeners`` made them), ``count`` clients in all, and the file that
+    numbers LoRA adapters for all of them (the core knows an adapter by its id alone)."""
 
     addresses: dict[str, Any]
     index: int
     count: int
+    lora_ids: Path  # the host's LoRA numbering (``voicehost.model.lora_ids``)
 
 
 class SpeechEngine:
@@ -267,6 +270,7 @@ class SpeechEngine:
         self.tokenizer = tokenizer
         self.settings = settings
         self._lora_ids: dict[tuple[str, str | None], int] = {}
+        self.host_lora_ids: HostLoraIds | None = None  # set when front ends share the core
         # the zero adapter that base voices are served through on CPU (write_zero_adapter)
         self.base_voice_lora: LoRARequest | None = None
         self._scratch: Path | None = None
@@ -300,6 +304,8 @@ class SpeechEngine:
             )
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         engine = cls(llm, tokenizer, settings)
+        if slot is not None:
+            engine.host_lora_ids = HostLoraIds(slot.lora_ids)
         if not current_platform.is_cuda():
             engine.serve_base_voices_through_a_zero_adapter(Path(args.model) / "config.json")
         return engine
@@ -362,7 +368,11 @@ class SpeechEngine:
         if voice.adapter_path is None:
             return self.base_voice_lora
         key = (voice.voice_id, voice.checksum)
-        lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
+        lora_id = self._lora_ids.get(key)
+        if lora_id is None:
+            host = self.host_lora_ids
+            lora_id = host.id_of(*key) if host is not None else len(self._lora_ids) + 1
+            self._lora_ids[key] = lora_id
         # no "@" in the name: in the API, "anna@2" is version 2 of anna, not a LoRA id
         return LoRARequest(f"lora-{lora_id}:{voice.voice_id}", lora_id, str(voice.adapter_path))
 

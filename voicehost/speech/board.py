@@ -6,7 +6,8 @@ streams in progress (capacity), each API key's streams (its quota), and the engi
 generating (the batch the measured rate belongs to). ``LocalBoard`` keeps them for one serving
 process; ``HostBoard`` keeps them in a small file mapped into every front end's memory, one row
 per front end, each row written only by its own front end under an exclusive ``flock`` of the
-file, so a check and the count it admits are one step for the whole host.
+file (``voicehost.hostfile``), so a check and the count it admits are one step for the whole
+host.
 
 A row holds: the front end's streams, its engine requests generating, the request-seconds they
 have generated for (up to when), and a table of (API key hash, streams) with as many slots as
@@ -16,16 +17,13 @@ a row is never left counting streams that no longer exist.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import mmap
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from voicehost import hostfile
 
 Check = Callable[[int, int], None]  # (streams of the host, streams of the key): raise to refuse
 
@@ -92,45 +90,29 @@ class LocalBoard:
 _STREAMS, _GENERATING, _BUSY, _AT, _KEYS = 0, 1, 2, 3, 4  # the columns of a row
 
 
-def key_hash(key: str) -> int:
-    """A key's slot name: 63 bits of its hash (0 marks a free slot)."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 1) or 1
-
-
 class HostBoard:
     """The counts of every front end of one host, in the file at ``path`` (made by ``create``
     before the front ends start): this process is front end ``index``."""
 
     def __init__(self, path: Path, count: int, index: int, slots: int) -> None:
-        self.path = path
         self.index = index
         self.slots = slots
-        self._fd = os.open(path, os.O_RDWR)
-        columns = _KEYS + 2 * slots
-        self._map = mmap.mmap(self._fd, count * columns * 8)
-        table = np.frombuffer(self._map, dtype=np.int64).reshape(count, columns)
+        self._shared = hostfile.SharedTable(path, count, _KEYS + 2 * slots)
+        table = self._shared.table
         self._table = table
         self._times = table[:, _BUSY : _AT + 1].view(np.float64)  # busy, at
         self._hashes = table[:, _KEYS : _KEYS + slots]
         self._counts = table[:, _KEYS + slots :]
+        self._locked = self._shared.locked
 
     @staticmethod
     def create(path: Path, count: int, slots: int) -> None:
         """The zeroed file of ``count`` front ends' rows, ``slots`` API keys each."""
-        path.write_bytes(bytes(count * (_KEYS + 2 * slots) * 8))
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        hostfile.create(path, count, _KEYS + 2 * slots)
 
     def reserve(self, key: str | None, check: Check) -> None:
         with self._locked():
-            hashed = key_hash(key) if key is not None else 0
+            hashed = hostfile.hash63(key) if key is not None else 0
             held = int(self._counts[self._hashes == hashed].sum()) if hashed else 0
             check(int(self._table[:, _STREAMS].sum()), held)
             own = self._table[self.index]
@@ -156,7 +138,7 @@ class HostBoard:
             self._table[self.index, _STREAMS] -= 1
             if key is None:
                 return
-            hashed = key_hash(key)
+            hashed = hostfile.hash63(key)
             found = np.flatnonzero(self._hashes[self.index] == hashed)
             slot = int(found[0])
             self._counts[self.index, slot] -= 1
@@ -179,5 +161,4 @@ class HostBoard:
 
     def close(self) -> None:
         del self._table, self._times, self._hashes, self._counts
-        self._map.close()
-        os.close(self._fd)
+        self._shared.close()
