@@ -206,6 +206,21 @@ async def test_sse_stream_carries_base64_audio_then_done(http, server):
     assert_valid_audio(pcm(audio))
 
 
+async def test_a_number_that_normalises_to_pages_of_words_streams_to_its_end(http, server):
+    """``$`` and 300 nines: 301 characters that normalise to 1,500 of words, more speech than
+    one segment's context holds. It is cut again after normalising, so it streams to its end
+    (before, the engine refused a segment after the first audio had gone, and a 500 was written
+    into the started stream)."""
+    body = {"input": "$" + "9" * 300, "voice": "dev-b", "response_format": "pcm"}
+    body["stream_format"] = "sse"
+    async with http.post(server.url + SPEECH, json=body) as response:
+        assert response.status == 200, await response.text()
+        text = (await response.read()).decode()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done", events[-1]
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+
+
 async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request(http, server):
     text = "A long sentence that keeps the engine busy for a good while. " * 4
     # The seed whose stream runs longest, and how long it takes here in full: a dropped

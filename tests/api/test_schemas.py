@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from voicehost.api.schemas import RealtimeConfig, SpeechRequest
+from voicehost.api.schemas import PublishRequest, RealtimeConfig, SpeechRequest
 from voicehost.audio.formats import FORMATS, SAMPLE_RATES
 
 pytestmark = pytest.mark.unit
@@ -19,7 +19,8 @@ BASE = {"input": "Hi.", "voice": "tara"}
         {"seed": True},  # a boolean is no integer here
         {"seed": "7"},
         {"sample_rate": "24000"},
-        {"sample_rate": 24000.0},
+        {"sample_rate": 24000.5},
+        {"seed": 7.5},
         {"continuity": 0},
         {"normalize": "yes"},
         {"trim_silence": 1},
@@ -44,6 +45,19 @@ def test_the_right_types_pass_unchanged():
     )
     assert (body.seed, body.sample_rate, body.continuity, body.speed) == (7, 16000, False, 4.0)
     assert RealtimeConfig.model_validate({"type": "config", "voice": "tara", "speed": 0.25}).speed
+
+
+def test_integral_numbers_are_integers_as_json_schema_counts_them():
+    """``3042.0`` is an integer to JSON Schema (and to the clients it generates): accepted for
+    every integer field, as the integer it is."""
+    body = SpeechRequest.model_validate({**BASE, "seed": 7.0, "sample_rate": 16000.0})
+    assert (body.seed, body.sample_rate) == (7, 16000)
+    assert isinstance(body.seed, int) and isinstance(body.sample_rate, int)
+    promote = PublishRequest.model_validate({"reason": "heard it", "version": 3042.0})
+    assert promote.version == 3042 and isinstance(promote.version, int)
+    with pytest.raises(ValidationError):
+        PublishRequest.model_validate({"reason": "heard it", "version": 3042.5})
+    assert SpeechRequest.model_json_schema()["properties"]["seed"]["anyOf"][0]["type"] == "integer"
 
 
 def test_the_document_lists_the_formats_rates_and_what_is_implemented():

@@ -64,6 +64,17 @@ async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev
     assert await directory.reconcile() == 0  # idempotent: nothing to do the second time
 
 
+async def test_a_version_replaced_by_a_new_live_one_is_retired(directory, dev_model, tmp_path):
+    """Version 1 was live from its registration: once version 2 is added live, 1 is listed
+    ``retired`` (it was live), not ``candidate`` (never was), as on one server."""
+    await register(directory, dev_model, tmp_path, "replaced")
+    second = tmp_path / "staging" / "replaced-2"
+    shutil.copytree(dev_model.adapters / "dev-c", second)
+    await directory.add_version("replaced", second, promote=True)
+    listed = [(v.version, v.status) for v in await directory.versions("replaced")]
+    assert listed == [(1, "retired"), (2, "ready")]
+
+
 async def test_a_deleted_voice_does_not_come_back(directory, dev_model, tmp_path):
     await register(directory, dev_model, tmp_path, "gone")
     await register(directory, dev_model, tmp_path, "kept")

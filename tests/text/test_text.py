@@ -9,7 +9,7 @@ import pytest
 
 from voicehost.text.lexicon import Lexicon, LexiconEntry
 from voicehost.text.normalize import normalize
-from voicehost.text.segment import ABBREVIATIONS, Segment, TextSegmenter, split_text
+from voicehost.text.segment import ABBREVIATIONS, Segment, TextSegmenter, fit, split_text
 from voicehost.text.stage import TextStage, TextTooLong
 
 pytestmark = pytest.mark.unit
@@ -635,3 +635,34 @@ def test_streamed_text_counts_what_is_said_before_normalising_and_keeps_input_sp
     said = "Ask the web consortium about 42 rules. Then rest. "
     assert streamed.said == len(said)  # aliases counted, normalisation not
     assert "forty-two" in segments[0].speech or "forty two" in segments[0].speech
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "$" + "9" * 300,  # a few hundred characters, 1,500 of words
+        "Pay " + "$" + "9" * 300 + " now, please.",
+        "7" * 1000,  # a long run of digits, read as digits
+        " ".join(["12345678901234"] * 20),  # a text of numbers only, at 300 characters
+    ],
+)
+def test_a_segment_that_normalising_makes_too_long_is_cut_again_between_words(text):
+    """Normalising can turn a segment of at most ``max_chars`` into many times that (the
+    engine's context holds the speech of ``max_chars``): it is cut again, between words; the
+    first piece keeps the segment's span, the others follow with empty spans, so segments still
+    tile the input. Whole and streamed alike."""
+    stage = TextStage(max_chars=300)
+    streamed = stage.streamed()
+    pieces = streamed.push(text) + streamed.flush()
+    for segments in (stage.whole(text), pieces):
+        assert all(len(s.speech) <= 300 for s in segments), [len(s.speech) for s in segments]
+        said = " ".join(s.speech for s in segments).split()
+        expected = " ".join(normalize(s.text) for s in split_text(text, 300)).split()
+        assert said == expected  # every word, once, in order
+        assert all(text[s.start : s.end] == s.text for s in segments)
+        assert "".join(s.text for s in segments) == text
+
+
+def test_a_word_longer_than_a_segment_is_cut_inside_it():
+    assert fit("a " + "b" * 25 + " c", 10) == ["a", "bbbbbbbbbb", "bbbbbbbbbb", "bbbbb c"]
+    assert fit("fits as it is", 13) == ["fits as it is"]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError
+from voicehost.api.edge import SERVICE, ApiError, query_value
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
@@ -37,7 +37,7 @@ def parse_time(value: str, name: str = "since") -> datetime:
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is None:
         return default
     try:
@@ -56,12 +56,12 @@ def _reads_all(principal: Principal | None) -> bool:
 async def list_audit(request: web.Request) -> web.Response:
     """``GET /v1/audit?voice=&since=&after=&limit=``: events in order of their seq."""
     principal = request_principal(request)
-    voice = request.query.get("voice")
+    voice = query_value(request, "voice")
     if voice is not None and not (
         is_voice_id(voice) or voice in request.app[SERVICE].voices.builtin
     ):
         raise ApiError(400, "invalid_voice_id", f"voice must match {VOICE_ID_PATTERN.pattern}")
-    since = request.query.get("since")
+    since = query_value(request, "since")
     query = AuditQuery(
         voice=voice,
         since=parse_time(since) if since is not None else None,
@@ -84,9 +84,9 @@ async def usage_report(request: web.Request) -> web.Response:
     """``GET /v1/usage?tenant=&since=``: characters and audio seconds sent, per key, tenant and
     voice, from the minute of ``since`` on (default: all that is kept)."""
     principal = request_principal(request)
-    since_text = request.query.get("since")
+    since_text = query_value(request, "since")
     since = parse_time(since_text) if since_text is not None else datetime.fromtimestamp(0, UTC)
-    asked = request.query.get("tenant")
+    asked = query_value(request, "tenant")
     if _reads_all(principal):
         tenant = asked
     else:

@@ -133,6 +133,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
         response.headers["Retry-After"] = "1"  # not this process's fault: another may answer
         return response
+    except web.RequestPayloadError as exc:  # a body aiohttp could not decode, or cut short
+        errors.labels("invalid_body").inc()
+        reason = str(exc).split("message:", 1)[-1].strip() or "it ended early"
+        response = error_response(400, "invalid_body", f"the request body is unreadable: {reason}")
+        response.force_close()  # the connection's framing is lost: say so, then close it
+        return response
     except web.HTTPRequestEntityTooLarge:
         message = f"a JSON body is at most {MAX_JSON_BODY_BYTES} bytes"
         return error_response(413, "body_too_large", message)
@@ -349,6 +355,12 @@ def path_version(request: web.Request) -> int:
     if not is_version(value):
         raise ApiError(400, "invalid_version", f"version must match {VERSION_PATTERN.pattern}")
     return int(value)
+
+
+def query_value(request: web.Request, name: str) -> str | None:
+    """An optional query value: absent or empty (``?since=``, as a generated client sends an
+    unset one), it is unset."""
+    return request.query.get(name) or None
 
 
 def path_id(request: web.Request, key: str) -> str:

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -21,6 +22,18 @@ from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 
 MAX_REQUEST_LEXICONS = 8
 
+
+def _integral(value: object) -> object:
+    """A JSON number with no fraction is an integer (JSON Schema counts ``3042.0`` as one);
+    anything else is left for ``StrictInt`` to judge (a string, a boolean, ``2.5``: refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# an integer as JSON Schema has it: 7 or 7.0, not "7", true or 7.5
+JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
+
 FORMATS_HELP = (
     "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
 )
@@ -30,7 +43,8 @@ class SpeechOptions(BaseModel):
     """What both speech endpoints take besides the text: voice, audio format and options.
 
     Types are strict, as the document says: ``seed`` and ``sample_rate`` are integers (not a
-    boolean, a string or a float), the flags booleans (not 0 or 1). Formats and rates are listed
+    boolean, a string or a fraction; ``24000.0`` is one, as JSON Schema has it), the flags
+    booleans (not 0 or 1). Formats and rates are listed
     in the document; one the server cannot serve is answered ``unsupported_format``."""
 
     model_config = ConfigDict(extra="ignore")
@@ -44,12 +58,12 @@ class SpeechOptions(BaseModel):
         description=FORMATS_HELP + "; mp3 by default, as OpenAI's API",
         json_schema_extra={"enum": list(FORMATS)},
     )
-    sample_rate: StrictInt | None = Field(
+    sample_rate: JsonInt | None = Field(
         None,
         description="8000, 16000, 22050, 24000, 44100 or 48000 (default 24000; mulaw/alaw 8000).",
         json_schema_extra={"enum": [*SAMPLE_RATES, None]},
     )
-    seed: StrictInt | None = Field(
+    seed: JsonInt | None = Field(
         None, ge=0, lt=2**63, description="Sampling seed: same seed, same audio."
     )
     normalize: StrictBool = Field(
@@ -183,7 +197,7 @@ class PublishRequest(BaseModel):
         pattern=r"\S",
         description="Why it goes live despite its evaluation (recorded in its voice.json).",
     )
-    version: StrictInt | None = Field(
+    version: JsonInt | None = Field(
         None, ge=1, lt=10**9, description="Which held version (default: the live one)."
     )
 

@@ -281,7 +281,7 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin or not await self._claim(voice_id):
             raise versioning.voice_exists(voice_id)
         try:
-            await asyncio.to_thread(_set_manifest, folder, {VERSION: 1})
+            await asyncio.to_thread(_first_version, folder)
             checksum = voice.checksum or ""
             uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
             await self._complete([(voice, uri, _manifest_text(folder))], uri)
@@ -583,6 +583,13 @@ def _manifest_of(folder: Path) -> dict:
 
 def _set_manifest(folder: Path, values: dict[str, object]) -> None:
     write_manifest(folder, {**_manifest_of(folder), **values})
+
+
+def _first_version(folder: Path) -> None:
+    """A new voice's ``voice.json``: version 1, live from now (so it reads ``retired``, not
+    ``candidate``, once another version replaces it), as a voice folder's first version."""
+    manifest = {**_manifest_of(folder), VERSION: 1}
+    write_manifest(folder, versioning.first_promotion(manifest) or manifest)
 
 
 def _gate(record: dict[str, str]) -> VoiceStatus:

@@ -249,3 +249,28 @@ def split_text(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[Segment]:
     """
     segmenter = TextSegmenter(max_chars=max_chars, first_min_words=None, target_chars=max_chars)
     return segmenter.push(text) + segmenter.flush()
+
+
+def fit(spoken: str, max_chars: int) -> list[str]:
+    """``spoken`` (a segment's words as normalised: a number can become many words) in pieces
+    of at most ``max_chars`` characters, cut between words; a word longer than that is cut
+    inside it. One piece, itself, when it fits (the engine's context is sized for a segment
+    of ``max_chars``: see ``Settings``)."""
+    if len(spoken) <= max_chars:
+        return [spoken]
+    pieces: list[str] = []
+    current = ""
+    for word in spoken.split():
+        while len(word) > max_chars:  # no space to cut at
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(word[:max_chars])
+            word = word[max_chars:]
+        if current and len(current) + 1 + len(word) > max_chars:
+            pieces.append(current)
+            current = ""
+        current = f"{current} {word}" if current else word
+    if current:
+        pieces.append(current)
+    return pieces

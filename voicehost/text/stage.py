@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from voicehost.text.lexicon import Lexicon, SpokenSegmenter
 from voicehost.text.normalize import normalize
-from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, split_text
+from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, fit, split_text
 
 
 class TextTooLong(ValueError):
@@ -44,17 +44,28 @@ class TextStage:
         said = self.lexicon.apply(text) if self.lexicon else text
         if limit is not None and len(said) > limit:
             raise TextTooLong(len(said), limit)
-        return [self.finish(segment) for segment in split_text(said, self.max_chars)]
+        segments = split_text(said, self.max_chars)
+        return [piece for segment in segments for piece in self.finish(segment)]
 
     def streamed(self) -> StreamedText:
         """A segmenter for text that arrives in pieces (the first segment cut early)."""
         return StreamedText(self)
 
-    def finish(self, segment: Segment) -> Segment:
-        """The last step: ``segment`` with its speech normalised."""
+    def finish(self, segment: Segment) -> list[Segment]:
+        """The last step: ``segment`` with its speech normalised; cut again, between words,
+        where normalising made it longer than ``max_chars`` (``$`` and 300 nines is 1,500
+        characters of words: more speech than the engine's context holds for one segment).
+        The first piece keeps the segment's span of the input, the others follow it with an
+        empty span at its end, so segments still tile the input (and usage counts each
+        character once)."""
         if not self.normalise:
-            return segment
-        return dataclasses.replace(segment, spoken=normalize(segment.speech))
+            return [segment]
+        first, *rest = fit(normalize(segment.speech), self.max_chars)
+        after = dataclasses.replace(segment, text="", start=segment.end)
+        return [
+            dataclasses.replace(segment, spoken=first),
+            *(dataclasses.replace(after, spoken=piece) for piece in rest),
+        ]
 
 
 class StreamedText:
@@ -79,4 +90,4 @@ class StreamedText:
 
     def _finished(self, segments: list[Segment]) -> list[Segment]:
         self.said += sum(len(segment.speech) for segment in segments)
-        return [self.stage.finish(segment) for segment in segments]
+        return [piece for segment in segments for piece in self.stage.finish(segment)]
