@@ -109,7 +109,8 @@ class TokenSource:
         try:
             while True:
                 delta = await collector.get()
-                yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=delta)])
+                outputs = [SimpleNamespace(token_ids=delta)]
+                yield SimpleNamespace(outputs=outputs, finished=collector.done)
                 if collector.done:
                     return
         finally:
@@ -764,20 +765,51 @@ async def vllm_front_end(
         return tokens * samples_per_token  # as samples, to compare with the other passes
 
     firsts: list[float] = []  # seconds from a stream's start to its first PCM
+    recorded: dict[int, list[np.ndarray]] = {}  # each stream's PCM chunks, as the pcm pass got them
 
     async def to_pcm(index: int, fmt: str | None) -> float:
         encoder = pool.stream(fmt) if fmt else None
         samples = 0
         started = time.perf_counter()
+        chunks = recorded.setdefault(index, []) if fmt is None else []
+        chunks.clear()
         async for pcm in synthesizer.stream(FRONT_END_TEXT, voice, seed=index):
             if not samples:
                 firsts.append(time.perf_counter() - started)
             samples += pcm.size
+            chunks.append(pcm)
             if encoder is not None:
                 await encoder.encode(pcm)
         if encoder is not None:
             await encoder.finish()
         return samples
+
+    async def replay(count: int, fmt: str) -> dict[str, Any]:
+        """The pcm pass's chunks of ``count`` streams encoded again, all at once through the
+        same pool, with the engine idle: encoding as the server does it (same chunks, same
+        threads), without the engine core busy on the other core of this 2-core machine."""
+
+        async def one(index: int) -> int:
+            encoder = pool.stream(fmt)
+            for pcm in recorded[index]:
+                await encoder.encode(pcm)
+            await encoder.finish()
+            return sum(pcm.size for pcm in recorded[index])
+
+        start, wall = os.times(), time.perf_counter()
+        samples = sum(await asyncio.gather(*(one(i) for i in range(count))))
+        end, wall = os.times(), time.perf_counter() - wall
+        cpu = end.user + end.system - start.user - start.system - idle * wall
+        chunks = sum(len(recorded[i]) for i in range(count))
+        return {
+            "streams": count,
+            "stage": f"replay_{fmt}",
+            "audio_s": round(samples / orpheus.SAMPLE_RATE, 2),
+            "chunks": chunks,
+            "samples_per_chunk": round(samples / chunks),
+            "wall_s": round(wall, 2),
+            "cpu_ms_per_audio_s": round(cpu / (samples / orpheus.SAMPLE_RATE) * 1000, 2),
+        }
 
     async def run(count: int, stage: str) -> dict[str, Any]:
         def one(i: int) -> Any:
@@ -814,6 +846,9 @@ async def vllm_front_end(
         for count in counts:
             for stage in ["vllm", "pcm", *formats]:
                 rows.append(await run(count, stage))
+                print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
+            for fmt in formats:
+                rows.append(await replay(count, fmt))
                 print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
         if first_audio_runs:
             firsts.clear()
@@ -933,7 +968,7 @@ def front_end_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pipeline to PCM (the ``pcm`` pass less the ``vllm`` one), each format's encoding (its pass
     less the ``pcm`` one), and the total per format."""
     split = []
-    measured = [row for row in rows if row["stage"] != "first_audio"]
+    measured = [row for row in rows if row["stage"] != "first_audio"]  # replays are split too
     for count in sorted({row["streams"] for row in measured}):
         by_stage = {r["stage"]: r["cpu_ms_per_audio_s"] for r in measured if r["streams"] == count}
         vllm, pcm = by_stage.pop("vllm"), by_stage.pop("pcm")
@@ -944,6 +979,9 @@ def front_end_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "total_pcm_ms_per_audio_s": pcm,
         }
         for fmt, total in by_stage.items():
+            if fmt.startswith("replay_"):  # encoding alone, the engine idle
+                entry[f"encode_{fmt.removeprefix('replay_')}_replayed_ms_per_audio_s"] = total
+                continue
             entry[f"encode_{fmt}_ms_per_audio_s"] = round(total - pcm, 2)
             entry[f"total_{fmt}_ms_per_audio_s"] = total
         split.append(entry)

@@ -103,6 +103,13 @@ class SpeechMetrics:
             registry=r,
         )
         self.errors = Counter("voicehost_errors", "Errors by kind.", ["kind"], registry=r)
+        self.stream_errors = Counter(
+            "voicehost_stream_errors",
+            "Streams that failed after their first byte (cut, or ended with an error event), "
+            "by stage: synthesis on a worker, upstream on a gateway.",
+            ["stage"],
+            registry=r,
+        )
         self.engine_requests = Gauge(
             "voicehost_engine_unfinished_requests",
             "Requests held by the vLLM engine.",

@@ -608,7 +608,9 @@ async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_retur
 
 async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster, http, dev_model):
     """Redis is a cache of the shared store: after a FLUSHALL (or a restart without its data)
-    the reconcilers restore every adapter voice's record, and health says when it is whole."""
+    the reconcilers restore every adapter voice's record, and health says when it is whole.
+    Meanwhile a voice is never "not found" (404: a client would drop it): 503
+    ``registry_rebuilding`` with ``Retry-After``, until its record is back."""
     async with http.post(
         cluster.gateway.url + "/v1/voices", data=adapter_form(dev_model, "kept")
     ) as r:
@@ -617,8 +619,14 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     flushed = time.monotonic()
     voices = ("dev-a", "dev-c", "kept")
 
+    seen: set[tuple[int, str]] = set()
+
     async def found(voice: str) -> int:
         async with http.get(f"{cluster.gateway.url}/v1/voices/{voice}") as r:
+            code = "" if r.status == 200 else (await r.json())["error"]["code"]
+            seen.add((r.status, code))
+            if r.status == 503:
+                assert r.headers["Retry-After"] == "1"
             return r.status
 
     statuses: list[int] = []
@@ -632,8 +640,9 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
             if time.monotonic() - flushed > POLL + HEARTBEAT:
                 break
         await asyncio.sleep(0.1)
-    print(f"every voice was back {back} s after the flush")
+    print(f"every voice was back {back} s after the flush; answers meanwhile: {seen}")
     assert statuses == [200] * len(voices)
+    assert seen <= {(200, ""), (503, "registry_rebuilding")}, seen
     assert set(ready) == {200}, ready  # an emptied membership is not believed
     spoken = await asyncio.gather(*(speak(http, cluster.gateway.url, v, "Hi.") for v in voices))
     assert [status for status, _, _ in spoken] == [200] * len(voices)

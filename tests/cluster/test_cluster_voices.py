@@ -14,7 +14,7 @@ from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.state import voice_key
 from voicehost.cluster.voices import RedisVoiceDirectory
 from voicehost.voices.validation import AdapterRules, assign_tenant
-from voicehost.voices.voice import NotHeld
+from voicehost.voices.voice import NotHeld, RegistryRebuilding
 
 
 @pytest.fixture
@@ -46,7 +46,10 @@ async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev
     await register(directory, dev_model, tmp_path, "shared-voice")
     before = await directory.redis.hgetall(voice_key("acme-voice"))
     await directory.redis.flushall()
-    assert await directory.find("acme-voice") is None  # what users saw: 404 for good
+    with pytest.raises(RegistryRebuilding):  # a 503 to retry, not a 404: the voice exists
+        await directory.find("acme-voice")
+    assert directory.missing() == 1  # health says so before the next reconcile
+    assert await directory.find("never-was") is None  # a voice the store lacks: 404
     assert await directory.reconcile() == 0
     assert directory.missing() == 0
     after = await directory.redis.hgetall(voice_key("acme-voice"))
@@ -80,6 +83,7 @@ async def test_a_deleted_voice_does_not_come_back(directory, dev_model, tmp_path
     await register(directory, dev_model, tmp_path, "kept")
     assert await directory.remove("gone")
     await directory.redis.flushall()
+    assert await directory.find("gone") is None  # its files went first: never "rebuilding"
     await directory.reconcile()
     assert await directory.find("gone") is None
     assert await directory.find("kept") is not None

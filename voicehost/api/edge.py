@@ -14,6 +14,7 @@ import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -42,7 +43,7 @@ from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.tenancy.lexicons import LexiconStore
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.voice import Voice, VoiceDirectory
+from voicehost.voices.voice import RegistryRebuilding, Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,38 @@ def error_event(code: str, message: str) -> dict[str, object]:
     return {"type": "error", **error_body(code, message)}
 
 
+async def end_broken_stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    sse: bool,
+    stage: str,
+    error: tuple[str, str],
+    exc: BaseException,
+) -> None:
+    """End a stream that failed after its first byte, so the client can tell it from one that
+    finished (never a second response written into the first): an SSE stream gets an
+    ``error`` event (``error``: code and message) and ends; raw audio is cut, its connection
+    closed without the last chunk of its chunked body. Counted in
+    ``voicehost_stream_errors_total{stage}`` and logged once with the request id. Every
+    streaming route of ``serve`` and of the gateway ends this way."""
+    request.app[SERVICE].metrics.stream_errors.labels(stage).inc()
+    log.warning(
+        "stream %s cut mid-way (%s): %s: %s",
+        request_id(request),
+        stage,
+        type(exc).__name__,
+        exc,
+    )
+    if sse:
+        data = f"data: {json.dumps(error_event(*error))}\n\n".encode()
+        with suppress(ConnectionError):
+            await response.write(data)
+            await response.write_eof()
+        return
+    if request.transport is not None:  # no last chunk: the client sees a cut stream
+        request.transport.close()
+
+
 def validation_message(exc: ValidationError, whole: str = "body") -> str:
     """Every problem pydantic found, ``field.path: message`` joined by ``; ``."""
     return "; ".join(
@@ -126,6 +159,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         errors.labels(exc.code).inc()
         response = error_response(exc.status, exc.code, exc.message)
         response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+    except RegistryRebuilding as exc:  # a voice route's lookup in Redis's gap
+        response = error_response(503, "registry_rebuilding", str(exc))
+        response.headers["Retry-After"] = "1"
         return response
     except RedisError as exc:
         errors.labels("redis_unavailable").inc()
@@ -302,7 +339,9 @@ def registry_health(voices: VoiceDirectory) -> dict[str, object]:
     """What ``/healthz`` says of the voice directory: whole, or how many voices it is missing
     (a cluster's Redis that lost its records, being rebuilt from the shared store)."""
     missing = voices.missing()
-    return {"registry": "whole" if missing == 0 else f"rebuilding: {missing} voices missing"}
+    if missing == 0:
+        return {"registry": "whole"}
+    return {"registry": "rebuilding", "missing_voices": missing}
 
 
 def voice_not_found(voice_id: str) -> ApiError:
@@ -328,7 +367,10 @@ async def find_voice(
     voice_id, version = split_voice_ref(ref)
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
-    voice = await directory.find(voice_id, version)
+    try:
+        voice = await directory.find(voice_id, version)
+    except RegistryRebuilding as exc:  # it exists: retry soon (a socket gets retry_after too)
+        raise Refused(503, "registry_rebuilding", str(exc), 1) from exc
     seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
     if not seen and version is None and aliases and voice_id in aliases:
         target = aliases[voice_id]

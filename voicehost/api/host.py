@@ -34,6 +34,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -112,6 +113,7 @@ def serve_frontends(
     context = multiprocessing.get_context("spawn")
     frontends: list[Any] = []
     engines = None  # vLLM's manager of the engine core, once it has started
+    failed = False  # stopped for a front end or the engine core dying, not for a signal
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -147,7 +149,8 @@ def serve_frontends(
             launch.watched_frontend_processes = frontends
         engines = launch.engine_manager  # held: dropping it shuts the engine core down
         sock.close()  # the front ends hold it
-        _wait(frontends, lambda: stopping)
+        cores = list(getattr(engines, "processes", []))
+        failed = _wait(frontends, cores, lambda: stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -161,23 +164,50 @@ def serve_frontends(
         shutil.rmtree(ready_dir, ignore_errors=True)
         del listeners  # its __del__ would run again at exit, with vLLM's modules torn down
         gc.collect()
+    if failed:  # for the supervisor: this host did not stop because it was asked to
+        raise SystemExit(1)
 
 
-def _wait(frontends: list[Any], stopping: Any) -> None:
-    """Until every front end has exited; one that dies while the others serve stops them all."""
+def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
+    """Until every front end has exited. A front end that dies while the others serve stops
+    them all; so does the engine core dying: a front end's engine client does not watch a core
+    it did not start, and its streams would wait for tokens that never come. Then the front
+    ends get SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL: their streams are cut (the
+    clients see an incomplete body), and the host exits for its supervisor to restart it.
+    Returns whether it stopped for a failure (not for SIGTERM or SIGINT)."""
     from multiprocessing.connection import wait
 
     alive = list(frontends)
+    core_lost_at: float | None = None
+    failed = False
     while alive:
-        wait([p.sentinel for p in alive])
+        watched = [p.sentinel for p in alive] + [c.sentinel for c in cores]
+        wait(watched, timeout=None if core_lost_at is None else 0.5)
         ended = [p for p in alive if not p.is_alive()]
         alive = [p for p in alive if p.is_alive()]
-        if ended and alive and not stopping():
+        if core_lost_at is None and any(not c.is_alive() for c in cores) and not stopping():
+            log.error("the engine core exited: stopping the host")
+            failed = True
+            core_lost_at = time.monotonic()
+            cores = []
+            _signal(alive, signal.SIGTERM)
+        elif core_lost_at is not None and time.monotonic() - core_lost_at > CORE_LOST_GRACE_S:
+            _signal(alive, signal.SIGKILL)
+        elif ended and alive and not stopping():
+            failed = True
             log.error(
                 "front end %s exited (code %s): stopping the host",
                 ended[0].name,
                 ended[0].exitcode,
             )
-            for process in alive:
-                if process.pid is not None:
-                    os.kill(process.pid, signal.SIGTERM)
+            _signal(alive, signal.SIGTERM)
+    return failed
+
+
+CORE_LOST_GRACE_S = 5.0  # for front ends whose engine core is gone to end their streams
+
+
+def _signal(processes: list[Any], signum: int) -> None:
+    for process in processes:
+        if process.pid is not None and process.is_alive():
+            os.kill(process.pid, signum)

@@ -268,8 +268,9 @@ class RealtimeSession:
             raise
         except ConnectionError:
             pass  # the client left; the socket's loop ends too
-        except Exception as exc:
+        except Exception as exc:  # as end_broken_stream does for HTTP: an event, then the end
             self.serving.metrics.errors.labels("engine").inc()
+            self.serving.metrics.stream_errors.labels("synthesis").inc()
             log.exception("realtime synthesis failed")
             with suppress(ConnectionError):
                 await self.send(error_event("synthesis_failed", f"synthesis failed: {exc}"))

@@ -9,7 +9,7 @@ import base64
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 import numpy as np
@@ -23,6 +23,7 @@ from voicehost.api.edge import (
     VERSION_HEADER,
     ApiError,
     check_speech_request,
+    end_broken_stream,
     error_response,
     find_voice,
     read_body,
@@ -109,6 +110,40 @@ async def respond(
         return await send_audio(request, encoder, first, chunks, tally, headers)
 
 
+SYNTHESIS_FAILED = ("synthesis_failed", "synthesis failed after the stream had started")
+
+
+async def send_encoded(
+    request: web.Request,
+    response: web.StreamResponse,
+    encoder: FormatStream,
+    chunks: tuple[np.ndarray, AsyncIterator[np.ndarray]],
+    tally: UsageTally,
+    write: Callable[[bytes], Awaitable[None]],
+    sse: bool,
+) -> int | None:
+    """Encode and ``write`` the first chunk and the rest, each counted by ``tally`` once
+    written, then the encoder's end; the samples sent, or ``None`` when synthesis failed after
+    the first byte (the stream is then ended by ``end_broken_stream``: ``sse``, with an error
+    event, else cut)."""
+    first, rest = chunks
+    samples = first.size
+    await write(await encoder.encode(first))
+    tally.sent(first.size)
+    try:
+        async for pcm in rest:
+            samples += pcm.size
+            await write(await encoder.encode(pcm))
+            tally.sent(pcm.size)
+        await write(await encoder.finish())
+    except ConnectionError:
+        raise  # the client left
+    except Exception as exc:
+        await end_broken_stream(request, response, sse, "synthesis", SYNTHESIS_FAILED, exc)
+        return None
+    return samples
+
+
 async def send_audio(
     request: web.Request,
     encoder: FormatStream,
@@ -120,14 +155,14 @@ async def send_audio(
     response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt), **headers})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    await response.write(await encoder.encode(first))
-    tally.sent(first.size)
-    async for pcm in rest:
-        if data := await encoder.encode(pcm):
+
+    async def write(data: bytes) -> None:
+        if data:
             await response.write(data)
-        tally.sent(pcm.size)
-    await response.write(await encoder.finish())
-    await response.write_eof()
+
+    sent = await send_encoded(request, response, encoder, (first, rest), tally, write, False)
+    if sent is not None:
+        await response.write_eof()
     return response
 
 
@@ -151,16 +186,10 @@ async def send_sse(
         if data:
             await event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
-    samples = first.size
-    await audio(await encoder.encode(first))
-    tally.sent(first.size)
-    async for pcm in rest:
-        samples += pcm.size
-        await audio(await encoder.encode(pcm))
-        tally.sent(pcm.size)
-    await audio(await encoder.finish())
-    await event({"type": "speech.audio.done", "samples": encoder.output_samples(samples)})
-    await response.write_eof()
+    samples = await send_encoded(request, response, encoder, (first, rest), tally, audio, True)
+    if samples is not None:
+        await event({"type": "speech.audio.done", "samples": encoder.output_samples(samples)})
+        await response.write_eof()
     return response
 
 

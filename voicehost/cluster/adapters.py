@@ -60,6 +60,10 @@ class AdapterStore(Protocol):
         """Copy an adapter folder into the store; returns its URI."""
         ...
 
+    def holds(self, voice_id: str) -> bool:
+        """Whether the store has a published version of ``voice_id``."""
+        ...
+
     def download(self, uri: str, target: Path) -> None:
         """Copy the adapter at ``uri`` into the (new) folder ``target``."""
         ...
@@ -111,6 +115,15 @@ class SharedDirStore:
             except OSError:  # published meanwhile by someone else: same checksum, same files
                 shutil.rmtree(staging, ignore_errors=True)
         return SCHEME + relative.as_posix()
+
+    def holds(self, voice_id: str) -> bool:
+        folder = self.root / "adapters" / voice_id
+        try:
+            return is_voice_id(voice_id) and any(
+                p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name) for p in folder.iterdir()
+            )
+        except OSError:  # no such folder
+            return False
 
     def folder(self, uri: str) -> Path:
         source = self._path(uri)

@@ -35,7 +35,7 @@ from voicehost.api.edge import (
     WORKER_HEADER,
     ApiError,
     check_speech_request,
-    error_event,
+    end_broken_stream,
     error_response,
     find_voice,
     read_body,
@@ -394,33 +394,15 @@ async def _relay(
             try:
                 chunk = await upstream.content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
-                await _end_cut_stream(request, response, sse, headers.get(WORKER_HEADER), exc)
+                request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
+                worker = headers.get(WORKER_HEADER)
+                cut = ("upstream_cut", f"the worker serving this stream ({worker}) failed")
+                await end_broken_stream(request, response, sse, "upstream", cut, exc)
                 return response  # aiohttp finds the transport closed: one warning, no traceback
     finally:
         upstream.release()
     await response.write_eof()
     return response
-
-
-async def _end_cut_stream(
-    request: web.Request,
-    response: web.StreamResponse,
-    sse: bool,
-    worker: str | None,
-    exc: BaseException,
-) -> None:
-    """End a stream whose worker failed mid-way with a terminal error the client can see."""
-    request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
-    log.warning("stream from %s cut mid-way: %s", worker, exc)
-    if sse:
-        event = error_event("upstream_cut", "the worker serving this stream failed")
-        error = f"data: {json.dumps(event)}\n\n".encode()
-        with suppress(ConnectionError, aiohttp.ClientError):
-            await response.write(error)
-            await response.write_eof()
-        return
-    if request.transport is not None:  # no last chunk: the client sees a cut stream
-        request.transport.close()
 
 
 async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:

@@ -45,6 +45,7 @@ from voicehost.voices.voice import (
     BrokenAdapter,
     LiveVersion,
     NotHeld,
+    RegistryRebuilding,
     Voice,
     VoiceStatus,
     VoiceVersion,
@@ -143,6 +144,8 @@ class RedisVoiceDirectory:
         self._broken: dict[str, str] = {}
         self._fetching: dict[tuple[str, str], asyncio.Lock] = {}
         self._missing = 0  # voices in the store without a record, at the last reconcile
+        self._lost_seen: set[str] = set()  # and those found so since (by ``find``)
+        self._unrestorable: set[str] = set()  # those the last reconcile could not restore
         self._publish = redis.register_script(PUBLISH)
         self._next_version = redis.register_script(NEXT_VERSION)
         self._add_version = redis.register_script(ADD_VERSION)
@@ -209,6 +212,8 @@ class RedisVoiceDirectory:
             return versioning.builtin_version(self.builtin[voice_id], version)
         ref = voice_ref(voice_id, version)
         record = await self.record(voice_id, version)
+        if record is None and await self._lost(voice_id):
+            raise RegistryRebuilding(voice_id)
         if record is None or record.get("status") not in LISTED:
             return None
         status = record["status"]
@@ -281,10 +286,13 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin or not await self._claim(voice_id):
             raise versioning.voice_exists(voice_id)
         try:
-            await asyncio.to_thread(_first_version, folder)
+            await asyncio.to_thread(_set_manifest, folder, {VERSION: 1})
             checksum = voice.checksum or ""
             uri = await asyncio.to_thread(self.store.publish, folder, voice_id, checksum)
-            await self._complete([(voice, uri, _manifest_text(folder))], uri)
+            # live from now, in the store's copy (not the caller's folder: a dev voice's is the
+            # dev model's own), so it reads retired, not candidate, once replaced
+            manifest = await asyncio.to_thread(_first_version, self.store.folder(uri))
+            await self._complete([(voice, uri, manifest)], uri)
         except BaseException:
             with suppress(RedisError):  # otherwise the claim expires by itself
                 await self.redis.delete(voice_key(voice_id))
@@ -471,7 +479,19 @@ class RedisVoiceDirectory:
     # --- Redis is a cache of the store: rebuilding what it lost ---------------------------------
 
     def missing(self) -> int:
-        return self._missing
+        return max(self._missing, len(self._lost_seen))
+
+    async def _lost(self, voice_id: str) -> bool:
+        """Whether ``voice_id`` has no record but the store holds it (deleting a voice removes
+        its files first): Redis lost it, the next reconcile restores it. Noted for
+        ``missing``, so health says so at once. One a reconcile could not restore (its files
+        are broken) is not waited for: it is missing, not coming."""
+        if voice_id in self._unrestorable or await self.redis.exists(voice_key(voice_id)):
+            return False
+        if not await asyncio.to_thread(self.store.holds, voice_id):
+            return False
+        self._lost_seen.add(voice_id)
+        return True
 
     async def reconcile(self) -> int:
         """Restore the records of voices that the shared store holds and Redis lacks (Redis
@@ -488,6 +508,8 @@ class RedisVoiceDirectory:
         lost = [v for v, exists in zip(ids, found, strict=True) if not exists]
         left = [v for v in lost if not await self._restore(v, published[v])]
         self._missing = len(left)
+        self._lost_seen = set()
+        self._unrestorable = set(left)
         return len(left)
 
     async def _restore(self, voice_id: str, stored: StoredVoice) -> bool:
@@ -537,6 +559,8 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin:
             return {} if versioning.builtin_version(self.builtin[voice_id], version) else None
         record = await self.record(voice_id, version)
+        if record is None and await self._lost(voice_id):
+            raise RegistryRebuilding(voice_id)
         if record is None or record.get("status") not in LISTED:
             return None
         return json.loads(record.get("manifest") or "{}")
@@ -585,11 +609,13 @@ def _set_manifest(folder: Path, values: dict[str, object]) -> None:
     write_manifest(folder, {**_manifest_of(folder), **values})
 
 
-def _first_version(folder: Path) -> None:
-    """A new voice's ``voice.json``: version 1, live from now (so it reads ``retired``, not
-    ``candidate``, once another version replaces it), as a voice folder's first version."""
+def _first_version(folder: Path) -> str:
+    """A new voice's published ``voice.json``, made version 1 and live from now (so it reads
+    ``retired``, not ``candidate``, once another version replaces it), as a voice folder's
+    first version; returns its text."""
     manifest = {**_manifest_of(folder), VERSION: 1}
     write_manifest(folder, versioning.first_promotion(manifest) or manifest)
+    return _manifest_text(folder)
 
 
 def _gate(record: dict[str, str]) -> VoiceStatus:

@@ -50,6 +50,10 @@ FP8_MIN_CAPABILITY = 89  # W8A8 FP8 kernels: Ada, Hopper and newer
 BASE_VOICE_LORA_ID = 2**31 - 1
 
 
+class EngineStopped(RuntimeError):
+    """The engine's output for a request ended before the request finished."""
+
+
 class InputTooLong(ValueError):
     """The prompt plus the speech it needs do not fit in the model's context."""
 
@@ -409,13 +413,17 @@ class SpeechEngine:
             request_id,
             lora_request=self.lora_request(voice),
         )
+        finished = False
         try:
             async for output in stream:
                 # vLLM's delta list itself, not a copy (the listener reads it at once)
                 if token_ids := output.outputs[0].token_ids:
                     yield token_ids
+                finished = output.finished
         finally:
             await stream.aclose()
+        if not finished:  # the engine went away mid-request (shut down): not a short speech
+            raise EngineStopped(f"the engine stopped before request {request_id} finished")
 
     @property
     def healthy(self) -> bool:

@@ -6,7 +6,7 @@ streams in progress (capacity), each API key's streams (its quota), and the engi
 generating (the batch the measured rate belongs to). ``LocalBoard`` keeps them for one serving
 process; ``HostBoard`` keeps them in a small file mapped into every front end's memory, one row
 per front end, each row written only by its own front end under an exclusive ``flock`` of the
-file (``voicehost.hostfile``), so a check and the count it admits are one step for the whole
+file (``voicehost.model.hostfile``), so a check and the count it admits are one step for the whole
 host.
 
 A row holds: the front end's streams, its engine requests generating, the request-seconds they
@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from voicehost import hostfile
+from voicehost.model import hostfile
 
 Check = Callable[[int, int], None]  # (streams of the host, streams of the key): raise to refuse
 

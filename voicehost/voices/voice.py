@@ -55,6 +55,17 @@ class DuplicateVersion(ValueError):
     """A new version with the same adapter (checksum) as one the voice has."""
 
 
+class RegistryRebuilding(LookupError):
+    """A voice the cluster's store holds whose registry record is missing: Redis lost it and
+    it is being rebuilt from the store (a 503 to retry, never a 404: the voice exists)."""
+
+    def __init__(self, voice_id: str) -> None:
+        super().__init__(
+            f"voice {voice_id!r} is being restored to the cluster's registry: try again"
+        )
+        self.voice_id = voice_id
+
+
 @dataclass(frozen=True, slots=True)
 class Voice:
     """A voice a request can name: a prompt voice of the base model, or a LoRA adapter."""
