@@ -184,12 +184,10 @@ class ServingProcess:
         self._started = asyncio.Event()  # start-up has ended, ready or failed
         # the host's streams: this process's, or every front end's of the engine core
         capacity = settings.stream_capacity()
-        board = frontend.board(capacity) if frontend is not None else None
+        board = frontend.board(capacity) if frontend is not None else LocalBoard()
         self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
         realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
-        self.admission = Admission(
-            capacity, settings.key_max_streams, realtime, board=board or LocalBoard()
-        )
+        self.admission = Admission(capacity, settings.key_max_streams, realtime, board=board)
         self.draining = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -16,10 +16,8 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from voicehost.speech.board import Board
+from voicehost.speech.board import Board, LocalBoard
 
 
 @dataclass(slots=True)
@@ -55,7 +53,8 @@ class RateMeter:
         board: Board | None = None,
     ) -> None:
         self.interval = interval
-        self.board = board  # the host's engine requests, when front ends share the engine
+        # the engine requests generating: this process's, or every front end's of the host
+        self.board: Board = board if board is not None else LocalBoard()
         self.half_life = half_life
         self.memory = memory
         self.clock = clock
@@ -70,24 +69,17 @@ class RateMeter:
     def begin(self) -> None:
         now = self._settle()
         self.generating += 1
-        if self.board is not None:
-            self.board.publish(self.generating, self._busy, now)
+        self.board.publish(self.generating, self._busy, now)
 
     def end(self) -> None:
         now = self._settle()
         self.generating -= 1
-        if self.board is not None:
-            self.board.publish(self.generating, self._busy, now)
+        self.board.publish(self.generating, self._busy, now)
 
     def batch(self) -> int:
         """The engine requests generating now: the host's (every front end's), or this
         process's when it is the host."""
-        if self.board is None:
-            return self.generating
         return self.board.generating(self.clock())[0]
-
-    def _host_busy(self, now: float) -> float:
-        return self._busy if self.board is None else self.board.generating(now)[1]
 
     def _settle(self) -> float:
         now = self.clock()
@@ -102,7 +94,7 @@ class RateMeter:
         elapsed = now - then
         if elapsed < self.interval:
             return
-        host_now = self._host_busy(now)
+        host_now = self.board.generating(now)[1]
         self._sampled = (now, self.tokens, self._busy, host_now)
         request_seconds = self._busy - busy
         # the batch is the host's: every front end's requests share the engine's steps
