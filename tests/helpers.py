@@ -31,7 +31,6 @@ from voicehost.model.devmodel import DevModelPaths
 from voicehost.tools import devserver
 from voicehost.tools.devserver import (
     DevServer,
-    engine_core_env,
     free_port,
     http_status,
     stop,
@@ -53,11 +52,11 @@ __all__ = [
     "dev_env",
     "dev_server",
     "early_server",
-    "engine_core_env",
     "engines_stopped",
     "eventually",
     "free_port",
     "http_status",
+    "is_frontend",
     "job_spec",
     "launch",
     "manage_versions_as_a_tenant",
@@ -511,6 +510,18 @@ def process_tree(pid: int) -> list[psutil.Process]:
     """A process and every process under it, now."""
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
+
+
+def is_frontend(process: psutil.Process) -> bool:
+    """Whether ``process`` is one of a host's front ends (``voicehost.api.host``: a spawned
+    child, named ``voicehost-frontend-N`` where the platform lets it be)."""
+    try:
+        return "voicehost-frontend" in process.name() or any(
+            "voicehost.api.host" in part or "multiprocessing.spawn" in part
+            for part in process.cmdline()
+        )
+    except psutil.NoSuchProcess:
+        return False
 
 
 def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:

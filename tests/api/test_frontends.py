@@ -5,8 +5,9 @@ ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, a
 chain stays one chain when both write to it at once.
 
 Its own server: the shared one has one front end, and these tests need a capacity of 3 streams
-and a quota of 2 per key. The last test here drains it with SIGTERM; two more tests start a
-host each: one kills its engine core mid-stream, one kills the host with kill -9."""
+and a quota of 2 per key. The last test here drains it with SIGTERM; one more test starts a
+host of its own to kill its engine core mid-stream. A host's kill -9 is the cluster's
+(``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import psutil
 import pytest
 from helpers import (
     EarlyServer,
@@ -332,35 +332,3 @@ async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_hos
         await asyncio.to_thread(wait_until, lambda: not alive(tree), 15)
     finally:
         devserver.stop(server.process)
-
-
-def test_kill_9_of_the_host_leaves_no_front_end_and_no_engine_core(dev_model, tmp_path):
-    """SIGKILL to the host's pid: the front ends die with their parent and the reaper ends
-    the engine core, as for one serving process."""
-    server = devserver.start_dev_server(tmp_path, VOICEHOST_FRONTENDS="2")
-    try:
-
-        def standing() -> bool:
-            names = [p.name() for p in process_tree(server.process.pid)]
-            frontends = sum(1 for p in process_tree(server.process.pid) if _is_frontend(p))
-            return any("EngineCore" in n for n in names) and frontends == 2
-
-        wait_until(standing, 120, step=0.5)
-        tree = process_tree(server.process.pid)
-        os.kill(server.process.pid, signal.SIGKILL)
-        server.process.wait()
-        started = time.monotonic()
-        wait_until(lambda: not alive(tree), 15)
-        print(f"{len(tree)} processes gone {time.monotonic() - started:.2f} s after kill -9")
-    finally:
-        devserver.stop(server.process)
-
-
-def _is_frontend(process: psutil.Process) -> bool:
-    try:
-        return "voicehost-frontend" in process.name() or any(
-            "voicehost.api.host" in part or "multiprocessing.spawn" in part
-            for part in process.cmdline()
-        )
-    except psutil.NoSuchProcess:
-        return False

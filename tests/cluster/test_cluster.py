@@ -22,11 +22,11 @@ from helpers import (
     audio_form,
     dev_env,
     early_server,
-    engine_core_env,
     engines_stopped,
     eventually,
     free_port,
     http_status,
+    is_frontend,
     launch,
     manage_versions_as_a_tenant,
     process_tree,
@@ -146,15 +146,14 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
         return {w["id"] for w in json.loads(response.read())["workers"]}
 
 
-W2_FRONTENDS = "2"  # w2 is one engine core with two front ends: one ring member all the same
+W1_FRONTENDS = "2"  # w1 is one engine core with two front ends: one ring member all the same
 
 
 class EarlyCluster:
     """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
-    one worker and drain the other; w2 runs two front ends on its engine core (every test that
-    fills or drains w2 holds for the host, not for the front end it reached). Each worker's
-    engine computes on a core of its own (vLLM binds every engine to the first by default),
-    so the two start and generate side by side.
+    one worker and drain the other; w1 runs two front ends on its engine core (every test that
+    fills w1 holds for the host, not for the front end it reached), and its kill -9 is a
+    host's: its front ends and its engine core end with it.
     Started once the unit tests are done (deferred): its boots then run beside the tests of the
     modules before this one, which leave a core mostly idle, not beside the other boots."""
 
@@ -169,8 +168,8 @@ class EarlyCluster:
             log = root / f"{name}.log"
             command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
             command += ["--worker-id", name]
-            frontends = {"VOICEHOST_FRONTENDS": W2_FRONTENDS if name == "w2" else "1"}
-            process = launch(command, {**self.env, **engine_core_env(), **frontends}, log)
+            frontends = {"VOICEHOST_FRONTENDS": W1_FRONTENDS if name == "w1" else "1"}
+            process = launch(command, {**self.env, **frontends}, log)
             self.workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
         self.gateway = start_gateway(root, self.env, "gateway", "1")
         self.engines = 2
@@ -829,6 +828,12 @@ async def test_a_worker_that_reports_no_room_is_passed_over_without_asking_it(cl
 UPSTREAM_REFUSED = 'voicehost_errors_total{kind="upstream_before_first_byte"}'
 
 
+async def cluster_load(http, cluster: Cluster) -> dict[str, dict]:
+    """Each ring member's record in the gateway's ``/v1/cluster`` (its last heartbeat's load)."""
+    async with http.get(cluster.gateway.url + "/v1/cluster") as response:
+        return {w["id"]: w for w in (await response.json())["workers"]}
+
+
 async def gateway_metric(http, gateway: Node, series: str) -> float:
     """One series of the gateway's /metrics (0 while it was never counted)."""
     async with http.get(gateway.url + "/metrics") as response:
@@ -839,17 +844,15 @@ async def gateway_metric(http, gateway: Node, series: str) -> float:
 
 
 async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_figure(cluster, http):
-    """w2 holds 2 streams on each of its front ends: the ring has one member for it, whose
+    """w1 holds 2 streams on each of its front ends: the ring has one member for it, whose
     heartbeat says 4 streams and no room (front end 0 reports the host's load, not its own 2),
     and a fifth stream is refused by either front end."""
     assert set(cluster.redis.client().zrange("vh:members", 0, -1)) == {"w1", "w2"}
-    w2 = cluster.workers["w2"]
+    w1 = cluster.workers["w1"]
     held: dict[str, list[aiohttp.ClientResponse]] = {"0": [], "1": []}
-    body = {"input": LONG_TEXT, "voice": "tara", "response_format": "pcm"}
-
-    async def workers() -> dict[str, dict]:
-        async with http.get(cluster.gateway.url + "/v1/cluster") as response:
-            return {w["id"]: w for w in (await response.json())["workers"]}
+    # Streams that outlast the test: a held stream the client no longer reads still ends once
+    # its audio fits in the sockets' buffers (megabytes on loopback), and LONG_TEXT's does.
+    body = {"input": LONG_TEXT * 30, "voice": "tara", "response_format": "pcm"}
 
     sessions: list[aiohttp.ClientSession] = []
     leases = cluster.redis.client()
@@ -865,7 +868,7 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
         for _ in range(40):  # keep 2 streams on each front end
             if all(len(streams) == 2 for streams in held.values()):
                 break
-            response = await connection().post(w2.url + "/v1/audio/speech", json=body)
+            response = await connection().post(w1.url + "/v1/audio/speech", json=body)
             assert response.status == 200, await response.text()
             await response.content.readany()
             place = held[response.headers[FRONTEND_HEADER]]
@@ -877,17 +880,17 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
             await eventually(lambda n=holding: leases.zcard("vh:lease:busy") == n, 5)
         assert all(len(streams) == 2 for streams in held.values()), held
         for _ in range(50):  # the next heartbeat says so
-            load = (await workers())["w2"]
+            load = (await cluster_load(http, cluster))["w1"]
             if (load["active_streams"], load["headroom"]) == (WORKER_CAPACITY, 0):
                 break
             await asyncio.sleep(0.1)
         assert (load["active_streams"], load["headroom"]) == (WORKER_CAPACITY, 0), load
-        assert set(await workers()) == {"w1", "w2"}
+        assert set(await cluster_load(http, cluster)) == {"w1", "w2"}
         refused = set()
         for _ in range(40):  # a fifth stream, of another key: refused by either front end
             hi = {"input": "Hi.", "voice": "tara"}
             async with connection().post(
-                w2.url + "/v1/audio/speech", json=hi, headers=bearer()
+                w1.url + "/v1/audio/speech", json=hi, headers=bearer()
             ) as response:
                 assert response.status == 503, await response.text()
                 refused.add(response.headers[FRONTEND_HEADER])
@@ -905,6 +908,13 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
+    """kill -9 of w1, a host of two front ends: its streams are cut, its front ends and its
+    engine core end with it (the front ends die with their parent, the reaper ends the core),
+    and its voices move on to w2."""
+    for _ in range(100):  # the test before let w1's streams go: once a heartbeat says so
+        if (await cluster_load(http, cluster))["w1"]["headroom"] == WORKER_CAPACITY:
+            break
+        await asyncio.sleep(0.1)
     owner = await owners(http, cluster.gateway, VOICES)
     victim_voices = [v for v in VOICES if owner[v] == "w1"][:2]  # within w1's load bound
     assert victim_voices, owner
@@ -935,13 +945,14 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     assert set(served.values()) == {"w1"}
     worker = cluster.workers["w1"].process
     tree = process_tree(worker.pid)
-    assert len(tree) >= 3, tree  # the worker, vLLM's EngineCore and its CPU worker at least
-    os.kill(worker.pid, signal.SIGKILL)  # the worker alone: its engine must follow by itself
+    assert sum(is_frontend(p) for p in tree) == 2, tree
+    assert sum("EngineCore" in p.name() for p in tree) == 1, tree
+    os.kill(worker.pid, signal.SIGKILL)  # the host alone: the rest must follow by themselves
     left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, TTL + POLL + SLACK))
     await asyncio.wait_for(asyncio.gather(*streams), 15)  # a terminal error, never a hang
     assert sorted(cut) == sorted(victim_voices)
     worker.wait()
-    await eventually(lambda: not alive(tree), 15)  # no engine process left behind
+    await eventually(lambda: not alive(tree), 15)  # no front end, no engine process left
     gateway_log = cluster.gateway.log.read_text()
     assert gateway_log.count("cut mid-way") == len(victim_voices)  # one warning per stream
     assert "Error handling request" not in gateway_log  # and no chained tracebacks

@@ -64,15 +64,16 @@ def dev_env(**extra: str) -> dict[str, str]:
     }
 
 
-# vLLM's CPU engine binds its compute threads to the first core of the machine unless told
-# otherwise (it keeps the others for its front end), so dev engines started side by side
-# would all compute on core 0 while the rest stay idle.
+# A dev engine is not bound to cores: its worker runs in the engine core's process with the
+# environment's OpenMP threads (``engine.in_core_worker``), wherever the kernel puts it. A
+# benchmark that wants engines side by side on cores of their own binds each: vLLM's own
+# binding (``auto``) would put every engine's threads on the first core of the machine.
 _engine_starts = itertools.count()
 
 
 def engine_core_env() -> dict[str, str]:
-    """The CPU binding of the next dev engine this process starts: one core each, in turn
-    over the cores this process may use. Empty when the environment already sets one."""
+    """The CPU binding of the next engine this process starts: one core each, in turn over the
+    cores this process may use. Empty when the environment already sets one."""
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return {}
     cores = sorted(os.sched_getaffinity(0))
@@ -163,7 +164,7 @@ def start_dev_server(root: Path, **env: str) -> DevServer:
         "VOICEHOST_JOBS_DIR": str(root / "jobs"),
         "VOICEHOST_LEXICONS_DIR": str(root / "lexicons"),
     }
-    env = {**engine_core_env(), **folders, **env}
+    env = {**folders, **env}
     process = launch(command, dev_env(**env), log)
     return DevServer(f"http://127.0.0.1:{port}", adapters, log, process)
 
