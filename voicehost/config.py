@@ -376,8 +376,12 @@ class Settings(BaseSettings):
         return self.adapters_dir.parent / "audit.jsonl"
 
     def usage_file(self) -> Path:
-        """One server's usage file (a cluster keeps usage in Redis)."""
+        """One server's usage file (a cluster keeps usage in Redis: ``usage_mirror_dir``)."""
         return self.usage_path or self.audit_file().parent / "usage.jsonl"
+
+    def usage_mirror_dir(self) -> Path:
+        """A cluster's mirror of its usage on the shared store: a file per counting process."""
+        return self.shared_dir / "usage"
 
     def lexicon_limits(self) -> LexiconLimits:
         return LexiconLimits(

@@ -679,7 +679,8 @@ async def test_the_audit_trail_is_one_chain_across_gateway_workers_and_a_redis_f
 
 async def test_usage_is_counted_by_the_worker_that_speaks_and_summed_for_the_cluster(cluster, http):
     """One stream on each worker, through the gateway: the gateway's ``GET /v1/usage`` adds
-    the seconds each worker sent, equal to the PCM bytes the client received."""
+    the seconds each worker sent, equal to the PCM bytes the client received; and still does
+    after Redis lost its usage."""
     owner = await owners(http, cluster.gateway, VOICES)
     quiet = VOICES[7::-1]  # built-in voices from the last: no other test speaks them lately
     voices = [next(v for v in quiet if owner[v] == w) for w in ("w1", "w2")]
@@ -706,6 +707,12 @@ async def test_usage_is_counted_by_the_worker_that_speaks_and_summed_for_the_clu
             break
         assert time.monotonic() < deadline, (now, expected)  # flushed every second
         await asyncio.sleep(0.2)
+    # Redis loses the usage (as a restart without its data would): the gateway refills it
+    # from the workers' mirror on the shared store, and nothing counted is lost
+    client = cluster.redis.client()
+    client.delete(*client.keys("vh:usage:*"))
+    assert await usage() == pytest.approx(now, abs=1e-5)
+    assert "usage refilled from the shared store" in cluster.gateway.log.read_text()
 
 
 async def test_a_keys_stream_quota_holds_for_the_whole_cluster(cluster, http):

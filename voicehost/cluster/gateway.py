@@ -53,7 +53,7 @@ from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.lexicons import shared_lexicons
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
-from voicehost.cluster.usage import RedisUsageStore
+from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.ids import split_voice_ref, voice_ref
@@ -117,7 +117,10 @@ class Gateway:
             settings.shared_dir / "jobs", registrar(self.voices), queue, "gateway", audit=self.audit
         )
         # a gateway speaks nothing: its ledger only reads the workers' sums
-        self.usage = UsageLedger(RedisUsageStore(self.redis, settings.usage_retention_days), None)
+        usage = ClusterUsageStore(
+            self.redis, settings.usage_mirror_dir(), "gateway", settings.usage_retention_days
+        )
+        self.usage = UsageLedger(usage, None)
         self.lexicons = shared_lexicons(self.redis, settings)
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
         self.voice_streams: Counter[str] = Counter()

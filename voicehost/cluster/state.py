@@ -54,6 +54,8 @@ JOBS_STREAM = f"{PREFIX}jobs"
 AUDIT_STREAM = f"{PREFIX}audit"
 AUDIT_HEAD = f"{PREFIX}audit:head"
 USAGE_MINUTES = f"{PREFIX}usage:minutes"
+USAGE_APPLIED = f"{PREFIX}usage:applied"
+USAGE_FILLED = f"{PREFIX}usage:filled"
 MEMBERS_INDEX_TTL_SECONDS = 3600
 
 

@@ -22,7 +22,7 @@ from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.leases import KeyLeases
 from voicehost.cluster.lexicons import RedisLexicons, shared_lexicons
 from voicehost.cluster.state import WorkerPresence, connect
-from voicehost.cluster.usage import RedisUsageStore
+from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.serving import FrontEnd
@@ -68,8 +68,11 @@ class WorkerCluster:
     def audit_trail(self) -> RedisAuditTrail:
         return self.audit
 
-    def usage_store(self) -> RedisUsageStore:
-        return RedisUsageStore(self.redis, self.settings.usage_retention_days)
+    def usage_store(self) -> ClusterUsageStore:
+        s = self.settings
+        return ClusterUsageStore(
+            self.redis, s.usage_mirror_dir(), self.worker_id, s.usage_retention_days
+        )
 
     def lexicon_store(self) -> RedisLexicons:
         return shared_lexicons(self.redis, self.settings)

@@ -5,8 +5,8 @@ chunk's seconds once the chunk has been written to the client (so a stream cance
 half-way counts what was sent), and a segment's characters with the first chunk of its audio.
 The counts go at once into Prometheus counters (``voicehost_usage_*_total``) and into per-minute
 buckets in memory, which a background task adds to the ``UsageStore`` every
-``VOICEHOST_USAGE_FLUSH_SECONDS``: one server's JSONL file, or a cluster's Redis
-(``voicehost.cluster.usage``), so the hot path never waits on a store.
+``VOICEHOST_USAGE_FLUSH_SECONDS``: one server's JSONL file, or a cluster's Redis mirrored to
+the shared store (``voicehost.cluster.usage``), so the hot path never waits on a store.
 """
 
 from __future__ import annotations
@@ -58,7 +58,13 @@ def minute_of(timestamp: float) -> int:
 
 
 class UsageStore(Protocol):
-    """Where a ledger's buckets are summed: one server's file or a cluster's Redis."""
+    """Where a ledger's buckets are summed: one server's file or a cluster's Redis (mirrored to
+    the shared store: ``voicehost.cluster.usage``)."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether buckets it took are not yet in the sums (to be retried with ``add``)."""
+        ...
 
     async def add(self, buckets: Buckets) -> None: ...
 
@@ -123,7 +129,7 @@ class UsageLedger:
         """Add what was counted since the last flush to the store; kept for the next one if
         the store cannot be reached."""
         async with self._flushing:
-            if not self._pending:
+            if not self._pending and not self.store.waiting:
                 return
             batch, self._pending = self._pending, defaultdict(Amount)
             try:
@@ -157,6 +163,8 @@ class UsageLedger:
 class FileUsageStore:
     """One server's usage: a JSONL file of flushed buckets (``VOICEHOST_USAGE_PATH``), one line
     per minute, key, tenant and voice of each flush; totals sum the lines."""
+
+    waiting = False  # a flush is in the file or raised
 
     def __init__(self, path: Path) -> None:
         self.path = path
