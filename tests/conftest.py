@@ -35,6 +35,7 @@ SERVER_FIXTURES = frozenset(
         "keyed",
         "keyed_server",
         "frontends",
+        "dying_host",
         "gateway",
         "cluster",
         "redis_server",
@@ -145,7 +146,10 @@ HOT_ENV = {
 }
 
 
-@helpers.start_early("hot_server")
+# Booted beside the cluster, before the cluster's tests (its first users, test_frame_constraint
+# and test_admission, come after them): not at collection, where it would hold an engine's
+# memory for twenty minutes and keep the servers booted before it from starting early.
+@helpers.start_early("hot_server", with_module="test_hostile_uploads")
 def start_hot_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
     return helpers.EarlyServer(tmp_path_factory.mktemp("hot"), **HOT_ENV)
 

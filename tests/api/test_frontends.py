@@ -5,9 +5,9 @@ ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, a
 chain stays one chain when both write to it at once.
 
 Its own server: the shared one has one front end, and these tests need a capacity of 3 streams
-and a quota of 2 per key. The last test here drains it with SIGTERM; one more test starts a
-host of its own to kill its engine core mid-stream. A host's kill -9 is the cluster's
-(``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
+and a quota of 2 per key. The last test here drains it with SIGTERM; one more test has a host
+of its own (booted before the module) to kill its engine core mid-stream. A host's kill -9 is
+the cluster's (``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from helpers import (
 from voicehost.api.auth import INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
 from voicehost.tenancy.audit import Head, verify_events
-from voicehost.tools import devserver
 
 SPEECH = "/v1/audio/speech"
 CAPACITY, QUOTA = 3, 2  # streams the host admits, and one key
@@ -289,46 +288,52 @@ async def test_draining_one_front_end_drains_the_host_then_sigterm_ends_them_all
     print(f"{len(tree)} processes of the host were gone {gone:.2f} s after the drain")
 
 
-async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_host(
-    dev_model, tmp_path
-):
+# Booted while test_bodies runs, once test_auth's server has stopped (helpers.MAX_ENGINES).
+@start_early("dying_host", with_module="test_bodies")
+def start_dying_host(tmp_path_factory) -> EarlyServer:
+    return EarlyServer(tmp_path_factory.mktemp("dying-host"), VOICEHOST_FRONTENDS="2")
+
+
+@pytest.fixture
+def dying_host(dev_model, tmp_path_factory):
+    """A host of two front ends of its own test's: its engine core is killed."""
+    with early_server("dying_host", tmp_path_factory) as server:
+        yield server
+
+
+async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_host(dying_host):
     """A host of its own, warm. A raw stream, an SSE stream and a socket are playing when the
     engine core is killed: a front end's engine client does not watch a core it did not start,
     so the host does. It stops its front ends: every stream ends (before, they waited for
     tokens for ever), and the host exits by itself, leaving no process, for its supervisor to
     restart it."""
-    server = devserver.start_dev_server(tmp_path, VOICEHOST_FRONTENDS="2")
-    try:
-        await asyncio.to_thread(devserver.wait_ready, server.process, server.url, server.log)
-        url = server.url
-        body = {"input": LONG_TEXT, "voice": "dev-a", "response_format": "pcm"}
-        timeout = aiohttp.ClientTimeout(total=60)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            raw = await http.post(url + SPEECH, json=body)
-            sse = await http.post(url + SPEECH, json={**body, "stream_format": "sse"})
-            for response in (raw, sse):
-                assert response.status == 200 and await response.content.readany()
-            ws = await http.ws_connect(url + "/v1/audio/speech/ws")
-            await ws.send_json({"type": "config", "voice": "dev-a", "response_format": "pcm"})
-            await ws.send_json({"type": "text", "text": LONG_TEXT})
-            await ws.send_json({"type": "flush"})
-            while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
-                pass  # ready, segment.started: then audio
-            tree = process_tree(server.process.pid)
-            (core,) = [p for p in tree if "EngineCore" in p.name()]
-            core.kill()
-            # each ends within the session's timeout (a TimeoutError fails the test): cut, or
-            # whole if the dev model's speech had already ended (it may stop after 3 frames)
-            for response in (raw, sse):
-                with contextlib.suppress(aiohttp.ClientPayloadError):
-                    await response.read()
-            while (await ws.receive(timeout=60)).type in (
-                aiohttp.WSMsgType.BINARY,
-                aiohttp.WSMsgType.TEXT,
-            ):
-                pass
-        code = await asyncio.to_thread(server.process.wait, 60)
-        assert code != 0  # a host without its engine core is not a clean exit
-        await asyncio.to_thread(wait_until, lambda: not alive(tree), 15)
-    finally:
-        devserver.stop(server.process)
+    url = dying_host.url
+    body = {"input": LONG_TEXT, "voice": "dev-a", "response_format": "pcm"}
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        raw = await http.post(url + SPEECH, json=body)
+        sse = await http.post(url + SPEECH, json={**body, "stream_format": "sse"})
+        for response in (raw, sse):
+            assert response.status == 200 and await response.content.readany()
+        ws = await http.ws_connect(url + "/v1/audio/speech/ws")
+        await ws.send_json({"type": "config", "voice": "dev-a", "response_format": "pcm"})
+        await ws.send_json({"type": "text", "text": LONG_TEXT})
+        await ws.send_json({"type": "flush"})
+        while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
+            pass  # ready, segment.started: then audio
+        tree = process_tree(dying_host.process.pid)
+        (core,) = [p for p in tree if "EngineCore" in p.name()]
+        core.kill()
+        # each ends within the session's timeout (a TimeoutError fails the test): cut, or
+        # whole if the dev model's speech had already ended (it may stop after 3 frames)
+        for response in (raw, sse):
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await response.read()
+        while (await ws.receive(timeout=60)).type in (
+            aiohttp.WSMsgType.BINARY,
+            aiohttp.WSMsgType.TEXT,
+        ):
+            pass
+    code = await asyncio.to_thread(dying_host.process.wait, 60)
+    assert code != 0  # a host without its engine core is not a clean exit
+    await asyncio.to_thread(wait_until, lambda: not alive(tree), 15)

@@ -203,7 +203,9 @@ KEYS = {name: f"vh_admission_test_key_{name}_0123456789" for name in ("a", "b", 
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 
-@start_early("small_server")
+# Booted while the modules before this one run, from test_cluster_voices on (once the
+# cluster has stopped), not at collection: see conftest's hot server.
+@start_early("small_server", with_module="test_cluster_voices")
 def start_small_server(tmp_path_factory) -> EarlyServer:
     keys = [
         {
