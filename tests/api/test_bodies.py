@@ -72,12 +72,15 @@ def test_a_body_that_does_not_decode_is_400_and_the_connection_closes_cleanly(se
         "/v1/lexicons/bodies", b"this is not compressed at all", f"Content-Encoding: {encoding}"
     )
     after = request("/v1/lexicons/bodies", LEXICON)
+    unhandled = server.log_text().count("Unhandled exception")
     responses, clean = exchange(server.url, bad + after)
     assert clean, "the server reset the connection"
     assert len(responses) == 1, responses  # the next request is not read on a lost framing
     status, code, message, closes = status_and_error(responses[0])
     assert (status, code, closes) == (400, "invalid_body", True), responses[0]
     assert encoding in message
+    # a client's bad body is the client's error: no traceback in the server's log
+    assert server.log_text().count("Unhandled exception") == unhandled
 
 
 def test_a_body_cut_short_by_the_clients_end_is_no_error_and_closes_cleanly(server):

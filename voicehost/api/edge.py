@@ -175,6 +175,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         reason = str(exc).split("message:", 1)[-1].strip() or "it ended early"
         response = error_response(400, "invalid_body", f"the request body is unreadable: {reason}")
         response.force_close()  # the connection's framing is lost: say so, then close it
+        # and the rest of the body is not read: aiohttp would read it after the response to
+        # keep the connection, meet the same error, and log it as an unhandled exception
+        request.content.feed_eof()
         return response
     except web.HTTPRequestEntityTooLarge:
         message = f"a JSON body is at most {MAX_JSON_BODY_BYTES} bytes"
