@@ -188,8 +188,9 @@ class Early(Protocol):
     def stop(self) -> None: ...
 
 
-# Each dev engine holds about 5 GB (API process, engine core, worker, 1 GiB KV cache): this many
-# fit beside the tests in the machine's 24 GiB. A deferred start waits until it fits.
+# Each dev engine holds about 3.7 GiB (API process, engine core with its worker, 1 GiB KV cache;
+# a host of two front ends about 5.6): this many fit beside the tests in the machine's 24 GiB
+# (5.7 GiB were left at the least in the suite). A deferred start waits until it fits.
 MAX_ENGINES = 4
 _running: dict[int, Early] = {}  # by id(): each Early whose engines are up
 
@@ -219,14 +220,13 @@ EARLY_SERVERS: dict[str, EarlyStart] = {}
 early_servers: dict[str, Early] = {}  # started, not yet taken by their fixture
 
 
-def start_early(
-    fixture: str, *, deferred: bool = False, engines: int = 1, with_module: str | None = None
-) -> Callable:
-    """Register a function ``(tmp_path_factory) -> Early`` as what ``fixture`` serves."""
+def start_early(fixture: str, *, engines: int = 1, with_module: str | None = None) -> Callable:
+    """Register a function ``(tmp_path_factory) -> Early`` as what ``fixture`` serves: started
+    at collection, or with the first test of ``with_module`` if given."""
 
     def register(start: Callable[[pytest.TempPathFactory], Early]) -> Callable:
-        deferred_ = deferred or with_module is not None
-        EARLY_SERVERS[fixture] = EarlyStart(start, engines, deferred_, with_module)
+        deferred = with_module is not None
+        EARLY_SERVERS[fixture] = EarlyStart(start, engines, deferred, with_module)
         return start
 
     return register

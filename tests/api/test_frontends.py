@@ -296,7 +296,7 @@ def start_dying_host(tmp_path_factory) -> EarlyServer:
 
 @pytest.fixture
 def dying_host(dev_model, tmp_path_factory):
-    """A host of two front ends of its own test's: its engine core is killed."""
+    """A host of two front ends for the one test that kills its engine core."""
     with early_server("dying_host", tmp_path_factory) as server:
         yield server
 

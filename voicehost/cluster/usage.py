@@ -146,10 +146,11 @@ class ClusterUsageStore:
         cannot take now wait for the next call."""
         if buckets:
             n = self._flushes + 1
-            line = json.dumps({"flush": n, "buckets": rows_of(buckets)}) + "\n"
+            rows = rows_of(buckets)
+            line = json.dumps({"flush": n, "buckets": rows}) + "\n"
             await asyncio.to_thread(append_line, self.mirror, line)
             self._flushes = n
-            self._unsent.append((n, rows_of(buckets)))
+            self._unsent.append((n, rows))
         try:
             await self._send()
         except RedisError as exc:
