@@ -22,6 +22,7 @@ from voicehost.lifeline import die_with_parent
 PROGRESS = "progress.json"
 ERROR = "error.txt"
 SPEC = "spec.json"
+LOCK_WAIT_SECONDS = 60.0
 
 
 def write_progress(
@@ -65,11 +66,16 @@ def main(argv: list[str]) -> int:
     job_dir = Path(argv[0])
     os.nice(10)  # live streams in the serving process come first
     lock = (job_dir / "worker.lock").open("w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        logging.error("another worker is already running this job")
-        return 3
+    waited = time.monotonic()
+    while True:  # a runner that took the job over waits for its lost runner's worker to stop
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() - waited > LOCK_WAIT_SECONDS:
+                logging.error("another worker is still running this job")
+                return 3
+            time.sleep(0.5)
     job = job_from_json(json.loads((job_dir / SPEC).read_text()))
     (job_dir / ERROR).unlink(missing_ok=True)
     try:

@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     max_adapter_mb: float = Field(256.0, description="Largest uploaded adapter file (413).")
     min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
+    job_lease_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="A clone job's runner renews its claim every third of this; a job whose "
+        "runner stopped for this long is taken over from its checkpoint.",
+    )
     speaker_encoder: str | None = Field(
         None, description="Speaker encoder: resemblyzer, package.module:factory or a folder."
     )

@@ -179,7 +179,13 @@ class ServingProcess:
         self.format_encoders = FormatEncoderPool(settings.encode_threads)
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
-            jobs_dir, registrar(self.voices), queue, runner, self.evaluate_clone, audit=self.audit
+            jobs_dir,
+            registrar(self.voices),
+            queue,
+            runner,
+            self.evaluate_clone,
+            audit=self.audit,
+            lease_seconds=settings.job_lease_seconds,
         )
         self._started = asyncio.Event()  # start-up has ended, ready or failed
         # the host's streams: this process's, or every front end's of the engine core

@@ -50,6 +50,7 @@ HEARTBEAT = 1.0  # the defaults: two engines on 2 busy cores can starve a worker
 TTL = 5.0
 POLL = 0.5
 SLACK = 1.0  # scheduling on a busy 2-core machine
+JOB_LEASE = 4.0  # a clone job's runner renews its lease every 4/3 s: evaluating outlasts it
 TOKEN = "internal-token-for-cluster-tests"  # a keyed gateway forwards callers with it
 ADMIN_KEY = "key-cluster-admin"  # every test's caller but the quota's
 QUOTA_KEY = "key-cluster-quota"  # the quota test's alone: no other test's stream counts against it
@@ -105,6 +106,7 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         VOICEHOST_WORKER_TTL_SECONDS=str(TTL),
         VOICEHOST_MEMBERSHIP_POLL_SECONDS=str(POLL),
         VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_JOB_LEASE_SECONDS=str(JOB_LEASE),
         VOICEHOST_MIN_SPEECH_SECONDS="10",
         VOICEHOST_API_KEYS=json.dumps(KEYS),
         VOICEHOST_INTERNAL_TOKEN=TOKEN,
@@ -433,17 +435,25 @@ async def test_a_clone_job_is_queued_in_redis_trained_by_a_worker_and_held_by_th
         assert response.status == 202, await response.text()
         job = (await response.json())["job"]
     deadline = time.monotonic() + 400
-    seen = []
+    seen, runners, evaluating = [], set(), []
     while time.monotonic() < deadline:
         async with http.get(f"{cluster.gateway.url}/v1/jobs/{job['id']}") as response:
             job = (await response.json())["job"]
         seen.append(job["status"])
+        runners.add(job["runner"])
+        if job["status"] == "evaluating":
+            evaluating.append(time.monotonic())
         if job["status"] in ("done", "held", "failed"):
             break
         await asyncio.sleep(0.25)
     # measured by the worker that trained it, below VOICEHOST_EVAL_MIN_SIMILARITY=0.999: held
     assert job["status"] == "held", job
     assert "training" in seen and "evaluating" in seen
+    # evaluated for longer than a lease, and still one runner's: renewed in every stage
+    print(f"evaluating for {evaluating[-1] - evaluating[0]:.1f} s; the lease is {JOB_LEASE} s")
+    assert evaluating[-1] - evaluating[0] > JOB_LEASE
+    assert "runner_lost" not in seen and job["runners_lost"] == [], (seen, job)
+    assert len(runners - {None}) == 1 and job["runner"] is None, runners
     assert "speaker similarity" in job["held_reason"] and "0.999" in job["held_reason"]
     assert job["eval"]["report_only"] is False and len(job["eval"]["similarity"]["values"]) == 2
     # acknowledged: once the worker has recorded the job's end, just after the status it shows
@@ -671,6 +681,7 @@ async def test_the_audit_trail_is_one_chain_across_gateway_workers_and_a_redis_f
     assert {"voice.created", "voice.held", "job.held", "voice.published"} <= set(actions)
     by_worker = {e["action"]: e["actor"] for e in trained if e["actor"]["kind"] == "service"}
     assert {"voice.created", "voice.held", "job.held"} <= set(by_worker)  # the trainer's
+    assert actions.count("job.held") == actions.count("voice.created") == 1, actions  # once
     assert {actor["runner"] for actor in by_worker.values()} <= {"w1", "w2"}
     stream = cluster.redis.client().xrange("vh:audit")
     assert stream and int(stream[0][0].split("-")[0]) > 1  # Redis holds only what followed

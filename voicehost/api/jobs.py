@@ -16,7 +16,7 @@ from voicehost.api.edge import (
 from voicehost.api.schemas import (
     CloneJobInfo,
 )
-from voicehost.cloning.jobs import FINISHED, CloneJob
+from voicehost.cloning.jobs import FINISHED, RETRYABLE, CloneJob
 from voicehost.tenancy.keys import can_see
 
 
@@ -61,9 +61,12 @@ async def retry_job(request: web.Request) -> web.Response:
         raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
     if not job.new_version and await service.voices.exists(job.voice_id):
         raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
-    if job.status not in ("failed", "cancelled"):
+    if job.status not in RETRYABLE:
         raise ApiError(
-            409, "job_not_retryable", f"job is {job.status}; only failed or cancelled jobs retry"
+            409,
+            "job_not_retryable",
+            f"job is {job.status}; a failed, cancelled or queued job retries, or one whose "
+            "runner was lost",
         )
     job = await service.jobs.retry(job.id)
     await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)

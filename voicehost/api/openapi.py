@@ -585,13 +585,14 @@ def voice_operations() -> dict[str, Json]:
             tag="jobs",
         ),
         "retry_job": operation(
-            "Queue a failed or cancelled job again",
+            "Queue a job nobody runs again: failed, cancelled, queued or runner_lost",
             {
                 "202": json_body(job, "The job, queued."),
                 **errors(
                     {
-                        409: "`job_not_retryable` / `voice_exists`: the job is not failed "
-                        "or cancelled, its worker is stopping, or the voice id is taken.",
+                        409: "`job_not_retryable` / `voice_exists`: the job is done, held or "
+                        "held by a runner (running, or its worker is stopping), or the voice id "
+                        "is taken.",
                         **no_job,
                     }
                 ),

@@ -252,13 +252,28 @@ class VoiceDetail(BaseModel):
 
 class CloneJobInfo(BaseModel):
     """A clone job: queued, preparing, training (with progress), evaluating, then done, held
-    (the voice measured below the gate's thresholds), failed or cancelled."""
+    (the voice measured below the gate's thresholds), failed or cancelled. ``runner_lost``: its
+    runner stopped (its lease lapsed) and another takes it over from its last checkpoint."""
 
     id: str
     voice_id: str
     status: Literal[
-        "queued", "preparing", "training", "evaluating", "done", "held", "failed", "cancelled"
+        "queued",
+        "preparing",
+        "training",
+        "evaluating",
+        "runner_lost",
+        "done",
+        "held",
+        "failed",
+        "cancelled",
     ]
+    runner: str | None = Field(
+        None, description="The worker running the job now (while runner_lost: the one lost)."
+    )
+    runners_lost: list[str] = Field(
+        default_factory=list, description="Runners that stopped while the job was theirs."
+    )
     progress: float = Field(description="0..1 of the training steps")
     stage: str | None = None
     error: str | None = None

@@ -13,18 +13,30 @@ itself for one server (one job at a time, oldest first; on restart a job that wa
 again and resumes from its last checkpoint), or a Redis stream shared by a cluster's workers
 (``voicehost.cluster.jobs``). A runner watches ``job.json`` while its worker runs, so a cancel
 written by any process stops the job.
+
+A job runs once. Its runner holds a lease in ``lease.json`` beside ``job.json``, taken and
+renewed under a lock on the shared store (``lease.lock``) and renewed every third of
+``lease_seconds`` in every stage (preparing, training, evaluating, publishing): a live runner
+never loses its job. A runner that dies stops renewing: once its lease lapses the job reads
+``runner_lost``, and the next runner that looks for work (``orphans``, every third of the lease
+while it is idle) takes it over and resumes its training from the last checkpoint. Only the
+lease's holder writes how a job ended, so a job ends once: one ``job.done``, one voice. The
+queue is only a fast path: a job whose queue entry Redis lost is still found in the jobs folder.
+Leases compare wall clocks: the hosts sharing a store keep them in step (NTP).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import secrets
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -40,13 +52,24 @@ from voicehost.voices.voice import Voice, VoiceDirectory
 log = logging.getLogger(__name__)
 
 JobStatus = Literal[
-    "queued", "preparing", "training", "evaluating", "done", "held", "failed", "cancelled"
+    "queued",
+    "preparing",
+    "training",
+    "evaluating",
+    "runner_lost",  # reported, never stored: running, but its runner's lease lapsed
+    "done",
+    "held",
+    "failed",
+    "cancelled",
 ]
 RUNNING: tuple[JobStatus, ...] = ("preparing", "training", "evaluating")
 FINISHED: tuple[JobStatus, ...] = ("done", "held", "failed", "cancelled")
+RETRYABLE: tuple[JobStatus, ...] = ("failed", "cancelled", "queued", "runner_lost")
 OUTPUT = "out"
 CANCEL_POLL_SECONDS = 0.5
-KEEP_SECONDS = 10.0
+LEASE_SECONDS = 15.0
+LEASE_FILE = "lease.json"
+LEASE_LOCK = "lease.lock"
 
 
 @dataclass
@@ -70,6 +93,18 @@ class CloneJob:
     new_version: bool = False  # the next version of an existing voice, not a new voice
     promote: bool = True  # a new version that passes the gate goes live
     version: int | None = None  # the version it became, once registered
+    runners_lost: list[str] = field(default_factory=list)  # runners whose lease lapsed on it
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A runner's claim on a job (``lease.json``): whose, and until when (wall clock)."""
+
+    runner: str
+    until: float
+
+    def live(self) -> bool:
+        return time.time() < self.until
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +153,9 @@ class FolderQueue:
 
     async def take(self, jobs: CloneJobs) -> tuple[str, str]:
         while True:
-            queued = [j for j in await asyncio.to_thread(jobs.jobs) if j.status == "queued"]
-            if queued:
-                return queued[0].id, queued[0].id
+            waiting = await asyncio.to_thread(jobs.orphans)
+            if waiting:
+                return waiting[0], waiting[0]
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.POLL_SECONDS)
@@ -160,8 +195,10 @@ class CloneJobs:
         runner_id: str = "local",
         evaluate: Evaluate | None = None,
         audit: AuditTrail | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         self.root = root
+        self.lease_seconds = lease_seconds
         self.audit = audit  # where a runner records how its jobs end
         self.root.mkdir(parents=True, exist_ok=True)
         self.on_voice_ready = on_voice_ready
@@ -239,8 +276,8 @@ class CloneJobs:
         await self.queue.put(job_id)  # if this fails, the caller discards the job
         return job
 
-    def get(self, job_id: str) -> CloneJob | None:
-        """The job's state, with the worker's latest progress while it runs."""
+    def _current(self, job_id: str) -> CloneJob | None:
+        """The job's record, with its worker's latest progress while it runs."""
         job = self._load(job_id)
         if job is None or job.status not in RUNNING:
             return job
@@ -257,12 +294,127 @@ class CloneJobs:
         job.data = progress.get("data", job.data)
         return job
 
+    def get(self, job_id: str) -> CloneJob | None:
+        """The job as a caller sees it: its state and progress, and ``runner_lost`` while a
+        job's runner has stopped renewing its lease and no other has taken it over yet."""
+        job = self._current(job_id)
+        if job is None or job.status not in RUNNING:
+            return job
+        lease = self.lease(job_id)
+        if lease is None or not lease.live():
+            job.status = "runner_lost"
+            job.runner = lease.runner if lease is not None else job.runner
+        return job
+
     def jobs(self) -> list[CloneJob]:
         found = [self._load(p.name) for p in self.root.iterdir() if is_job_id(p.name)]
         return sorted((j for j in found if j), key=lambda j: j.created)
 
+    def orphans(self) -> list[str]:
+        """The jobs that need a runner, oldest first: queued, or running under a lease that
+        lapsed (or under this runner's own, from before it restarted)."""
+        waiting = []
+        for job in self.jobs():
+            if job.status == "queued" or job.status in RUNNING:
+                lease = self.lease(job.id)
+                if lease is None or not lease.live() or lease.runner == self.runner_id:
+                    waiting.append(job.id)
+        return waiting
+
     def voice_in_progress(self, voice_id: str) -> bool:
         return any(j.voice_id == voice_id and j.status not in FINISHED for j in self.jobs())
+
+    # -- the lease ------------------------------------------------------------------------
+
+    def lease(self, job_id: str) -> Lease | None:
+        """Who holds the job, and until when; None if nobody does."""
+        try:
+            data = json.loads((self._dir(job_id) / LEASE_FILE).read_text())
+            return Lease(str(data["runner"]), float(data["until"]))
+        except (KeyError, OSError, ValueError, TypeError):
+            return None
+
+    @contextlib.contextmanager
+    def _leasing(self, job_id: str) -> Iterator[Lease | None]:
+        """The job's lease, read under its lock (held until the block ends)."""
+        with (self._dir(job_id) / LEASE_LOCK).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield self.lease(job_id)
+
+    def _write_lease(self, job_id: str) -> None:
+        path = self._dir(job_id) / LEASE_FILE
+        tmp = path.with_suffix(".tmp")
+        until = time.time() + self.lease_seconds
+        tmp.write_text(json.dumps({"runner": self.runner_id, "until": until}))
+        tmp.replace(path)
+
+    def _claim(self, job_id: str) -> CloneJob | None:
+        """Take the job's lease, unless another runner holds it; the job if taken. A job whose
+        runner's lease lapsed is taken over (and its lost runner named in it)."""
+        try:
+            with self._leasing(job_id) as held:
+                if held is not None and held.runner != self.runner_id and held.live():
+                    return None
+                job = self._load(job_id)
+                if job is None or job.status not in ("queued", *RUNNING):
+                    return None
+                self._write_lease(job_id)
+                if held is not None and held.runner != self.runner_id and job.status in RUNNING:
+                    lapsed = time.time() - held.until
+                    log.warning(
+                        "clone job %s: taking it over from %s, whose lease lapsed %.1f s ago",
+                        job_id,
+                        held.runner,
+                        lapsed,
+                    )
+                    job.runners_lost.append(held.runner)
+                job.runner = self.runner_id
+                self._save(job)
+                return job
+        except OSError:  # the job was deleted meanwhile
+            return None
+
+    def _renew(self, job_id: str) -> bool:
+        """Keep this runner's lease; False if another runner holds the job now."""
+        try:
+            with self._leasing(job_id) as held:
+                if held is None or held.runner != self.runner_id:
+                    return False
+                self._write_lease(job_id)
+                return True
+        except OSError:
+            return False
+
+    def _let_go(self, job_id: str) -> None:
+        """The run has ended: this runner no longer holds the job."""
+        try:
+            with self._leasing(job_id) as held:
+                if held is None or held.runner != self.runner_id:
+                    return
+                job = self._load(job_id)
+                if job is not None:
+                    job.runner = None
+                    self._save(job)
+                (self._dir(job_id) / LEASE_FILE).unlink(missing_ok=True)
+        except OSError:
+            return
+
+    def _update(self, job_id: str, change: Callable[[CloneJob], bool]) -> bool:
+        """Apply ``change`` to the job's record (with its latest progress) if this runner still
+        holds the job and ``change`` accepts it; whether it was written."""
+        try:
+            with self._leasing(job_id) as held:
+                if held is None or held.runner != self.runner_id:
+                    return False
+                job = self._current(job_id)
+                if job is None or not change(job):
+                    return False
+                self._save(job)
+                return True
+        except OSError:
+            return False
+
+    # -- requests ---------------------------------------------------------------------------
 
     async def cancel(self, job_id: str) -> CloneJob | None:
         """Stop a queued or running job; a finished one is left as it is."""
@@ -276,18 +428,23 @@ class CloneJobs:
         return job
 
     def is_running(self, job_id: str) -> bool:
-        """Whether a worker process for this job is still alive (even if it was cancelled)."""
-        job = self._load(job_id)
-        return job is not None and job.runner is not None
+        """Whether a runner holds the job (its worker may still be stopping after a cancel)."""
+        lease = self.lease(job_id)
+        return lease is not None and lease.live()
 
     async def retry(self, job_id: str) -> CloneJob | None:
-        """Queue a failed or cancelled job again, from its stored inputs."""
-        job = self._load(job_id)
-        if job is None or job.status not in ("failed", "cancelled") or job.runner is not None:
+        """Queue a job again, from its stored inputs: a failed or cancelled one; a queued one
+        (its queue entry may be lost) or one whose runner was lost (from its checkpoint)."""
+        job = self.get(job_id)
+        if job is None or job.status not in RETRYABLE or self.is_running(job_id):
             return job
+        job = self._load(job_id)
+        assert job is not None
         previous = (job.status, job.error)
-        job.status, job.error, job.progress, job.stage = "queued", None, 0.0, None
-        job.data, job.eval, job.held_reason = None, None, None
+        if job.status in ("failed", "cancelled"):
+            job.error, job.progress, job.stage = None, 0.0, None
+            job.data, job.eval, job.held_reason = None, None, None
+        job.status, job.runner = "queued", None
         self._save(job)
         try:
             await self.queue.put(job_id)
@@ -307,23 +464,67 @@ class CloneJobs:
                     job.status = "queued"
                 self._save(job)
 
+    # -- the runner -------------------------------------------------------------------------
+
     async def run_forever(self) -> None:
         """Run queued jobs one at a time, as the queue hands them out (as a task)."""
         await asyncio.to_thread(self.recover)
         while True:
             job_id, receipt = await self.queue.take(self)
-            job = self._load(job_id)
-            try:
-                if job is not None and job.status in ("queued", *RUNNING):
-                    await self._run(job, receipt)
-                    await self._record_end(job_id)
-            except Exception as exc:  # one broken job must not stop the queue
-                log.exception("clone job %s could not run", job_id)
-                self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}", even_if_queued=True)
-                await self._record_end(job_id)
+            await self.run_one(job_id, receipt)
             await self.queue.done(receipt)
 
-    async def _run_worker(self, job_id: str, job_dir: Path, receipt: str) -> int:
+    async def run_one(self, job_id: str, receipt: str) -> None:
+        """Run the job if it still needs a runner and none other holds it; record its end if
+        this runner is the one that ended it."""
+        job = await asyncio.to_thread(self._claim, job_id)
+        if job is None:  # finished, cancelled, deleted, or another runner's
+            return
+        try:
+            ended = await self._run_leased(job, receipt)
+        except asyncio.CancelledError:  # stopping: the next runner need not wait for the lease
+            self._running, self._process = None, None
+            self._let_go(job_id)
+            raise
+        except Exception as exc:  # one broken job must not stop the queue
+            log.exception("clone job %s could not run", job_id)
+            reason = f"{type(exc).__name__}: {exc}"
+            ended = self._finish(job_id, "failed", reason, even_if_queued=True)
+        self._running, self._process = None, None
+        if ended:
+            await self._record_end(job_id)
+        await asyncio.to_thread(self._let_go, job_id)  # its end recorded: no longer this runner's
+
+    async def _run_leased(self, job: CloneJob, receipt: str) -> bool:
+        """``_run``, with the lease renewed beside it; a run whose lease another runner took
+        (this one stalled past it) is stopped, and ends nothing."""
+        run = asyncio.create_task(self._run(job, receipt), name=f"clone-job-{job.id}")
+        lost = asyncio.Event()
+
+        async def keep() -> None:
+            while True:
+                await asyncio.sleep(self.lease_seconds / 3)
+                await self.queue.keep(receipt)
+                if not await asyncio.to_thread(self._renew, job.id):
+                    log.warning("clone job %s: another runner holds it now; stopping", job.id)
+                    lost.set()
+                    run.cancel()
+                    return
+
+        keeper = asyncio.create_task(keep(), name=f"clone-job-lease-{job.id}")
+        try:
+            await asyncio.wait({run})
+        finally:
+            keeper.cancel()
+            if not run.done():  # this task was cancelled: the server is stopping
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+        if lost.is_set():
+            return False
+        return run.result()
+
+    async def _run_worker(self, job_id: str, job_dir: Path) -> int:
         """Run the training process to its end, stopping it if the job is cancelled."""
         with (job_dir / "worker.log").open("ab") as log_file:
             process = await asyncio.create_subprocess_exec(
@@ -335,12 +536,8 @@ class CloneJobs:
                 stderr=log_file,
             )
             self._process = process
-            kept = time.monotonic()
             try:
                 while True:
-                    if time.monotonic() - kept > KEEP_SECONDS:
-                        await self.queue.keep(receipt)
-                        kept = time.monotonic()
                     current = await asyncio.to_thread(self._load, job_id)
                     if current is None or current.status == "cancelled":
                         process.terminate()
@@ -349,15 +546,9 @@ class CloneJobs:
                     except TimeoutError:
                         continue
             except asyncio.CancelledError:
-                process.terminate()  # the server is stopping; the job resumes next time
+                process.terminate()  # stopping, or the job is another runner's now
                 await process.wait()
                 raise
-
-    def _set_runner(self, job_id: str, runner: str | None) -> None:
-        job = self._load(job_id)
-        if job is not None:
-            job.runner = runner
-            self._save(job)
 
     def _finish(
         self,
@@ -367,21 +558,25 @@ class CloneJobs:
         even_if_queued: bool = False,
         verdict: Verdict | None = None,
         version: int | None = None,
-    ) -> None:
-        """Record how a run ended, unless the job was cancelled (or re-queued) meanwhile."""
-        job = self.get(job_id)
+    ) -> bool:
+        """Record how a run ended, unless the job was cancelled (or re-queued) meanwhile or
+        another runner holds it now; whether it was recorded."""
         allowed = RUNNING + (("queued",) if even_if_queued else ())
-        if job is None or job.status not in allowed:
-            return
-        job.status, job.error = status, error
-        if status in ("done", "held"):
-            job.progress, job.stage = 1.0, status
-        if verdict is not None:
-            job.eval = verdict.eval
-            job.held_reason = "; ".join(verdict.reasons) if verdict.status == "held" else None
-        if version is not None:
-            job.version = version
-        self._save(job)
+
+        def end(job: CloneJob) -> bool:
+            if job.status not in allowed:
+                return False
+            job.status, job.error = status, error
+            if status in ("done", "held"):
+                job.progress, job.stage = 1.0, status
+            if verdict is not None:
+                job.eval = verdict.eval
+                job.held_reason = "; ".join(verdict.reasons) if verdict.status == "held" else None
+            if version is not None:
+                job.version = version
+            return True
+
+        return self._update(job_id, end)
 
     async def _record(
         self, job: CloneJob, action: Action, version: int | None = None, **details: object
@@ -418,51 +613,52 @@ class CloneJobs:
             action: Action = f"job.{job.status}"  # type: ignore[assignment]
             await self._record(job, action, error=job.error, held_reason=job.held_reason)
 
-    def _evaluating(self, job_id: str) -> bool:
-        """Mark a job whose voice is being measured; False if it was cancelled meanwhile."""
-        job = self._load(job_id)
-        if job is None or job.status not in RUNNING:
-            return False
-        job.status, job.stage = "evaluating", "evaluating"
-        self._save(job)
-        return True
+    def _stage(self, job_id: str, status: JobStatus) -> bool:
+        """Mark the job's stage; False if it was cancelled meanwhile or is another runner's."""
 
-    async def _run(self, job: CloneJob, receipt: str) -> None:
+        def mark(job: CloneJob) -> bool:
+            if job.status not in ("queued", *RUNNING):
+                return False
+            job.status, job.stage = status, status
+            return True
+
+        return self._update(job_id, mark)
+
+    async def _run(self, job: CloneJob, receipt: str) -> bool:
+        """Train, evaluate and register the job's voice; whether this run ended the job (and
+        so records its end)."""
         job_dir = self._dir(job.id)
         (job_dir / PROGRESS).unlink(missing_ok=True)
-        job.status, job.stage, job.runner = "preparing", "preparing", self.runner_id
-        self._save(job)
+        if not await asyncio.to_thread(self._stage, job.id, "preparing"):
+            return False
         self._running = job.id
+        code = await self._run_worker(job.id, job_dir)
+        self._process = None
+        if code != 0:
+            error = job_dir / ERROR
+            reason = error.read_text() if error.exists() else f"worker exited with {code}"
+            return self._finish(job.id, "failed", reason)
+        folder = self.output_dir(job.id) / job.voice_id
+        verdict = None
         try:
-            code = await self._run_worker(job.id, job_dir, receipt)
-            self._process = None
-            if code == 0:
-                folder = self.output_dir(job.id) / job.voice_id
-                verdict = None
-                try:
-                    if job.tenant is not None:
-                        await asyncio.to_thread(assign_tenant, folder, job.tenant)
-                    await asyncio.to_thread(consent.attach, job_dir, folder)
-                    if self.evaluate is not None:
-                        if not self._evaluating(job.id):
-                            return
-                        verdict = await self.evaluate(job.voice_id, folder)
-                    registered = await self.on_voice_ready(job, folder)
-                    number = registered.version if isinstance(registered, Voice) else None
-                    await self._record_registered(job, verdict, number)
-                except (ValueError, LookupError) as exc:  # VoiceExists, InvalidAdapter, gone
-                    self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
-                    return
-                except RuntimeError as exc:  # the engine is away: retry the job later
-                    self._finish(job.id, "failed", f"the trained voice was not evaluated: {exc}")
-                    return
-                held = verdict is not None and verdict.status == "held"
-                self._finish(job.id, "held" if held else "done", verdict=verdict, version=number)
-                await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
-            else:
-                error = job_dir / ERROR
-                reason = error.read_text() if error.exists() else f"worker exited with {code}"
-                self._finish(job.id, "failed", reason)
-        finally:  # only now: until the job's end is recorded, it is this runner's
-            self._running, self._process = None, None
-            self._set_runner(job.id, None)
+            if job.tenant is not None:
+                await asyncio.to_thread(assign_tenant, folder, job.tenant)
+            await asyncio.to_thread(consent.attach, job_dir, folder)
+            if self.evaluate is not None:
+                if not await asyncio.to_thread(self._stage, job.id, "evaluating"):
+                    return False
+                verdict = await self.evaluate(job.voice_id, folder)
+            # the last check that the job is still this runner's (renewed: a whole lease to go)
+            if not await asyncio.to_thread(self._renew, job.id):
+                return False
+            registered = await asyncio.shield(self.on_voice_ready(job, folder))
+            number = registered.version if isinstance(registered, Voice) else None
+            await self._record_registered(job, verdict, number)
+        except (ValueError, LookupError) as exc:  # VoiceExists, InvalidAdapter, gone
+            return self._finish(job.id, "failed", f"the trained voice was not registered: {exc}")
+        except RuntimeError as exc:  # the engine is away: retry the job later
+            return self._finish(job.id, "failed", f"the trained voice was not evaluated: {exc}")
+        held = verdict is not None and verdict.status == "held"
+        ended = self._finish(job.id, "held" if held else "done", verdict=verdict, version=number)
+        await asyncio.to_thread(shutil.rmtree, job_dir / "work", True)  # checkpoints
+        return ended

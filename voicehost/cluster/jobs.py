@@ -1,21 +1,25 @@
 """The cluster's clone-job queue: a Redis stream read by the workers through one consumer group.
 
 Why a stream with a consumer group (and not a list, or a queue library): each job goes to one
-worker; an entry stays pending until that worker acknowledges it, so a job whose worker died is
-claimed by another after ``CLAIM_IDLE_MS`` (``XAUTOCLAIM``), while a worker that is still training
-keeps its claim fresh. Job state itself stays in ``job.json`` on the shared store, where the
-gateways read it.
+worker at once; an entry stays pending until that worker acknowledges it, and one a stopped worker
+left pending is claimed after ``CLAIM_IDLE_MS`` (``XAUTOCLAIM``). The stream is the fast path, not
+the record: who runs a job is decided by its lease on the shared store (``CloneJobs``), and an idle
+worker also looks in the jobs folder every third of the lease (``CloneJobs.orphans``), so a job
+whose runner died is taken over once its lease lapses, and one whose entry Redis lost (restarted
+empty, flushed) is still run. Job state itself stays in ``job.json`` on the shared store, where
+the gateways read it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from voicehost.cloning.jobs import CloneJobs
+from voicehost.cloning.jobs import LEASE_SECONDS, CloneJobs
 from voicehost.cluster.state import JOBS_STREAM, raise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -24,15 +28,24 @@ GROUP = "trainers"
 CLAIM_IDLE_MS = 60_000
 STREAM_TTL_SECONDS = 30 * 24 * 3600
 STREAM_MAX_ENTRIES = 10_000
+SWEPT = ""  # the receipt of a job found in the jobs folder: no stream entry to keep or ack
 
 
 class RedisJobQueue:
     """``JobQueue`` over ``vh:jobs``; ``consumer`` is the worker's id."""
 
-    def __init__(self, redis: Redis, consumer: str, poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        consumer: str,
+        poll_seconds: float = 1.0,
+        sweep_seconds: float = LEASE_SECONDS / 3,
+    ) -> None:
         self.redis = redis
         self.consumer = consumer
         self.poll_seconds = poll_seconds
+        self.sweep_seconds = sweep_seconds
+        self._swept = 0.0
         self._own_pending_checked = False
         self._redis_ok = True  # as last seen: Redis' comings and goings are logged once each
 
@@ -94,18 +107,38 @@ class RedisJobQueue:
                 log.exception("reading the clone-job queue failed; retrying")
                 found = None
             raise_if_cancelled()
+            if found is None and time.monotonic() - self._swept >= self.sweep_seconds:
+                self._swept = time.monotonic()
+                found = await self._sweep(jobs)
             if found is not None:
                 return found
             await asyncio.sleep(self.poll_seconds)
 
+    async def _sweep(self, jobs: CloneJobs) -> tuple[str, str] | None:
+        """A job that needs a runner though the stream did not offer it (its runner died; its
+        entry was lost with Redis' data), from the jobs folder; its receipt is not an entry."""
+        try:
+            waiting = await asyncio.to_thread(jobs.orphans)
+        except OSError as exc:
+            log.warning("could not look for clone jobs in the shared store (%s)", exc)
+            return None
+        if waiting:
+            log.info("clone job %s needs a runner; taking it from the jobs folder", waiting[0])
+            return waiting[0], SWEPT
+        return None
+
     async def keep(self, receipt: str) -> None:
         """Reset the entry's idle time, so no other worker claims a job still training."""
+        if receipt == SWEPT:
+            return
         try:
             await self.redis.xclaim(JOBS_STREAM, GROUP, self.consumer, 0, [receipt], justid=True)
         except RedisError as exc:
             log.warning("could not refresh the claim on %s (%s)", receipt, exc)
 
     async def done(self, receipt: str) -> None:
+        if receipt == SWEPT:
+            return
         try:
             await self.redis.xack(JOBS_STREAM, GROUP, receipt)
         except RedisError as exc:  # redelivered later; a finished job is then skipped

@@ -63,7 +63,8 @@ class WorkerCluster:
         return self.directory
 
     def job_queue(self) -> RedisJobQueue:
-        return RedisJobQueue(self.redis, self.worker_id)
+        sweep = self.settings.job_lease_seconds / 3
+        return RedisJobQueue(self.redis, self.worker_id, sweep_seconds=sweep)
 
     def audit_trail(self) -> RedisAuditTrail:
         return self.audit

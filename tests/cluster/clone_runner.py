@@ -1,0 +1,36 @@
+"""A cluster worker's clone-job runner on its own, for test_clone_runners: the worker's own
+parts (``WorkerCluster``: the Redis job queue, the voice registry in Redis and the shared store,
+the audit trail) and ``CloneJobs`` over the shared jobs folder, as ``voicehost worker`` builds
+them, without an engine (so without the evaluation stage, which needs one: the cluster test's
+clone covers it). Settings come from the environment (``VOICEHOST_*``).
+
+    python tests/cluster/clone_runner.py
+"""
+
+import asyncio
+import logging
+
+from voicehost.cloning.jobs import CloneJobs, registrar
+from voicehost.cluster.worker import WorkerCluster
+from voicehost.config import Settings
+
+
+async def main() -> None:
+    settings = Settings()
+    cluster = WorkerCluster(settings)
+    voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
+    jobs = CloneJobs(
+        settings.shared_dir / "jobs",
+        registrar(voices),
+        cluster.job_queue(),
+        cluster.worker_id,
+        audit=cluster.audit_trail(),
+        lease_seconds=settings.job_lease_seconds,
+    )
+    print("runner", cluster.worker_id, "ready", flush=True)
+    await asyncio.gather(jobs.run_forever(), cluster.audit.keep_forever())
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(main())
