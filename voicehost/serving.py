@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ def is_missing_folder(model: str) -> bool:
 
 BOARD_FILE = "streams"  # in a host's ready folder: its ``HostBoard``
 DRAINING_FILE = "draining"  # there once any front end of the host has been drained
+CORE_LOST_SIGNAL = signal.SIGUSR1  # from the host to its front ends: the engine core died
 
 
 @dataclass(frozen=True)
@@ -287,12 +289,20 @@ class ServingProcess:
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
         self._tasks.append(asyncio.create_task(self._start(), name="voicehost-startup"))
+        if self.frontend is not None:  # the host says when the engine core it started died
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(CORE_LOST_SIGNAL, self._core_lost)
         if self.slot is None or self.slot.index == 0:  # one runner per host
             self._tasks.append(
                 asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
             )
         self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
         self._tasks.append(asyncio.create_task(self._measure(), name="voicehost-rate-meter"))
+
+    def _core_lost(self) -> None:
+        log.error("the host's engine core has died: ending every stream")
+        if self.engine is not None:
+            self.engine.core_lost()
 
     async def _measure(self) -> None:
         """Sample the engine's rate every interval, and show it (and the headroom it leaves) on

@@ -304,9 +304,10 @@ def dying_host(dev_model, tmp_path_factory):
 async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_host(dying_host):
     """A host of its own, warm. A raw stream, an SSE stream and a socket are playing when the
     engine core is killed: a front end's engine client does not watch a core it did not start,
-    so the host does. It stops its front ends: every stream ends (before, they waited for
-    tokens for ever), and the host exits by itself, leaving no process, for its supervisor to
-    restart it."""
+    so the host does. It tells its front ends, which fail their engine requests: every stream
+    ends as a failure after the first byte does (before, they waited for tokens for ever, then
+    were cut by the front end's end): the SSE stream and the socket with an error event. The
+    host exits by itself, leaving no process, for its supervisor to restart it."""
     url = dying_host.url
     body = {"input": LONG_TEXT, "voice": "dev-a", "response_format": "pcm"}
     timeout = aiohttp.ClientTimeout(total=60)
@@ -318,22 +319,35 @@ async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_hos
         ws = await http.ws_connect(url + "/v1/audio/speech/ws")
         await ws.send_json({"type": "config", "voice": "dev-a", "response_format": "pcm"})
         await ws.send_json({"type": "text", "text": LONG_TEXT})
-        await ws.send_json({"type": "flush"})
+        await ws.send_json({"type": "end"})
         while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
             pass  # ready, segment.started: then audio
         tree = process_tree(dying_host.process.pid)
         (core,) = [p for p in tree if "EngineCore" in p.name()]
         core.kill()
-        # each ends within the session's timeout (a TimeoutError fails the test): cut, or
-        # whole if the dev model's speech had already ended (it may stop after 3 frames)
-        for response in (raw, sse):
-            with contextlib.suppress(aiohttp.ClientPayloadError):
-                await response.read()
-        while (await ws.receive(timeout=60)).type in (
+        # each ends within the session's timeout (a TimeoutError fails the test): with the
+        # error, or whole if the dev model's speech had already ended (it may stop after 3
+        # frames); never cut without a word
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            await raw.read()
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in (await sse.text()).splitlines()
+            if line.startswith("data: ")
+        ]
+        last = [event["type"] for event in events][-1]
+        assert last in ("error", "speech.audio.done"), events[-3:]
+        if last == "error":
+            assert events[-1]["error"]["code"] == "synthesis_failed", events[-1]
+        said = []
+        while (message := await ws.receive(timeout=60)).type in (
             aiohttp.WSMsgType.BINARY,
             aiohttp.WSMsgType.TEXT,
         ):
-            pass
+            if message.type == aiohttp.WSMsgType.TEXT:
+                said.append(json.loads(message.data))
+        assert said and said[-1]["type"] in ("error", "done"), said[-3:]
+        print(f"after the core's death: SSE ended with {last}, the socket with {said[-1]}")
     code = await asyncio.to_thread(dying_host.process.wait, 60)
     assert code != 0  # a host without its engine core is not a clean exit
     await asyncio.to_thread(wait_until, lambda: not alive(tree), 15)

@@ -44,7 +44,7 @@ from voicehost.config import Settings
 from voicehost.metrics import MULTIPROCESS
 from voicehost.model.engine import EngineSlot, engine_args, engine_config
 from voicehost.model.lora_ids import HostLoraIds
-from voicehost.serving import BOARD_FILE, FrontEnd
+from voicehost.serving import BOARD_FILE, CORE_LOST_SIGNAL, FrontEnd
 from voicehost.speech.board import HostBoard
 
 if TYPE_CHECKING:
@@ -172,8 +172,10 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
     """Until every front end has exited. A front end that dies while the others serve stops
     them all; so does the engine core dying: a front end's engine client does not watch a core
     it did not start, and its streams would wait for tokens that never come. Then the front
-    ends get SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL: their streams are cut (the
-    clients see an incomplete body), and the host exits for its supervisor to restart it.
+    ends get ``CORE_LOST_SIGNAL`` (each fails its engine requests, so every stream ends as a
+    failure after its first byte does: an SSE or socket error event, raw audio cut), then
+    SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL; the host exits for its supervisor to
+    restart it.
     Returns whether it stopped for a failure (not for SIGTERM or SIGINT)."""
     from multiprocessing.connection import wait
 
@@ -190,6 +192,7 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
             failed = True
             core_lost_at = time.monotonic()
             cores = []
+            _signal(alive, CORE_LOST_SIGNAL)  # their streams end with an error at once
             _signal(alive, signal.SIGTERM)
         elif core_lost_at is not None and time.monotonic() - core_lost_at > CORE_LOST_GRACE_S:
             _signal(alive, signal.SIGKILL)

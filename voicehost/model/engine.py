@@ -457,6 +457,16 @@ class SpeechEngine:
         """False once the engine core has died; every request would fail."""
         return not self.llm.errored
 
+    def core_lost(self) -> None:
+        """The engine core is gone, and this client was not the one to start it (a host's
+        front end: the host saw it die). As vLLM does for a core it watches: the client is
+        marked dead and every request in flight fails now with ``EngineDeadError``, so its
+        stream ends with an error instead of waiting for tokens that never come."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self.llm.engine_core.resources.engine_dead = True
+        self.llm.output_processor.propagate_error(EngineDeadError(suppress_context=True))
+
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""
         return self.llm.get_num_unfinished_requests()
