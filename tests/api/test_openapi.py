@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
 
 from voicehost.api.auth import PUBLIC
 from voicehost.api.openapi import DOCUMENT, REF_TEMPLATE
@@ -166,12 +165,24 @@ async def test_metrics_count_open_asyncio_tasks(server):
 
 EXAMPLES = 12  # per operation and generation mode: cheap answers (errors, lists, probes)
 SPEECH_EXAMPLES = 3  # with a real voice, a valid case synthesizes on the CPU engine (seconds)
-CHECKS = [
-    not_a_server_error,
-    schemathesis.checks.status_code_conformance,
-    schemathesis.checks.content_type_conformance,
-    schemathesis.checks.response_schema_conformance,
-]
+schemathesis.checks.load_all_checks()
+CHECKS = list(schemathesis.checks.CHECKS.get_all())  # --checks all
+# ... but where a valid request is more than the document can say: each operation named, why
+ACCEPTS_LESS_THAN_ITS_SCHEMA = {
+    # a WebSocket: schemathesis makes a plain GET, never the upgrade (400); test_realtime
+    # speaks the socket's messages
+    ("GET", "/v1/audio/speech/ws"): "the upgrade",
+    # an upload's files are judged by what they are: audio that decodes, a PEFT adapter that
+    # loads (400 with the reason); test_hostile_uploads and test_cloning send real ones
+    ("POST", "/v1/voices"): "its files' contents",
+    ("POST", "/v1/voices/{voice_id}/versions"): "its files' contents",
+    # a PLS document is XML with a <lexicon> root; test_lexicons sends real ones
+    ("PUT", "/v1/lexicons/{name}"): "its XML",
+    # since: a time in ISO 8601 (a real date: no pattern can say which days a month has) or
+    # Unix seconds; test_audit's parse_time tests take both
+    ("GET", "/v1/audit"): "since's calendar",
+    ("GET", "/v1/usage"): "since's calendar",
+}
 
 
 def with_real_voice(case: schemathesis.Case) -> schemathesis.Case:
@@ -181,7 +192,7 @@ def with_real_voice(case: schemathesis.Case) -> schemathesis.Case:
     return case
 
 
-def fuzz(strategy, examples: int, base_url: str) -> None:
+def fuzz(strategy, examples: int, base_url: str, excluded=()) -> None:
     @given(case=strategy)
     @settings(
         max_examples=examples,
@@ -191,7 +202,8 @@ def fuzz(strategy, examples: int, base_url: str) -> None:
         suppress_health_check=list(HealthCheck),
     )
     def run(case: schemathesis.Case) -> None:
-        case.call_and_validate(base_url=base_url, checks=CHECKS, timeout=120)
+        checks = [check for check in CHECKS if check not in excluded]
+        case.call_and_validate(base_url=base_url, checks=checks, timeout=120)
 
     run()
 
@@ -206,11 +218,16 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(server):
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             strategy = op.as_strategy(generation_mode=mode)
             runs = [(strategy, EXAMPLES)]
-            if op.path == SPEECH:  # random voices are answered before the engine; then real ones
+            # random voices are answered before the engine; then real ones (valid cases only:
+            # a negative case may be wrong in its voice alone)
+            if op.path == SPEECH and mode == GenerationMode.POSITIVE:
                 runs.append((strategy.map(with_real_voice), SPEECH_EXAMPLES))
+            excluded = ()
+            if (op.method.upper(), op.path) in ACCEPTS_LESS_THAN_ITS_SCHEMA:
+                excluded = (schemathesis.checks.positive_data_acceptance,)
             for cases, examples in runs:
                 try:
-                    fuzz(cases, examples, server.url)
+                    fuzz(cases, examples, server.url, excluded)
                 except Unsatisfiable:
                     pass  # nothing to make invalid (no parameters, no body)
                 except (Exception, BaseExceptionGroup) as exc:  # schemathesis: a group

@@ -367,7 +367,12 @@ def voice_operations() -> dict[str, Json]:
                 "title": "Clone from audio",
                 "type": "object",
                 "properties": {
-                    "audio": {"type": "array", "items": file, "description": "Recordings."},
+                    "audio": {
+                        "type": "array",
+                        "items": file,
+                        "minItems": 1,
+                        "description": "Recordings.",
+                    },
                     "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
                     **naming,
                     **consenting,
@@ -633,7 +638,11 @@ def audit_operations() -> dict[str, Json]:
             "carries the SHA-256 of the one before it (`prev`); `voicehost audit verify` "
             "checks the chain.",
             parameters=[
-                query_param("voice", "Only this voice's events.", {"type": "string"}),
+                query_param(
+                    "voice",
+                    "Only this voice's events.",
+                    {"type": "string", "pattern": VOICE_ID_PATTERN.pattern},
+                ),
                 since,
                 query_param(
                     "after",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from annotated_types import Ge, Lt
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -18,9 +19,13 @@ from pydantic import (
 
 from voicehost.audio.formats import FORMATS, SAMPLE_RATES
 from voicehost.audio.tempo import MAX_SPEED, MIN_SPEED
+from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 
 MAX_REQUEST_LEXICONS = 8
+SPEAKABLE = r"[^\W_]"  # a letter or a digit somewhere (Python's str.isalnum, as the edge checks)
+# a voice id, and a version after @ (the edge's check: ids.is_voice_id, versioning's split)
+VOICE_REF_PATTERN = VOICE_ID_PATTERN.pattern[:-1] + "(@" + VERSION_PATTERN.pattern[1:-1] + ")?$"
 
 
 def _integral(value: object) -> object:
@@ -33,6 +38,10 @@ def _integral(value: object) -> object:
 
 # an integer as JSON Schema has it: 7 or 7.0, not "7", true or 7.5
 JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
+# ... from 0 (a seed) or 1 (a version) up: bounds before the validator, so that the document
+# says them as JSON Schema does (minimum, exclusiveMaximum), not as pydantic's ge and lt
+Seed = Annotated[StrictInt, Ge(0), Lt(2**63), BeforeValidator(_integral)]
+VersionNumber = Annotated[StrictInt, Ge(1), Lt(10**9), BeforeValidator(_integral)]
 
 FORMATS_HELP = (
     "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
@@ -51,7 +60,8 @@ class SpeechOptions(BaseModel):
 
     voice: StrictStr = Field(
         description="A voice id from GET /v1/audio/voices, or an alias there (OpenAI's alloy, "
-        "nova ...: VOICEHOST_VOICE_ALIASES)."
+        "nova ...: VOICEHOST_VOICE_ALIASES); `voice@n` pins its version n.",
+        json_schema_extra={"pattern": VOICE_REF_PATTERN},
     )
     response_format: StrictStr = Field(
         "mp3",
@@ -63,9 +73,7 @@ class SpeechOptions(BaseModel):
         description="8000, 16000, 22050, 24000, 44100 or 48000 (default 24000; mulaw/alaw 8000).",
         json_schema_extra={"enum": [*SAMPLE_RATES, None]},
     )
-    seed: JsonInt | None = Field(
-        None, ge=0, lt=2**63, description="Sampling seed: same seed, same audio."
-    )
+    seed: Seed | None = Field(None, description="Sampling seed: same seed, same audio.")
     normalize: StrictBool = Field(
         True, description="Speak numbers, dates, currency and abbreviations as words."
     )
@@ -101,7 +109,7 @@ class SpeechRequest(SpeechOptions):
     input: StrictStr = Field(
         description="The text to speak, of any length up to max_input_chars; one with nothing "
         "to say (no letter or digit) is answered empty_input.",
-        json_schema_extra={"minLength": 1},
+        json_schema_extra={"minLength": 1, "pattern": SPEAKABLE},
     )
     stream_format: Literal["audio", "sse"] = Field("audio", description="Raw audio or SSE events.")
     instructions: StrictStr | None = Field(
@@ -197,8 +205,8 @@ class PublishRequest(BaseModel):
         pattern=r"\S",
         description="Why it goes live despite its evaluation (recorded in its voice.json).",
     )
-    version: JsonInt | None = Field(
-        None, ge=1, lt=10**9, description="Which held version (default: the live one)."
+    version: VersionNumber | None = Field(
+        None, description="Which held version (default: the live one)."
     )
 
 
