@@ -54,6 +54,8 @@ def fleet(tmp_path, dev_model):
         yield redis, runners, env
     finally:
         for process in runners.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)  # the test may have paused it
             stop(process)
         redis.stop()
 
@@ -93,24 +95,28 @@ async def test_a_job_whose_runner_dies_after_redis_lost_the_queue_is_taken_over_
     dead = job.runner
     (survivor,) = set(runners) - {dead}
     await redis.flushall()
+    # the survivor paused, so that the gap a caller sees is long enough to be seen (an idle
+    # runner takes the job within a third of the lease of its lapse: once in 0.1 s polls)
+    os.kill(runners[survivor].pid, signal.SIGSTOP)
     os.kill(runners[dead].pid, signal.SIGKILL)
     killed = time.monotonic()
-
-    lost_after = taken_after = None
-    statuses = []
-    while (job := gateway.get(job_id)).status not in ("done", "held", "failed"):
-        assert time.monotonic() - killed < 300, job
-        statuses.append((job.status, job.runner))
-        if job.status == "runner_lost" and lost_after is None:
-            lost_after = time.monotonic() - killed
-            assert job.runner == dead
-        if job.runner == survivor and taken_after is None:
-            taken_after = time.monotonic() - killed
+    while (job := gateway.get(job_id)).status != "runner_lost":
+        assert time.monotonic() - killed < LEASE + SLACK, job
         await asyncio.sleep(0.1)
-    print(f"runner_lost after {lost_after} s, taken over after {taken_after} s")
+    lost_after = time.monotonic() - killed
+    assert (job.runner, job.stage) == (dead, "training"), job
+    os.kill(runners[survivor].pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    while (job := gateway.get(job_id)).runner != survivor:
+        assert time.monotonic() - resumed < LEASE / 3 + SLACK, job
+        await asyncio.sleep(0.1)
+    taken_after = time.monotonic() - resumed
+    print(f"runner_lost {lost_after:.2f} s after the kill; taken {taken_after:.2f} s after SIGCONT")
+    assert job.runners_lost == [dead]
+    while (job := gateway.get(job_id)).status not in FINISHED:
+        assert time.monotonic() - resumed < 300, job
+        await asyncio.sleep(0.2)
     assert job.status == "done", job
-    assert lost_after is not None and lost_after <= LEASE + SLACK, statuses
-    assert taken_after is not None and taken_after <= LEASE * 4 / 3 + SLACK, statuses
     assert job.runners_lost == [dead] and job.runner is None
     assert (job.progress, job.error) == (1.0, None)
     # resumed from the checkpoint, not trained again from the start
