@@ -1,8 +1,9 @@
 """Bodies the edge cannot read: a ``Content-Encoding`` that does not decode is a 400
 ``invalid_body`` that says why, and the connection is closed with ``Connection: close`` (its
-framing is lost), never reset; a body cut short by the client's end is no error; a body that
-reads well keeps its connection for the next request. Raw sockets on the shared dev server:
-a client library would not send these."""
+framing is lost), never reset; a body cut short by the client's end of its sending side (a
+half-close) is a 400 too, answered before the connection closes, and a whole request sent
+that way is answered as usual; a body that reads well keeps its connection for the next
+request. Raw sockets on the shared dev server: a client library would not send these."""
 
 from __future__ import annotations
 
@@ -83,16 +84,30 @@ def test_a_body_that_does_not_decode_is_400_and_the_connection_closes_cleanly(se
     assert server.log_text().count("Unhandled exception") == unhandled
 
 
-def test_a_body_cut_short_by_the_clients_end_is_no_error_and_closes_cleanly(server):
-    """A client that ends its sending side inside its body has left (aiohttp reads the end of
-    its stream as the connection lost): nothing is answered (or a 400), nothing is reset, and
-    the server serves the next connection."""
+def test_a_body_cut_short_by_the_clients_end_is_400_and_closes_cleanly(server):
+    """A client that ends its sending side inside its body (``shutdown(SHUT_WR)``) still
+    hears why: 400 ``invalid_body`` with the bytes received, ``Connection: close``, then a
+    clean close (aiohttp alone closed at once and answered nothing). The server serves the
+    next connection."""
+    unhandled = server.log_text().count("Unhandled exception")
     cut = request("/v1/lexicons/bodies", LEXICON[:20], length=len(LEXICON))
     responses, clean = exchange(server.url, cut, half_close=True)
-    assert clean and [status_and_error(r)[:2] for r in responses] in ([], [(400, "invalid_body")])
+    assert clean and len(responses) == 1, responses
+    status, code, message, closes = status_and_error(responses[0])
+    assert (status, code, closes) == (400, "invalid_body", True), responses[0]
+    assert f"received 20 of {len(LEXICON)} bytes" in message, message
     after = request("/v1/lexicons/bodies", LEXICON, "Connection: close")
     responses, clean = exchange(server.url, after)
     assert clean and status_and_error(responses[0])[0] in (200, 201)
+    assert server.log_text().count("Unhandled exception") == unhandled
+
+
+def test_a_whole_request_from_a_client_that_half_closes_is_answered(server):
+    """The client sends its request whole, then ends its sending side: it is answered as if it
+    had not, then the connection closes (no request can follow)."""
+    whole = request("/v1/lexicons/half-closed", LEXICON)
+    responses, clean = exchange(server.url, whole, half_close=True)
+    assert clean and [status_and_error(r)[0] for r in responses] in ([201], [200]), responses
 
 
 def test_a_body_that_decodes_keeps_the_connection_for_the_next_request(server):

@@ -4,7 +4,6 @@ process's engine, its health, and the worker-internal routes. What they share wi
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -16,7 +15,7 @@ import numpy as np
 from aiohttp import web
 
 from voicehost.api import lifecycle, realtime
-from voicehost.api.auth import AUTH, INTERNAL, bind_host, request_principal
+from voicehost.api.auth import INTERNAL, request_principal
 from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
@@ -295,14 +294,5 @@ def serve(
         return
     app = app if app is not None else create_app(settings)
     serving = app[SERVING]
-    asyncio.run(
-        lifecycle.serve_until_signalled(
-            app,
-            host=bind_host(settings.host, app[AUTH].enabled),
-            port=settings.port,
-            drain=serving.drain_and_wait,
-            in_flight=lambda: serving.admission.active,
-            drain_timeout=settings.drain_timeout_seconds,
-            sock=sock,
-        )
-    )
+    admitted = serving.admission
+    lifecycle.serve_app(app, settings, serving.drain_and_wait, lambda: admitted.active, sock=sock)
