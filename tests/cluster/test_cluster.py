@@ -315,6 +315,8 @@ async def test_every_key_but_the_registry_records_expires(cluster):
 
 
 async def test_two_gateways_route_identically_whatever_their_hash_seed(cluster, http):
+    """... and a gateway drains on SIGTERM as serve does: not ready at once, the stream it
+    relays spoken to its end, then it exits cleanly."""
     other = start_gateway(cluster.root, cluster.env, "gateway-b", "2")
     try:
         wait_ready(other.process, other.url, other.log, timeout=60)
@@ -324,6 +326,14 @@ async def test_two_gateways_route_identically_whatever_their_hash_seed(cluster, 
         second = await owners(http, other, voices)
         assert first == second
         assert 0.3 < sum(w == "w1" for w in first.values()) / len(voices) < 0.7
+        body = {"input": LONG_TEXT, "voice": "tara", "response_format": "pcm"}
+        async with http.post(other.url + "/v1/audio/speech", json=body) as response:
+            assert response.status == 200 and await response.content.readany()
+            other.process.terminate()
+            await eventually(lambda: http_status(other.url + "/readyz") == 503, 5)
+            await response.read()  # whole: a cut would raise ClientPayloadError
+        assert await asyncio.to_thread(other.process.wait, 30) == 0
+        assert "drained: shutting down" in other.log.read_text()
     finally:
         stop(other.process)
 
@@ -928,41 +938,78 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
-    """kill -9 of w1, a host of two front ends: its streams are cut, its front ends and its
-    engine core end with it (the front ends die with their parent, the reaper ends the core),
-    and its voices move on to w2."""
+    """kill -9 of w1, a host of two front ends: each of its streams through the gateway ends
+    as one cut mid-way (raw audio without its last chunk; SSE with an ``upstream_cut`` error
+    event after its last whole event; the socket with that error, then 1011), its front ends
+    and its engine core end with it (the front ends die with their parent, the reaper ends the
+    core), and its voices move on to w2. A stream held on w2 lets w1 take three within the
+    gateway's load bound."""
     for _ in range(100):  # the test before let w1's streams go: once a heartbeat says so
         if (await cluster_load(http, cluster))["w1"]["headroom"] == WORKER_CAPACITY:
             break
         await asyncio.sleep(0.1)
     owner = await owners(http, cluster.gateway, VOICES)
-    victim_voices = [v for v in VOICES if owner[v] == "w1"][:2]  # within w1's load bound
-    assert victim_voices, owner
+    victim_voices = [v for v in VOICES if owner[v] == "w1"][:3]
+    assert len(victim_voices) == 3, owner  # a raw stream, an SSE stream, a socket
+    ballast_voice = next(v for v in VOICES if owner[v] == "w2")
+    ballast_body = {"input": LONG_TEXT * 30, "voice": ballast_voice, "response_format": "pcm"}
+    ballast = await http.post(cluster.gateway.url + "/v1/audio/speech", json=ballast_body)
+    assert ballast.status == 200 and await ballast.content.readany()
     served: dict[str, str] = {}
     cut: list[str] = []
-    first_bytes = asyncio.Event()
 
-    async def stream(voice: str) -> None:
-        body = {"input": LONG_TEXT, "voice": voice, "response_format": "pcm"}
+    async def stream(voice: str, sse: bool, playing: asyncio.Event) -> None:
+        body = {"input": LONG_TEXT * 5, "voice": voice, "response_format": "pcm"}
+        body |= {"stream_format": "sse"} if sse else {}
         async with http.post(cluster.gateway.url + "/v1/audio/speech", json=body) as response:
             assert response.status == 200, await response.text()
             served[voice] = response.headers["X-Voicehost-Worker"]
-            await response.content.readany()
-            if len(served) == len(victim_voices):
-                first_bytes.set()
+            first = await response.content.readany()
+            playing.set()
             try:
-                await response.read()
+                received = first + await response.read()
             except aiohttp.ClientPayloadError:
+                assert not sse
+                cut.append(voice)
+                return
+        if sse:  # every event whole, the last the error
+            events = [json.loads(e.removeprefix(b"data: ")) for e in received.split(b"\n\n") if e]
+            assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+            if events[-1]["type"] == "error" and events[-1]["error"]["code"] == "upstream_cut":
                 cut.append(voice)
 
-    streams = [asyncio.create_task(stream(v)) for v in victim_voices]
-    started = asyncio.create_task(first_bytes.wait())
-    await asyncio.wait([started, *streams], timeout=120, return_when=asyncio.FIRST_COMPLETED)
-    for task in streams:
-        if task.done():
-            task.result()  # a stream that failed before the kill fails the test with its cause
-    assert started.done(), "no first bytes within 120 s"
-    assert set(served.values()) == {"w1"}
+    async def socket(voice: str, playing: asyncio.Event) -> None:
+        async with http.ws_connect(cluster.gateway.url + "/v1/audio/speech/ws") as ws:
+            await ws.send_json({"type": "config", "voice": voice, "response_format": "pcm"})
+            await ws.send_json({"type": "text", "text": LONG_TEXT * 5})
+            await ws.send_json({"type": "end"})
+            events = []
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    playing.set()
+                elif message.type == aiohttp.WSMsgType.TEXT:
+                    events.append(json.loads(message.data))
+            if events[-1].get("error", {}).get("code") == "upstream_cut" and ws.close_code == 1011:
+                cut.append(voice)
+
+    streams = []
+    for index, voice in enumerate(victim_voices):  # one after another: each counted by then
+        playing = asyncio.Event()
+        if index < 2:
+            streams.append(asyncio.create_task(stream(voice, index == 1, playing)))
+        else:
+            streams.append(asyncio.create_task(socket(voice, playing)))
+        started = asyncio.create_task(playing.wait())
+        await asyncio.wait([started, streams[-1]], timeout=120, return_when="FIRST_COMPLETED")
+        if streams[-1].done():
+            streams[-1].result()  # a stream that failed before the kill fails with its cause
+        assert started.done(), f"no first bytes of {voice} within 120 s"
+    assert served == dict.fromkeys(victim_voices[:2], "w1"), served
+    for _ in range(50):  # and the socket: w1 holds the three, as its next heartbeat says
+        if (await cluster_load(http, cluster))["w1"]["active_streams"] == 3:
+            break
+        await asyncio.sleep(0.1)
+    assert (await cluster_load(http, cluster))["w1"]["active_streams"] == 3
     worker = cluster.workers["w1"].process
     tree = process_tree(worker.pid)
     assert sum(is_frontend(p) for p in tree) == 2, tree
@@ -971,6 +1018,9 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, TTL + POLL + SLACK))
     await asyncio.wait_for(asyncio.gather(*streams), 15)  # a terminal error, never a hang
     assert sorted(cut) == sorted(victim_voices)
+    ballast.close()  # the key's fourth stream: w1's three leases stay until they expire
+    leases = cluster.redis.client()
+    await eventually(lambda: leases.zcard("vh:lease:ops") <= len(victim_voices), 5)
     worker.wait()
     # no front end, no engine process left; in the full suite, under the load of the servers
     # booting beside it, once took over 15 s (the processes left were not recorded then)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from typing import Protocol, TypeVar
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
@@ -108,22 +108,27 @@ async def end_broken_stream(
     sse: bool,
     stage: str,
     error: tuple[str, str],
-    exc: BaseException,
+    exc: BaseException | str,
 ) -> None:
     """End a stream that failed after its first byte, so the client can tell it from one that
     finished (never a second response written into the first): an SSE stream gets an
-    ``error`` event (``error``: code and message) and ends; raw audio is cut, its connection
+    ``error`` event (``error``: code and message) and ends; a socket gets it as a message and
+    is closed with 1011 (an error on the server's side); raw audio is cut, its connection
     closed without the last chunk of its chunked body. Counted in
     ``voicehost_stream_errors_total{stage}`` and logged once with the request id. Every
     streaming route of ``serve`` and of the gateway ends this way."""
     request.app[SERVICE].metrics.stream_errors.labels(stage).inc()
     log.warning(
-        "stream %s cut mid-way (%s): %s: %s",
+        "stream %s cut mid-way (%s): %s",
         request_id(request),
         stage,
-        type(exc).__name__,
-        exc,
+        exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}",
     )
+    if isinstance(response, web.WebSocketResponse):
+        with suppress(ConnectionError):
+            await response.send_json(error_event(*error))
+            await response.close(code=WSCloseCode.INTERNAL_ERROR)
+        return
     if sse:
         data = f"data: {json.dumps(error_event(*error))}\n\n".encode()
         with suppress(ConnectionError):

@@ -28,7 +28,8 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
-from voicehost.api.auth import ADMIN, AUTH, bind_host, request_principal
+from voicehost.api import lifecycle
+from voicehost.api.auth import ADMIN, AUTH, request_principal
 from voicehost.api.edge import (
     REQUEST_ID_HEADER,
     VERSION_HEADER,
@@ -123,9 +124,19 @@ class Gateway:
         self.usage = UsageLedger(usage, None)
         self.lexicons = shared_lexicons(self.redis, settings)
         self.in_flight: Counter[str] = Counter()  # streams this gateway has open, per worker
+        self._stream_ended = asyncio.Event()
+        self.draining = False  # SIGTERM: not ready, the streams relayed finishing
         self.voice_streams: Counter[str] = Counter()
         self.client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    async def drain(self) -> None:
+        """Say not ready (``/readyz`` 503, so a load balancer stops sending), then return once
+        no stream this gateway relays is open."""
+        self.draining = True
+        while sum(self.in_flight.values()):
+            self._stream_ended.clear()
+            await self._stream_ended.wait()
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -197,6 +208,7 @@ class Gateway:
         finally:
             self.in_flight[worker_id] -= 1
             self.voice_streams[voice_id] -= 1
+            self._stream_ended.set()
             if self.voice_streams[voice_id] <= 0:
                 del self.voice_streams[voice_id]
 
@@ -390,10 +402,16 @@ async def _relay(
     response = web.StreamResponse(headers=headers)
     response.enable_chunked_encoding()
     await response.prepare(request)
+    held = b""  # SSE: the start of an event not yet whole (a cut never leaves half of one)
     try:
         chunk = first
         while chunk:
-            await response.write(chunk)  # a client that left raises here, and is not counted
+            if sse:
+                held += chunk
+                end = held.rfind(b"\n\n") + 2 if b"\n\n" in held else 0
+                chunk, held = held[:end], held[end:]
+            if chunk:
+                await response.write(chunk)  # a client that left raises here, uncounted
             try:
                 chunk = await upstream.content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -404,6 +422,8 @@ async def _relay(
                 return response  # aiohttp finds the transport closed: one warning, no traceback
     finally:
         upstream.release()
+    if held:
+        await response.write(held)
     await response.write_eof()
     return response
 
@@ -429,7 +449,7 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
         async with opening as upstream:
             try:
                 await upstream.send_str(resolved.model_dump_json())
-                await _relay_sockets(ws, upstream)
+                await _relay_sockets(request, ws, upstream)
             finally:
                 await upstream.close()
 
@@ -437,9 +457,14 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
 
 
 async def _relay_sockets(
-    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+    request: web.Request, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
 ) -> None:
-    """Copy messages both ways until either side closes; then close the other."""
+    """Copy messages both ways until either side closes; then close the other. A worker's
+    socket that ends before its session did (no ``done`` or ``error`` last: the worker died,
+    or the connection to it did) is told to the client as a stream cut mid-way
+    (``end_broken_stream``): an ``upstream_cut`` error, then a close with 1011, never a close
+    that reads like a finished session."""
+    last: list[str] = [""]  # the type of the worker's last event
 
     async def pump(
         source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
@@ -448,22 +473,28 @@ async def _relay_sockets(
         async for message in source:
             if message.type == aiohttp.WSMsgType.TEXT:
                 await sink.send_str(message.data)
+                if source is upstream:
+                    with suppress(ValueError, TypeError, AttributeError):
+                        last[0] = json.loads(message.data).get("type", "")
             elif message.type == aiohttp.WSMsgType.BINARY:
                 await sink.send_bytes(message.data)
-        if not sink.closed:
-            await sink.close()
 
-    tasks = [
-        asyncio.create_task(pump(client, upstream)),
-        asyncio.create_task(pump(upstream, client)),
-    ]
+    from_client = asyncio.create_task(pump(client, upstream))
+    from_worker = asyncio.create_task(pump(upstream, client))
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((from_client, from_worker), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        worker_ended = from_worker.done() and not from_client.done()
+        for task in (from_client, from_worker):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not client.closed:
+        await asyncio.gather(from_client, from_worker, return_exceptions=True)
+        if not upstream.closed:
+            await upstream.close()
+        if not client.closed and worker_ended and last[0] not in ("done", "error"):
+            cut = ("upstream_cut", "the worker serving this stream failed")
+            request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
+            await end_broken_stream(request, client, False, "upstream", cut, "its socket ended")
+        elif not client.closed:
             await client.close()
 
 
@@ -497,7 +528,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if not request.app[GATEWAY].membership.workers:
+    gateway = request.app[GATEWAY]
+    if gateway.draining:
+        return error_response(503, "not_ready", "the gateway is draining after SIGTERM")
+    if not gateway.membership.workers:
         return error_response(503, "no_workers", "no worker has joined yet")
     return web.json_response({"status": "ready"})
 
@@ -533,11 +567,9 @@ def create_gateway_app(settings: Settings) -> web.Application:
 
 
 def serve_gateway(settings: Settings) -> None:
+    """Serve the gateway until SIGTERM or SIGINT, then let the streams it relays finish (for
+    up to the drain timeout): ``serve``'s listener and connections (``lifecycle``)."""
     app = create_gateway_app(settings)
-    web.run_app(
-        app,
-        host=bind_host(settings.host, app[AUTH].enabled),
-        port=settings.port,
-        handler_cancellation=True,
-        print=lambda msg: log.info("%s", msg),
-    )
+    gateway = app[GATEWAY]
+    relayed = gateway.in_flight
+    lifecycle.serve_app(app, settings, gateway.drain, lambda: sum(relayed.values()))
