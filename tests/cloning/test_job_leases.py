@@ -106,3 +106,25 @@ async def test_a_lease_file_that_cannot_be_read_is_no_lease(tmp_path, dev_model)
     (tmp_path / job_id / "lease.json").write_text(json.dumps({"runner": "a"}))  # no expiry
     assert a.lease(job_id) is None and a.get(job_id).status == "queued"
     assert runner(tmp_path, "b")._claim(job_id) is not None
+
+
+async def test_a_retry_takes_the_job_from_a_runner_that_only_stalled(tmp_path, dev_model):
+    """Its runner_lost job retried, a runner that was only stalled wakes to find it is not its
+    own: it can neither renew nor end it, and the job waits, queued, for whoever takes it."""
+    a, b = runner(tmp_path, "a"), runner(tmp_path, "b")
+    job_id = await queued(a, dev_model)
+    a._claim(job_id)
+    a._stage(job_id, "training")
+    await lapse()
+    assert (await b.retry(job_id)).status == "queued"
+    assert not a._renew(job_id) and not a._finish(job_id, "done")
+    assert b.get(job_id).status == "queued" and b.orphans() == [job_id]
+
+
+async def test_a_job_from_a_newer_version_is_still_read(tmp_path, dev_model):
+    """A field a later version adds to job.json is left out, not a job that vanished."""
+    a = runner(tmp_path, "a")
+    job_id = await queued(a, dev_model)
+    path = tmp_path / job_id / "job.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "a_later_field": 1}))
+    assert a.get(job_id).status == "queued"

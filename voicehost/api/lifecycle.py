@@ -9,6 +9,9 @@ sending side (a half-close: ``shutdown(SHUT_WR)``) still gets its answer. aiohtt
 connection there (aio-libs/aiohttp#3659), so a body cut short by that end was never answered;
 now it reads as ``RequestPayloadError`` (the edge's ``400 invalid_body``, "received 20 of 56
 bytes"), a whole request is answered as usual, and the connection closes after the answer.
+The price: a client that closes outright while its request is handled looks the same to the
+server (a FIN) until a write to it fails, so its handler is no longer cancelled at once; a
+stream finds out at its next write (the first audio), a JSON route once it answers.
 """
 
 from __future__ import annotations

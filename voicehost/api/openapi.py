@@ -640,8 +640,9 @@ def audit_operations() -> dict[str, Json]:
             parameters=[
                 query_param(
                     "voice",
-                    "Only this voice's events.",
-                    {"type": "string", "pattern": VOICE_ID_PATTERN.pattern},
+                    "Only this voice's events (empty: every voice's).",
+                    # a voice id, or empty: an empty query value means unset
+                    {"type": "string", "pattern": "^(" + VOICE_ID_PATTERN.pattern[1:-1] + ")?$"},
                 ),
                 since,
                 query_param(

@@ -96,6 +96,9 @@ class CloneJob:
     runners_lost: list[str] = field(default_factory=list)  # runners whose lease lapsed on it
 
 
+JOB_FIELDS = frozenset(CloneJob.__dataclass_fields__)
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A runner's claim on a job (``lease.json``): whose, and until when (wall clock)."""
@@ -228,9 +231,10 @@ class CloneJobs:
             data = json.loads((self._dir(job_id) / "job.json").read_text())
         except (KeyError, OSError, json.JSONDecodeError):
             return None
-        try:
-            return CloneJob(**data)
-        except TypeError:  # a job.json from another version
+        known = {name: value for name, value in data.items() if name in JOB_FIELDS}
+        try:  # fields a newer version added are left out, so an older one can still read it
+            return CloneJob(**known)
+        except TypeError:  # a job.json without a field this version needs
             return None
 
     def new_job_dir(self) -> tuple[str, Path]:
@@ -300,7 +304,10 @@ class CloneJobs:
         job = self._current(job_id)
         if job is None or job.status not in RUNNING:
             return job
-        lease = self.lease(job_id)
+        try:
+            lease = self.lease(job_id)
+        except OSError:  # unreadable for now: the job as recorded
+            return job
         if lease is None or not lease.live():
             job.status = "runner_lost"
             job.runner = lease.runner if lease is not None else job.runner
@@ -316,7 +323,10 @@ class CloneJobs:
         waiting = []
         for job in self.jobs():
             if job.status == "queued" or job.status in RUNNING:
-                lease = self.lease(job.id)
+                try:
+                    lease = self.lease(job.id)
+                except OSError:  # unreadable for now: not this runner's to take
+                    continue
                 if lease is None or not lease.live() or lease.runner == self.runner_id:
                     waiting.append(job.id)
         return waiting
@@ -327,11 +337,14 @@ class CloneJobs:
     # -- the lease ------------------------------------------------------------------------
 
     def lease(self, job_id: str) -> Lease | None:
-        """Who holds the job, and until when; None if nobody does."""
+        """Who holds the job, and until when; None if nobody does. A read that fails (not a
+        missing file: the store's hiccup) is no answer: ``OSError``."""
         try:
             data = json.loads((self._dir(job_id) / LEASE_FILE).read_text())
             return Lease(str(data["runner"]), float(data["until"]))
-        except (KeyError, OSError, ValueError, TypeError):
+        except (FileNotFoundError, KeyError):
+            return None
+        except (ValueError, TypeError):  # half a file: a write another version cut short
             return None
 
     @contextlib.contextmanager
@@ -371,19 +384,17 @@ class CloneJobs:
                 job.runner = self.runner_id
                 self._save(job)
                 return job
-        except OSError:  # the job was deleted meanwhile
+        except FileNotFoundError:  # the job was deleted meanwhile
             return None
 
     def _renew(self, job_id: str) -> bool:
-        """Keep this runner's lease; False if another runner holds the job now."""
-        try:
-            with self._leasing(job_id) as held:
-                if held is None or held.runner != self.runner_id:
-                    return False
-                self._write_lease(job_id)
-                return True
-        except OSError:
-            return False
+        """Keep this runner's lease; False if another runner holds the job now, or nobody (a
+        retry gave it up). A store that fails to answer is not a lost job: ``OSError``."""
+        with self._leasing(job_id) as held:
+            if held is None or held.runner != self.runner_id:
+                return False
+            self._write_lease(job_id)
+            return True
 
     def _let_go(self, job_id: str) -> None:
         """The run has ended: this runner no longer holds the job."""
@@ -418,34 +429,48 @@ class CloneJobs:
 
     async def cancel(self, job_id: str) -> CloneJob | None:
         """Stop a queued or running job; a finished one is left as it is."""
-        job = self._load(job_id)
-        if job is None or job.status in FINISHED:
-            return job
-        job.status, job.error = "cancelled", "cancelled by request"
-        self._save(job)
+        try:
+            with self._leasing(job_id):  # not between a runner's read and write of the record
+                job = self._load(job_id)
+                if job is None or job.status in FINISHED:
+                    return job
+                job.status, job.error = "cancelled", "cancelled by request"
+                self._save(job)
+        except FileNotFoundError:  # deleted meanwhile
+            return None
         if self._running == job_id and self._process is not None:
             self._process.terminate()  # this process runs it; other runners see job.json
         return job
 
     def is_running(self, job_id: str) -> bool:
-        """Whether a runner holds the job (its worker may still be stopping after a cancel)."""
-        lease = self.lease(job_id)
+        """Whether a runner holds the job (its worker may still be stopping after a cancel);
+        a lease that cannot be read now counts as held."""
+        try:
+            lease = self.lease(job_id)
+        except OSError:
+            return True
         return lease is not None and lease.live()
 
     async def retry(self, job_id: str) -> CloneJob | None:
         """Queue a job again, from its stored inputs: a failed or cancelled one; a queued one
         (its queue entry may be lost) or one whose runner was lost (from its checkpoint)."""
-        job = self.get(job_id)
-        if job is None or job.status not in RETRYABLE or self.is_running(job_id):
-            return job
-        job = self._load(job_id)
-        assert job is not None
-        previous = (job.status, job.error)
-        if job.status in ("failed", "cancelled"):
-            job.error, job.progress, job.stage = None, 0.0, None
-            job.data, job.eval, job.held_reason = None, None, None
-        job.status, job.runner = "queued", None
-        self._save(job)
+        seen = self.get(job_id)
+        if seen is None or seen.status not in RETRYABLE or self.is_running(job_id):
+            return seen
+        try:
+            with self._leasing(job_id) as held:  # a lapsed lease is given up: a runner that
+                job = self._load(job_id)  # only stalled finds it gone when it wakes, and stops
+                if job is None or (held is not None and held.live()):
+                    return job
+                (self._dir(job_id) / LEASE_FILE).unlink(missing_ok=True)
+                previous = (job.status, job.error)
+                if job.status in ("failed", "cancelled"):
+                    job.error, job.progress, job.stage = None, 0.0, None
+                    job.data, job.eval, job.held_reason = None, None, None
+                job.status, job.runner = "queued", None
+                self._save(job)
+        except FileNotFoundError:  # deleted meanwhile
+            return None
         try:
             await self.queue.put(job_id)
         except BaseException:
@@ -471,15 +496,20 @@ class CloneJobs:
         await asyncio.to_thread(self.recover)
         while True:
             job_id, receipt = await self.queue.take(self)
-            await self.run_one(job_id, receipt)
+            if not await self.run_one(job_id, receipt):
+                await asyncio.sleep(FolderQueue.POLL_SECONDS)  # never a loop on one job
             await self.queue.done(receipt)
 
-    async def run_one(self, job_id: str, receipt: str) -> None:
+    async def run_one(self, job_id: str, receipt: str) -> bool:
         """Run the job if it still needs a runner and none other holds it; record its end if
-        this runner is the one that ended it."""
-        job = await asyncio.to_thread(self._claim, job_id)
+        this runner is the one that ended it. Whether this runner took it."""
+        try:
+            job = await asyncio.to_thread(self._claim, job_id)
+        except OSError as exc:  # the store: the job waits for the next look
+            log.warning("clone job %s could not be claimed (%s)", job_id, exc)
+            return False
         if job is None:  # finished, cancelled, deleted, or another runner's
-            return
+            return False
         try:
             ended = await self._run_leased(job, receipt)
         except asyncio.CancelledError:  # stopping: the next runner need not wait for the lease
@@ -494,22 +524,27 @@ class CloneJobs:
         if ended:
             await self._record_end(job_id)
         await asyncio.to_thread(self._let_go, job_id)  # its end recorded: no longer this runner's
+        return True
 
     async def _run_leased(self, job: CloneJob, receipt: str) -> bool:
         """``_run``, with the lease renewed beside it; a run whose lease another runner took
         (this one stalled past it) is stopped, and ends nothing."""
         run = asyncio.create_task(self._run(job, receipt), name=f"clone-job-{job.id}")
-        lost = asyncio.Event()
 
         async def keep() -> None:
             while True:
                 await asyncio.sleep(self.lease_seconds / 3)
-                await self.queue.keep(receipt)
-                if not await asyncio.to_thread(self._renew, job.id):
-                    log.warning("clone job %s: another runner holds it now; stopping", job.id)
-                    lost.set()
+                try:
+                    renewed = await asyncio.to_thread(self._renew, job.id)
+                except OSError as exc:  # the store's hiccup: try again at the next round
+                    log.warning("clone job %s: its lease not renewed (%s)", job.id, exc)
+                    continue
+                if not renewed:
+                    log.warning("clone job %s: no longer this runner's; stopping", job.id)
                     run.cancel()
                     return
+                with contextlib.suppress(Exception):  # the queue's claim: a fast path only
+                    await asyncio.wait_for(self.queue.keep(receipt), self.lease_seconds / 3)
 
         keeper = asyncio.create_task(keep(), name=f"clone-job-lease-{job.id}")
         try:
@@ -520,7 +555,7 @@ class CloneJobs:
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run
-        if lost.is_set():
+        if run.cancelled():  # stopped: the job is another runner's (or nobody's) now
             return False
         return run.result()
 

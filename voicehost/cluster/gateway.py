@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from voicehost.api import lifecycle
 from voicehost.api.auth import ADMIN, AUTH, request_principal
@@ -484,13 +484,19 @@ async def _relay_sockets(
     try:
         await asyncio.wait((from_client, from_worker), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        worker_ended = from_worker.done() and not from_client.done()
+        worker_ended = (  # the worker's side ended first, not by a failed send to the client
+            from_worker.done()
+            and not from_worker.cancelled()
+            and from_worker.exception() is None
+            and not from_client.done()
+        )
         for task in (from_client, from_worker):
             task.cancel()
         await asyncio.gather(from_client, from_worker, return_exceptions=True)
         if not upstream.closed:
             await upstream.close()
-        if not client.closed and worker_ended and last[0] not in ("done", "error"):
+        abnormal = upstream.close_code in (None, WSCloseCode.ABNORMAL_CLOSURE)
+        if not client.closed and worker_ended and (abnormal or last[0] not in ("done", "error")):
             cut = ("upstream_cut", "the worker serving this stream failed")
             request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
             await end_broken_stream(request, client, False, "upstream", cut, "its socket ended")
