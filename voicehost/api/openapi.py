@@ -608,10 +608,12 @@ def voice_operations() -> dict[str, Json]:
 
 
 def query_param(name: str, description: str, schema: Json) -> Json:
+    """An optional query parameter; an empty value means unset (``edge.query_value``)."""
     return {
         "name": name,
         "in": "query",
         "required": False,
+        "allowEmptyValue": True,
         "description": description,
         "schema": schema,
     }

@@ -56,7 +56,17 @@ class SpeechOptions(BaseModel):
     booleans (not 0 or 1). Formats and rates are listed
     in the document; one the server cannot serve is answered ``unsupported_format``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        # the telephone formats are 8 kHz only (unsupported_format otherwise)
+        json_schema_extra={
+            "if": {
+                "properties": {"response_format": {"enum": ["mulaw", "alaw"]}},
+                "required": ["response_format"],
+            },
+            "then": {"properties": {"sample_rate": {"enum": [8000, None]}}},
+        },
+    )
 
     voice: StrictStr = Field(
         description="A voice id from GET /v1/audio/voices, or an alias there (OpenAI's alloy, "
