@@ -102,6 +102,9 @@ def error_event(code: str, message: str) -> dict[str, object]:
     return {"type": "error", **error_body(code, message)}
 
 
+SYNTHESIS_FAILED = ("synthesis_failed", "synthesis failed after the stream had started")
+
+
 async def end_broken_stream(
     request: web.Request,
     response: web.StreamResponse,

@@ -26,8 +26,10 @@ from redis.exceptions import RedisError
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVING,
+    SYNTHESIS_FAILED,
     ApiError,
     check_audio_options,
+    end_broken_stream,
     error_event,
     error_response,
     find_voice,
@@ -104,6 +106,7 @@ class RealtimeSession:
 
     def __init__(
         self,
+        request: web.Request,
         ws: web.WebSocketResponse,
         serving: ServingProcess,
         synthesizer: Synthesizer,
@@ -112,6 +115,7 @@ class RealtimeSession:
         tally: UsageTally,
         lexicon: Lexicon | None = None,
     ) -> None:
+        self.request = request
         self.ws = ws
         self.tally = tally  # counts the audio sent, and the text of its segments
         self.serving = serving
@@ -268,13 +272,11 @@ class RealtimeSession:
             raise
         except ConnectionError:
             pass  # the client left; the socket's loop ends too
-        except Exception as exc:  # as end_broken_stream does for HTTP: an event, then the end
+        except Exception as exc:  # an error event, then the end, as every stream's
             self.serving.metrics.errors.labels("engine").inc()
-            self.serving.metrics.stream_errors.labels("synthesis").inc()
-            log.exception("realtime synthesis failed")
-            with suppress(ConnectionError):
-                await self.send(error_event("synthesis_failed", f"synthesis failed: {exc}"))
-                await self.ws.close()
+            await end_broken_stream(
+                self.request, self.ws, False, "synthesis", SYNTHESIS_FAILED, exc
+            )
         finally:
             self.in_segment = False
 
@@ -404,7 +406,10 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
             voice = await find_voice(serving.voices, config.voice, principal, aliases)
             tally = serving.usage.tally(principal, voice.voice_id)
             lexicon = await speech_lexicon(serving, config.lexicons, voice, principal)
-            await RealtimeSession(ws, serving, synthesizer, voice, config, tally, lexicon).run()
+            session = RealtimeSession(
+                request, ws, serving, synthesizer, voice, config, tally, lexicon
+            )
+            await session.run()
 
         return await serve_socket(request, serving.settings.ws_idle_timeout_seconds, session)
 

@@ -17,7 +17,7 @@ from pydantic import (
     StrictStr,
 )
 
-from voicehost.audio.formats import FORMATS, SAMPLE_RATES
+from voicehost.audio.formats import FORMATS, SAMPLE_RATES, TELEPHONE_FORMATS, TELEPHONE_RATE
 from voicehost.audio.tempo import MAX_SPEED, MIN_SPEED
 from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
@@ -61,10 +61,10 @@ class SpeechOptions(BaseModel):
         # the telephone formats are 8 kHz only (unsupported_format otherwise)
         json_schema_extra={
             "if": {
-                "properties": {"response_format": {"enum": ["mulaw", "alaw"]}},
+                "properties": {"response_format": {"enum": list(TELEPHONE_FORMATS)}},
                 "required": ["response_format"],
             },
-            "then": {"properties": {"sample_rate": {"enum": [8000, None]}}},
+            "then": {"properties": {"sample_rate": {"enum": [TELEPHONE_RATE, None]}}},
         },
     )
 

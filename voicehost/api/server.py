@@ -19,6 +19,7 @@ from voicehost.api.auth import INTERNAL, request_principal
 from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
+    SYNTHESIS_FAILED,
     VERSION_HEADER,
     ApiError,
     check_speech_request,
@@ -107,9 +108,6 @@ async def respond(
         if body.stream_format == "sse":
             return await send_sse(request, encoder, first, chunks, tally, headers)
         return await send_audio(request, encoder, first, chunks, tally, headers)
-
-
-SYNTHESIS_FAILED = ("synthesis_failed", "synthesis failed after the stream had started")
 
 
 async def send_encoded(

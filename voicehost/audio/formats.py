@@ -56,6 +56,7 @@ STREAMING_SIZE = 0xFFFFFFFF  # "unknown length": players read until the stream e
 FORMATS: tuple[str, ...] = ("pcm", "wav", "mp3", "opus", "flac", "aac", "mulaw", "alaw")
 SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONE_RATE = 8000  # G.711 (mulaw, alaw) is defined at 8 kHz only
+TELEPHONE_FORMATS = ("mulaw", "alaw")
 OPUS_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
 OPUS_PLAYBACK_RATE = 48000
 
@@ -155,7 +156,7 @@ def encoding_rate(fmt: str, sample_rate: int | None) -> int:
     rate up, and is played back at 48 kHz. Raises ``UnsupportedAudio``.
     """
     _check_format(fmt)
-    telephone = fmt in ("mulaw", "alaw")
+    telephone = fmt in TELEPHONE_FORMATS
     if sample_rate is None:
         return TELEPHONE_RATE if telephone else SAMPLE_RATE
     if sample_rate not in SAMPLE_RATES:

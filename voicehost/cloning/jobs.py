@@ -125,6 +125,13 @@ class Verdict:
 Evaluate = Callable[[str, Path], Awaitable[Verdict]]
 
 
+def _write_whole(path: Path, record: dict[str, object]) -> None:
+    """``record`` as ``path``'s JSON, swapped in whole: a reader never sees half of it."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
 class JobQueue(Protocol):
     """Hands queued jobs to runners."""
 
@@ -221,10 +228,7 @@ class CloneJobs:
 
     def _save(self, job: CloneJob) -> None:
         job.updated = time.time()
-        path = self._dir(job.id) / "job.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(job)))
-        tmp.replace(path)
+        _write_whole(self._dir(job.id) / "job.json", asdict(job))
 
     def _load(self, job_id: str) -> CloneJob | None:
         try:
@@ -342,9 +346,7 @@ class CloneJobs:
         try:
             data = json.loads((self._dir(job_id) / LEASE_FILE).read_text())
             return Lease(str(data["runner"]), float(data["until"]))
-        except (FileNotFoundError, KeyError):
-            return None
-        except (ValueError, TypeError):  # half a file: a write another version cut short
+        except (FileNotFoundError, KeyError, ValueError, TypeError):  # none, or not a lease
             return None
 
     @contextlib.contextmanager
@@ -355,11 +357,8 @@ class CloneJobs:
             yield self.lease(job_id)
 
     def _write_lease(self, job_id: str) -> None:
-        path = self._dir(job_id) / LEASE_FILE
-        tmp = path.with_suffix(".tmp")
-        until = time.time() + self.lease_seconds
-        tmp.write_text(json.dumps({"runner": self.runner_id, "until": until}))
-        tmp.replace(path)
+        lease = {"runner": self.runner_id, "until": time.time() + self.lease_seconds}
+        _write_whole(self._dir(job_id) / LEASE_FILE, lease)
 
     def _claim(self, job_id: str) -> CloneJob | None:
         """Take the job's lease, unless another runner holds it; the job if taken. A job whose
@@ -529,7 +528,7 @@ class CloneJobs:
     async def _run_leased(self, job: CloneJob, receipt: str) -> bool:
         """``_run``, with the lease renewed beside it; a run whose lease another runner took
         (this one stalled past it) is stopped, and ends nothing."""
-        run = asyncio.create_task(self._run(job, receipt), name=f"clone-job-{job.id}")
+        run = asyncio.create_task(self._run(job), name=f"clone-job-{job.id}")
 
         async def keep() -> None:
             while True:
@@ -659,7 +658,7 @@ class CloneJobs:
 
         return self._update(job_id, mark)
 
-    async def _run(self, job: CloneJob, receipt: str) -> bool:
+    async def _run(self, job: CloneJob) -> bool:
         """Train, evaluate and register the job's voice; whether this run ended the job (and
         so records its end)."""
         job_dir = self._dir(job.id)

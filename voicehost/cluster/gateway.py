@@ -408,7 +408,8 @@ async def _relay(
         while chunk:
             if sse:
                 held += chunk
-                end = held.rfind(b"\n\n") + 2 if b"\n\n" in held else 0
+                end = held.rfind(b"\n\n") + 2  # 1 when no event is whole yet: nothing sent
+                end = end if end > 1 else 0
                 chunk, held = held[:end], held[end:]
             if chunk:
                 await response.write(chunk)  # a client that left raises here, uncounted
@@ -456,6 +457,16 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
     return await serve_socket(request, gateway.settings.ws_idle_timeout_seconds, relay)
 
 
+ENDS = ("done", "error")  # a worker's socket session ends with one of these events
+
+
+def _event_type(text: str) -> str:
+    """The ``type`` of a realtime event as sent ("" for anything else)."""
+    with suppress(ValueError, TypeError, AttributeError):
+        return str(json.loads(text).get("type", ""))
+    return ""
+
+
 async def _relay_sockets(
     request: web.Request, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
 ) -> None:
@@ -464,7 +475,7 @@ async def _relay_sockets(
     or the connection to it did) is told to the client as a stream cut mid-way
     (``end_broken_stream``): an ``upstream_cut`` error, then a close with 1011, never a close
     that reads like a finished session."""
-    last: list[str] = [""]  # the type of the worker's last event
+    last: list[str] = ["{}"]  # the worker's last event, as sent
 
     async def pump(
         source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
@@ -474,8 +485,7 @@ async def _relay_sockets(
             if message.type == aiohttp.WSMsgType.TEXT:
                 await sink.send_str(message.data)
                 if source is upstream:
-                    with suppress(ValueError, TypeError, AttributeError):
-                        last[0] = json.loads(message.data).get("type", "")
+                    last[0] = message.data
             elif message.type == aiohttp.WSMsgType.BINARY:
                 await sink.send_bytes(message.data)
 
@@ -496,7 +506,7 @@ async def _relay_sockets(
         if not upstream.closed:
             await upstream.close()
         abnormal = upstream.close_code in (None, WSCloseCode.ABNORMAL_CLOSURE)
-        if not client.closed and worker_ended and (abnormal or last[0] not in ("done", "error")):
+        if not client.closed and worker_ended and (abnormal or _event_type(last[0]) not in ENDS):
             cut = ("upstream_cut", "the worker serving this stream failed")
             request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
             await end_broken_stream(request, client, False, "upstream", cut, "its socket ended")
