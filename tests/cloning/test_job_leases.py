@@ -71,6 +71,7 @@ async def test_only_the_leases_holder_ends_a_job(tmp_path, dev_model):
     assert not a._stage(job_id, "evaluating")
     assert b.get(job_id).status == "training"
     assert b._finish(job_id, "done")
+    assert b.get(job_id).runner is None  # ended: nobody's run, even before the lease is gone
     assert not b._finish(job_id, "failed", "a second end")  # done is done
     a._let_go(job_id)  # not a's to give up
     assert b.lease(job_id).runner == "b"

@@ -601,6 +601,7 @@ class CloneJobs:
             if job.status not in allowed:
                 return False
             job.status, job.error = status, error
+            job.runner = None  # ended: nobody runs it (the lease goes just after)
             if status in ("done", "held"):
                 job.progress, job.stage = 1.0, status
             if verdict is not None:
