@@ -10,6 +10,9 @@ over of the GIL between threads. This measures what those hand-overs add, in one
   another in this thread;
 - ``pool N``: the same streams all at once through a ``FormatEncoderPool`` of N threads, from
   an event loop, as ``voicehost.api.server`` sends them;
+- ``procs N``: the same through a pool of N encoding processes (``VOICEHOST_ENCODE_PROCESSES``):
+  the CPU of this process (its loop: one socket write and read per chunk) and of the encoding
+  processes (``/proc``), split as ``procs_N_loop`` and ``procs_N_encoders``;
 - ``lame level``: one mp3 stream through PyAV with LAME's ``compression_level`` set (its ``-q``:
   0 slowest, 9 fastest; unset is the encoder's default), the least of 5.
 
@@ -34,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from voicehost.audio.formats import FormatEncoder, FormatEncoderPool
+from voicehost.audio.encoding import FormatEncoderPool
+from voicehost.audio.formats import FormatEncoder
 
 CHUNK = 2048
 RATE = 24000
@@ -63,9 +67,10 @@ def serial(fmt: str, chunks: list[np.ndarray], streams: int, audio_s: float) -> 
 
 
 async def pooled(
-    fmt: str, chunks: list[np.ndarray], streams: int, audio_s: float, threads: int
-) -> float:
-    pool = FormatEncoderPool(threads)
+    fmt: str, chunks: list[np.ndarray], streams: int, audio_s: float, threads: int, processes: int
+) -> tuple[float, float]:
+    """(this process's, the encoding processes') CPU in ms per audio second."""
+    pool = FormatEncoderPool(threads, processes)
 
     async def one() -> None:
         stream = pool.stream(fmt)
@@ -73,11 +78,13 @@ async def pooled(
             await stream.encode(chunk)
         await stream.finish()
 
-    started = cpu()
+    await one()  # each encoding process started and connected
+    await asyncio.sleep(0.5)
+    started, encoders = cpu(), pool.encoding_cpu()
     await asyncio.gather(*(one() for _ in range(streams)))
-    spent = cpu() - started
+    spent, encoders = cpu() - started, pool.encoding_cpu() - encoders
     pool.close()
-    return spent / audio_s * 1000
+    return spent / audio_s * 1000, encoders / audio_s * 1000
 
 
 class _Sink:
@@ -115,6 +122,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--processes", default="1,2", help="encoding processes (0: none)")
     parser.add_argument("--lame-levels", default="default,0,2,5,7,9")
     args = parser.parse_args()
     audio = signal(args.seconds)
@@ -126,8 +134,12 @@ def main() -> int:
         row = {"serial_first": serial(fmt, chunks, args.streams, audio_s)}
         for threads in [int(t) for t in args.threads.split(",") if t]:
             row[f"pool_{threads}"] = asyncio.run(
-                pooled(fmt, chunks, args.streams, audio_s, threads)
-            )
+                pooled(fmt, chunks, args.streams, audio_s, threads, 0)
+            )[0]
+        for processes in [int(p) for p in args.processes.split(",") if p and p != "0"]:
+            loop, encoders = asyncio.run(pooled(fmt, chunks, args.streams, audio_s, 1, processes))
+            row[f"procs_{processes}_loop"], row[f"procs_{processes}_encoders"] = loop, encoders
+            row[f"procs_{processes}"] = loop + encoders
         row["serial_last"] = serial(fmt, chunks, args.streams, audio_s)
         figures[fmt] = {k: round(v, 2) for k, v in row.items()}
     levels = {}

@@ -718,6 +718,7 @@ async def vllm_front_end(
     formats: list[str],
     engine: dict[str, Any] | None = None,
     first_audio_runs: int = 0,
+    encode_processes: int = 0,
 ) -> list[dict[str, Any]]:
     """The serving process's CPU with the real CPU engine (dev model, its serving sampling and
     frame constraint, the built-in voice) at each batch size in ``counts``, in passes that each
@@ -728,8 +729,11 @@ async def vllm_front_end(
     per token and per audio second, less the process's idle CPU. ``engine``: settings changed
     for this run (e.g. ``{"stream_interval": 7}``). The engine core's own process is not
     counted. ``first_audio_runs``: that many streams one after another, alone, and a row of
-    their time to first PCM (``stage`` ``first_audio``)."""
-    from voicehost.audio.formats import FormatEncoderPool
+    their time to first PCM (``stage`` ``first_audio``). ``encode_processes``: each format
+    again as ``FORMAT@procs``, encoded by a pool of that many encoding processes, their CPU
+    (from ``/proc``) counted with this process's (``serving_cpu_ms_per_audio_s``: this one's
+    alone)."""
+    from voicehost.audio.encoding import FormatEncoderPool
     from voicehost.config import Settings
     from voicehost.metrics import SpeechMetrics
     from voicehost.model import orpheus
@@ -753,6 +757,7 @@ async def vllm_front_end(
         settings.codec_max_chunk_frames,
     )
     pool = FormatEncoderPool(settings.encode_threads)
+    procs = FormatEncoderPool(1, encode_processes) if encode_processes else None
     voice = Voice("tara", "Tara")
     samples_per_token = orpheus.SAMPLES_PER_FRAME / orpheus.TOKENS_PER_FRAME
 
@@ -768,7 +773,12 @@ async def vllm_front_end(
     recorded: dict[int, list[np.ndarray]] = {}  # each stream's PCM chunks, as the pcm pass got them
 
     async def to_pcm(index: int, fmt: str | None) -> float:
-        encoder = pool.stream(fmt) if fmt else None
+        encoder = None
+        if fmt is not None and fmt.endswith("@procs"):
+            assert procs is not None
+            encoder = procs.stream(fmt.removesuffix("@procs"))
+        elif fmt is not None:
+            encoder = pool.stream(fmt)
         samples = 0
         started = time.perf_counter()
         chunks = recorded.setdefault(index, []) if fmt is None else []
@@ -818,10 +828,13 @@ async def vllm_front_end(
             return to_pcm(i, None if stage == "pcm" else stage)
 
         firsts.clear()
+        encoders = procs.encoding_cpu() if procs is not None else 0.0
         start, wall = os.times(), time.perf_counter()
         samples = sum(await asyncio.gather(*(one(i) for i in range(count))))
         end, wall = os.times(), time.perf_counter() - wall
-        cpu = end.user + end.system - start.user - start.system - idle * wall
+        serving = end.user + end.system - start.user - start.system - idle * wall
+        encoders = (procs.encoding_cpu() if procs is not None else 0.0) - encoders
+        cpu = serving + encoders
         audio_s = samples / orpheus.SAMPLE_RATE
         tokens = samples / samples_per_token
         return {
@@ -833,18 +846,20 @@ async def vllm_front_end(
             "tokens_per_s": round(tokens / wall, 1),
             "cpu_us_per_token": round(cpu / tokens * 1e6, 1),
             "cpu_ms_per_audio_s": round(cpu / audio_s * 1000, 2),
+            "serving_cpu_ms_per_audio_s": round(serving / audio_s * 1000, 2),
             "first_audio_ms_p50": round(float(np.median(firsts)) * 1000, 1) if firsts else None,
         }
 
     rows: list[dict[str, Any]] = []
+    stages = [*formats, *(f"{fmt}@procs" for fmt in formats if procs is not None)]
     try:
-        await asyncio.gather(*(to_pcm(i, f) for i, f in enumerate(["pcm", *formats])))  # warm
+        await asyncio.gather(*(to_pcm(i, f) for i, f in enumerate(["pcm", *stages])))  # warm
         idle_start = os.times()
         await asyncio.sleep(3.0)
         idle_end = os.times()
         idle = (idle_end.user + idle_end.system - idle_start.user - idle_start.system) / 3.0
         for count in counts:
-            for stage in ["vllm", "pcm", *formats]:
+            for stage in ["vllm", "pcm", *stages]:
                 rows.append(await run(count, stage))
                 print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
             for fmt in formats:
@@ -868,6 +883,8 @@ async def vllm_front_end(
             print(json.dumps({"front_end": rows[-1], **(engine or {})}), flush=True)
     finally:
         pool.close()
+        if procs is not None:
+            procs.close()
         speech.shutdown()
     return rows
 
@@ -1041,6 +1058,12 @@ def main() -> int:
     )
     parser.add_argument("--front-end-formats", default="mp3,opus")
     parser.add_argument(
+        "--encode-processes",
+        type=int,
+        default=0,
+        help="--front-end: each format again encoded by this many encoding processes",
+    )
+    parser.add_argument(
         "--first-audio-runs", type=int, default=0, help="lone streams timed to first PCM"
     )
     parser.add_argument(
@@ -1131,7 +1154,11 @@ def main() -> int:
         intervals = [int(i) for i in args.stream_interval.split(",") if i] or [0]
         for interval in intervals:
             engine = {"stream_interval": interval} if interval else None
-            rows = asyncio.run(vllm_front_end(counts_fe, fe_formats, engine, args.first_audio_runs))
+            rows = asyncio.run(
+                vllm_front_end(
+                    counts_fe, fe_formats, engine, args.first_audio_runs, args.encode_processes
+                )
+            )
             key = f"stream_interval_{interval}" if interval else "default"
             front_end[key] = {"rows": rows, "split": front_end_split(rows)}
             print(json.dumps({"front_end_split": front_end[key]["split"], "run": key}))

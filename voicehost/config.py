@@ -296,6 +296,12 @@ class Settings(BaseSettings):
     encode_threads: int | None = Field(
         None, ge=1, description="Threads that resample and encode audio (auto: the cores)."
     )
+    encode_processes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Encoding processes per serving process (0: encode on its threads).",
+    )
 
     @field_validator("voice_aliases")
     @classmethod

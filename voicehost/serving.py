@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
-from voicehost.audio.formats import FormatEncoderPool
+from voicehost.audio.encoding import FormatEncoderPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
@@ -178,7 +178,7 @@ class ServingProcess:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
-        self.format_encoders = FormatEncoderPool(settings.encode_threads)
+        self.format_encoders = FormatEncoderPool(settings.encode_threads, settings.encode_processes)
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir,

@@ -1,16 +1,23 @@
-"""FormatEncoderPool: streams encoded on threads keep their chunks in order, and one stream's slow
-encoding holds up only that stream. Real encoders (PyAV, soxr) on a real thread pool."""
+"""FormatEncoderPool: streams encoded on threads, or in encoding processes, keep their chunks in
+order, and one stream's slow encoding holds up only that stream; an encoding process that dies
+fails its own streams only and is replaced. Real encoders (PyAV, soxr), real threads, real
+processes over a real socket."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
+import os
+import signal
+import time
 
 import av
 import numpy as np
 import pytest
 
-from voicehost.audio.formats import FormatEncoder, FormatEncoderPool, FormatStream
+from voicehost.audio.encoding import EncodingFailed, FormatEncoderPool, FormatStream
+from voicehost.audio.formats import FormatEncoder
 from voicehost.model.orpheus import SAMPLE_RATE
 
 pytestmark = pytest.mark.unit
@@ -58,16 +65,23 @@ async def encode_all(encoder: FormatStream, chunks: list[np.ndarray], sent: list
     return b"".join(out)
 
 
-def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding() -> None:
-    """Eight streams of 1.5 s each, every codec, encoded at once by 4 threads: each stream's bytes
-    are exactly what one encoder fed its chunks in order writes (a chunk encoded out of turn,
-    or by two threads at once, would change them)."""
+def on_the_loop(encoder: FormatStream) -> bool:
+    return type(encoder) is FormatStream  # the base class encodes on the loop; the rest hop
+
+
+@pytest.mark.parametrize("processes", [0, 2], ids=["threads", "processes"])
+def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding(processes: int) -> None:
+    """Eight streams of 1.5 s each, every codec, encoded at once by 4 threads (or 2 encoding
+    processes): each stream's bytes are exactly what one encoder fed its chunks in order writes
+    (a chunk encoded out of turn, or by two threads at once, would change them)."""
     chunks = [chunked(speechlike(1.5, seed), seed) for seed in range(len(STREAMS))]
-    pool = FormatEncoderPool(4)
+    pool = FormatEncoderPool(4, processes)
 
     async def run() -> list[bytes]:
         format_encoders = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
-        assert all(encoder.encoder.costly for encoder in format_encoders)  # all of them on the pool
+        assert not any(on_the_loop(encoder) for encoder in format_encoders)  # all on the pool
+        if processes:  # shared out: each process has half of the streams
+            assert sorted(p.streams for p in pool._processes) == [4, 4]
         return await asyncio.gather(
             *(encode_all(e, c, []) for e, c in zip(format_encoders, chunks, strict=True))
         )
@@ -124,7 +138,7 @@ def test_encoding_runs_off_the_event_loop_and_pcm_stays_on_it() -> None:
             seen_held = seen_held or mp3._lock.locked()
             await asyncio.sleep(0.001)
         pcm = pool.stream("pcm")
-        assert not pcm.encoder.costly
+        assert on_the_loop(pcm)
         return seen_held, len(await pcm.encode(np.zeros(2048, np.float32)))
 
     try:
@@ -133,3 +147,73 @@ def test_encoding_runs_off_the_event_loop_and_pcm_stays_on_it() -> None:
         pool.close()
     assert seen_held
     assert pcm_bytes == 2 * 2048
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_encoding_process_that_dies_fails_its_streams_and_is_replaced() -> None:
+    """kill -9 of one of two encoding processes mid-stream: its stream's next call raises
+    ``EncodingFailed`` (the response ends as a failed stream does), the other process's stream
+    ends whole, and the next stream goes to a new process and ends whole."""
+    chunks = chunked(speechlike(2.0, 4), 4)
+    pool = FormatEncoderPool(1, processes=2)
+
+    async def run() -> tuple[BaseException, bytes, bytes, list[int]]:
+        doomed, spared = pool.stream("mp3"), pool.stream("mp3")
+        assert doomed._process is not spared._process
+        await doomed.encode(chunks[0])
+        spared_task = asyncio.create_task(encode_all(spared, chunks, []))
+        os.kill(doomed._process.process.pid, signal.SIGKILL)
+        with pytest.raises(EncodingFailed) as failed:
+            for chunk in chunks[1:]:
+                await doomed.encode(chunk)
+            await doomed.finish()
+        later = pool.stream("mp3")
+        return failed.value, await spared_task, await encode_all(later, chunks, []), pool.pids
+
+    try:
+        failure, spared_data, later_data, pids = asyncio.run(run())
+    finally:
+        pool.close()
+    assert "encoding process ended" in str(failure)
+    assert spared_data == later_data == sequential("mp3", None, chunks)
+    assert len(pids) == 2 and all(not alive(pid) for pid in pids)  # closed: both ended
+
+
+def test_an_abandoned_stream_is_forgotten_and_the_processes_ignore_the_groups_signals() -> None:
+    """A stream dropped mid-way (its client left) is freed in its encoding process, which goes
+    on with the next; SIGTERM and SIGINT (a service manager's, a terminal's, to the whole
+    group) leave the process to its serving process, and closing the pool ends it."""
+    chunks = chunked(speechlike(1.0, 5), 5)
+    pool = FormatEncoderPool(1, processes=1)
+    (process,) = pool._processes
+
+    async def run() -> bytes:
+        abandoned = pool.stream("opus")
+        await abandoned.encode(chunks[0])
+        assert process.streams == 1
+        del abandoned
+        gc.collect()
+        await asyncio.sleep(0.1)  # the drop is sent from the loop
+        assert process.streams == 0 and not process._waiting
+        os.kill(process.process.pid, signal.SIGTERM)
+        os.kill(process.process.pid, signal.SIGINT)
+        await asyncio.sleep(0.3)
+        return await encode_all(pool.stream("opus"), chunks, [])
+
+    try:
+        data = asyncio.run(run())
+        assert alive(process.process.pid)
+    finally:
+        pool.close()
+    assert packets("opus", data) == packets("opus", sequential("opus", None, chunks))
+    deadline = time.monotonic() + 5
+    while alive(process.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(process.process.pid)

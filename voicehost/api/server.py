@@ -33,7 +33,8 @@ from voicehost.api.edge import (
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import SpeechRequest
-from voicehost.audio.formats import FormatStream, content_type
+from voicehost.audio.encoding import FormatStream
+from voicehost.audio.formats import content_type
 from voicehost.config import Settings
 from voicehost.model.engine import InputTooLong
 from voicehost.serving import ClusterLink, FrontEnd, ServingProcess

@@ -27,20 +27,14 @@ mulaw, alaw and opus give back exactly the samples sent (opus trims its priming 
 the Ogg granule positions); mp3 and ADTS cannot say how much to trim, so a decoder returns
 codec priming (mp3 1105 samples, aac 1024) in front and up to one codec frame of silence behind.
 
-Encoding runs off the event loop: an ``FormatEncoderPool`` of threads (PyAV and soxr release the GIL
-while they work, so streams encode on every core) hands out one ``FormatStream`` per response.
-pcm and wav at the model's rate stay on the loop: converting to s16 costs less than a hop.
+Where the encoding runs (off the event loop: threads, or processes of their own) is
+``voicehost.audio.encoding``'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 import struct
-import threading
 import wave
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +42,7 @@ import av
 import numpy as np
 import soxr
 
-from voicehost.audio.tempo import TimeStretch
+from voicehost.audio.tempo import TimeStretch, atempo_steps
 from voicehost.model.orpheus import SAMPLE_RATE
 
 STREAMING_SIZE = 0xFFFFFFFF  # "unknown length": players read until the stream ends
@@ -285,7 +279,7 @@ class FormatEncoder:
     def output_samples(self, model_samples: int) -> int:
         """How many samples of this stream ``model_samples`` of the model's audio become: at
         the output rate, after the speed change (what ``segment.done`` and SSE's ``done`` say)."""
-        return round(model_samples * self.sample_rate / SAMPLE_RATE / self.speed)
+        return output_samples(model_samples, self.sample_rate, self.speed)
 
     def _push(self, samples: np.ndarray, last: bool) -> bytes:
         if self._finished:
@@ -302,73 +296,22 @@ class FormatEncoder:
             return header + to_pcm16(samples)
         return self._muxer.push(samples, last)
 
-    @property
-    def costly(self) -> bool:
-        """Whether encoding costs more than a hop to a thread: a codec, a resampler or a
-        time stretch."""
-        return self._muxer is not None or self._resampler is not None or self._stretch is not None
+
+def check_stream(fmt: str, sample_rate: int | None, speed: float) -> int:
+    """What ``FormatEncoder(fmt, sample_rate, speed)`` would refuse, refused without building
+    one (``UnsupportedAudio``, ``ValueError``); the stream's ``output_rate``."""
+    if speed != 1.0:
+        atempo_steps(speed)
+    return output_rate(fmt, sample_rate)
 
 
-def default_encode_threads() -> int:
-    """The cores this process may run on (its CPU affinity, e.g. under ``taskset``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity on this platform
-        return max(1, os.cpu_count() or 1)
+def costly(fmt: str, sample_rate: int | None, speed: float) -> bool:
+    """Whether encoding a ``fmt`` stream costs more than a hop off the event loop: a codec, a
+    resampler or a time stretch (pcm and wav at the model's rate and speed are a conversion)."""
+    return fmt in _CODECS or encoding_rate(fmt, sample_rate) != SAMPLE_RATE or speed != 1.0
 
 
-class FormatEncoderPool:
-    """The process's encoding threads: every stream's resampling and encoding runs here.
-
-    Each stream's ``FormatStream`` sends one call at a time and waits for it, so a stream has
-    at most one chunk in the pool (its queue is bounded by the streams admitted) and a stream
-    whose encoding falls behind waits for it, holding one thread, while the others go on.
-    """
-
-    def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads or default_encode_threads()
-        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="audio-encode")
-
-    def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> FormatStream:
-        """The encoder of one response (``FormatEncoder``'s arguments and errors)."""
-        return FormatStream(FormatEncoder(fmt, sample_rate, speed), self._executor)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class FormatStream:
-    """``FormatEncoder`` run on the pool: ``await encode(pcm)`` per chunk, ``await finish()``.
-
-    Await each call before making the next: then the chunks leave in order. A call whose
-    caller was cancelled still finishes in its thread before the next call starts (a lock held
-    while encoding), so the encoder is used by one thread at a time. Cheap formats (``costly``
-    false) are encoded on the loop, without a hop.
-    """
-
-    def __init__(self, encoder: FormatEncoder, executor: ThreadPoolExecutor) -> None:
-        self.encoder = encoder
-        self.fmt = encoder.fmt
-        self.sample_rate = encoder.sample_rate
-        self.speed = encoder.speed
-        self.output_samples = encoder.output_samples
-        self._executor = executor if encoder.costly else None
-        self._lock = threading.Lock()
-
-    async def encode(self, samples: np.ndarray) -> bytes:
-        """``FormatEncoder.encode`` off the loop: the bytes ready now, possibly b""."""
-        return await self._run(self.encoder.encode, samples)
-
-    async def finish(self) -> bytes:
-        """``FormatEncoder.finish`` off the loop: the rest of the stream."""
-        return await self._run(self.encoder.finish)
-
-    async def _run(self, call: Callable[..., bytes], *args: np.ndarray) -> bytes:
-        if self._executor is None:
-            return call(*args)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._locked, call, *args)
-
-    def _locked(self, call: Callable[..., bytes], *args: np.ndarray) -> bytes:
-        with self._lock:
-            return call(*args)
+def output_samples(model_samples: int, sample_rate: int, speed: float) -> int:
+    """How many samples at ``sample_rate``, played ``speed`` times as fast, ``model_samples`` of
+    the model's audio become."""
+    return round(model_samples * sample_rate / SAMPLE_RATE / speed)
