@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -296,11 +296,10 @@ class Settings(BaseSettings):
     encode_threads: int | None = Field(
         None, ge=1, description="Threads that resample and encode audio (auto: the cores)."
     )
-    encode_processes: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Encoding processes per serving process (0: encode on its threads).",
+    encode_processes: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="Encoding processes per serving process, 0 to 64 (0: encode on its "
+        "threads); auto: 1 on a GPU, 0 on the CPU engine.",
     )
 
     @field_validator("voice_aliases")
@@ -359,6 +358,16 @@ class Settings(BaseSettings):
         if not current_platform.is_cuda():
             return 1
         return max(1, min(16, (len(os.sched_getaffinity(0)) - 2) // 2))
+
+    def encode_process_count(self) -> int:
+        """How many encoding processes each serving process runs (``encode_processes``, with
+        ``auto`` resolved: on a GPU host a front end's second core encodes, in a process of
+        its own; the CPU engine's cores are the engine's)."""
+        if self.encode_processes != "auto":
+            return self.encode_processes
+        from vllm.platforms import current_platform
+
+        return 1 if current_platform.is_cuda() else 0
 
     def stream_capacity(self) -> int:
         """Streams this process admits at once (and reports to the cluster)."""

@@ -106,7 +106,7 @@ class SpeechMetrics:
         self.stream_errors = Counter(
             "voicehost_stream_errors",
             "Streams that failed after their first byte (cut, or ended with an error event), "
-            "by stage: synthesis on a worker, upstream on a gateway.",
+            "by stage: synthesis or encoding on a worker, upstream on a gateway.",
             ["stage"],
             registry=r,
         )

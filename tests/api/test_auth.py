@@ -718,6 +718,7 @@ def start_keyed(tmp_path_factory) -> EarlyServer:
         VOICEHOST_CLONE_EPOCHS="1",
         VOICEHOST_EVAL_SENTENCES="1",
         VOICEHOST_EVAL_BASELINES="0",
+        VOICEHOST_ENCODE_PROCESSES="1",  # kill -9 below leaves no encoding process either
     )
 
 
@@ -1195,12 +1196,13 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
 
 
 def test_kill_9_of_serve_alone_leaves_no_process_of_its_tree(keyed_server):
-    """vLLM's EngineCore (on CPU its worker runs inside it) and the reaper end with ``voicehost
-    serve`` even when SIGKILL (to the server's pid, not its process group) gave it no chance to
-    shut them down."""
+    """vLLM's EngineCore (on CPU its worker runs inside it), the encoding process and the
+    reaper end with ``voicehost serve`` even when SIGKILL (to the server's pid, not its process
+    group) gave it no chance to shut them down."""
     process = keyed_server.process
     tree = process_tree(process.pid)
     assert any("EngineCore" in p.name() for p in tree), tree  # and the server, the reaper
+    assert any("voicehost.audio.encoding" in " ".join(p.cmdline()) for p in tree), tree
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     gone = wait_until(lambda: not alive(tree), 15)

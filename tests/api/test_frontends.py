@@ -2,7 +2,9 @@
 processes accepting on one port, each an engine client of the core (``voicehost.api.host``).
 What is one per host is tested as such: the capacity and each key's quota count both front
 ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, and the audit
-chain stays one chain when both write to it at once.
+chain stays one chain when both write to it at once. Each front end encodes in an encoding
+process of its own (``VOICEHOST_ENCODE_PROCESSES=1``): its loss ends only its streams, and
+SIGTERM and kill -9 leave none behind.
 
 Its own server: the shared one has one front end, and these tests need a capacity of 3 streams
 and a quota of 2 per key. The last test here drains it with SIGTERM; one more test has a host
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import signal
@@ -22,11 +25,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import av
 import pytest
 from helpers import (
     EarlyServer,
     alive,
     early_server,
+    is_frontend,
     process_tree,
     start_early,
     wait_until,
@@ -65,6 +70,7 @@ def start_frontends(tmp_path_factory) -> EarlyServer:
         VOICEHOST_WORKER_CAPACITY=str(CAPACITY),
         VOICEHOST_KEY_MAX_STREAMS=str(QUOTA),
         VOICEHOST_USAGE_FLUSH_SECONDS="0.2",
+        VOICEHOST_ENCODE_PROCESSES="1",
     )
 
 
@@ -84,13 +90,28 @@ def connection() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
 
 
-async def speak(url: str, text: str, seed: int, key: str = "a") -> tuple[str, int]:
-    """One speech request: which front end answered, and the bytes of PCM it sent."""
-    body = {"input": text, "voice": "dev-a", "response_format": "pcm", "seed": seed}
+async def speak(
+    url: str, text: str, seed: int, key: str = "a", fmt: str = "pcm"
+) -> tuple[str, int]:
+    """One speech request: which front end answered, and the bytes of ``fmt`` it sent (for a
+    compressed format, the samples they decode to)."""
+    body = {"input": text, "voice": "dev-a", "response_format": fmt, "seed": seed}
     async with connection() as http:
         async with http.post(url + SPEECH, json=body, headers=auth(key)) as response:
             assert response.status == 200, await response.text()
-            return response.headers[FRONTEND_HEADER], len(await response.read())
+            data = await response.read()
+            return response.headers[FRONTEND_HEADER], len(data) if fmt == "pcm" else decoded(data)
+
+
+def decoded(data: bytes) -> int:
+    """The samples a compressed stream decodes to."""
+    with av.open(io.BytesIO(data)) as container:
+        return sum(frame.samples for frame in container.decode(audio=0))
+
+
+def encoding_processes(pid: int) -> list[Any]:
+    """The encoding processes (``voicehost.audio.encoding``) in a host's tree."""
+    return [p for p in process_tree(pid) if "voicehost.audio.encoding" in " ".join(p.cmdline())]
 
 
 async def from_both(
@@ -113,11 +134,49 @@ async def test_both_front_ends_speak_from_one_engine_core(frontends):
     assert sum("EngineCore" in n for n in names) == 1, names  # one core for the host
     sizes = await from_both(lambda: speak(frontends.url, "Hi.", 1), least=4, parallel=QUOTA)
     assert all(size > 0 for size in sizes), sizes
+    encoders = encoding_processes(frontends.process.pid)
+    assert sorted(is_frontend(p.parent()) for p in encoders) == [True, True], encoders
+    assert len({p.parent().pid for p in encoders}) == 2  # one each
+    mp3 = lambda: speak(frontends.url, "Hi.", 1, fmt="mp3")  # noqa: E731
+    samples = await from_both(mp3, least=4, parallel=QUOTA)
+    assert all(count > 0 for count in samples), samples
 
 
-async def open_stream(http: aiohttp.ClientSession, url: str, key: str) -> aiohttp.ClientResponse:
+async def test_an_encoding_process_lost_mid_stream_ends_its_stream_then_is_replaced(frontends):
+    """The encoding processes are killed while an mp3 SSE stream plays: the stream ends with
+    an ``encoding_failed`` error event (not cut, not hung), the front ends stay up, and the
+    next mp3 streams, from both, are whole (a new encoding process each)."""
+    url = frontends.url
+    body = {"input": LONG_TEXT, "voice": "dev-b", "response_format": "mp3", "seed": 7}
+    body["stream_format"] = "sse"  # open_stream's: speech that goes on for seconds
+    before = encoding_processes(frontends.process.pid)
+    async with connection() as http:
+        async with http.post(url + SPEECH, json=body, headers=auth("b")) as response:
+            assert response.status == 200, await response.text()
+            first = await response.content.readline()
+            assert json.loads(first.removeprefix(b"data: "))["type"] == "speech.audio.delta"
+            for process in before:
+                process.kill()
+            events = [
+                json.loads(line.removeprefix(b"data: "))
+                async for line in response.content
+                if line.startswith(b"data: ")
+            ]
+    assert events and events[-1]["type"] == "error", [e["type"] for e in events]
+    assert events[-1]["error"]["code"] == "encoding_failed"
+    samples = await from_both(lambda: speak(url, "Hi.", 2, fmt="mp3"), least=4, parallel=QUOTA)
+    assert all(count > 0 for count in samples), samples
+    after = encoding_processes(frontends.process.pid)
+    assert len(after) == 2 and not {p.pid for p in after} & {p.pid for p in before}
+    errors = await from_both(lambda: host_metric(url, "voicehost_stream_errors_total"))
+    assert all(count >= 1 for count in errors), errors
+
+
+async def open_stream(
+    http: aiohttp.ClientSession, url: str, key: str, fmt: str = "pcm"
+) -> aiohttp.ClientResponse:
     """A speech stream that has started playing (its first bytes are in), left open."""
-    body = {"input": LONG_TEXT, "voice": "dev-b", "response_format": "pcm", "seed": 7}
+    body = {"input": LONG_TEXT, "voice": "dev-b", "response_format": fmt, "seed": 7}
     response = await http.post(url + SPEECH, json=body, headers=auth(key))
     assert response.status == 200, await response.text()
     assert await response.content.readany()
@@ -250,12 +309,13 @@ async def test_draining_one_front_end_drains_the_host_then_sigterm_ends_them_all
     (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
     every front end at once, every front end drains itself within a second (its streams
     refused with 503 ``not_ready``), and ``/internal/load`` on either counts the host's
-    streams. Then SIGTERM to the host: each stream is spoken to its end, and every process
-    exits."""
+    streams. Then SIGTERM to the host: each stream (mp3, through the encoding processes) is
+    spoken to its end, and every process exits, the encoding processes too."""
     url = frontends.url
     tree = process_tree(frontends.process.pid)
+    assert len(encoding_processes(frontends.process.pid)) == 2
     streams = aiohttp.ClientSession()
-    held = [await open_stream(streams, url, key) for key in ("a", "a", "b")]  # the capacity
+    held = [await open_stream(streams, url, key, "mp3") for key in ("a", "a", "b")]  # capacity
     internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
     async with connection() as http:
         async with http.post(url + "/internal/drain", headers=internal) as response:
@@ -280,8 +340,8 @@ async def test_draining_one_front_end_drains_the_host_then_sigterm_ends_them_all
     assert set(await from_both(load, least=2)) == {CAPACITY}  # the host's, on either
     os.kill(frontends.process.pid, signal.SIGTERM)
     async with streams:
-        for response in held:  # each spoken to its end
-            assert await response.read()
+        for response in held:  # each spoken to its end: a whole mp3 stream
+            assert decoded(await response.read()) > 0
             assert response.content.is_eof()
     await asyncio.to_thread(frontends.process.wait, 60)
     gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)

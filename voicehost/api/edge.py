@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
 from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
+from voicehost.audio.encoding import EncodingFailed
 from voicehost.audio.formats import UnsupportedAudio, output_rate
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
@@ -103,6 +104,15 @@ def error_event(code: str, message: str) -> dict[str, object]:
 
 
 SYNTHESIS_FAILED = ("synthesis_failed", "synthesis failed after the stream had started")
+ENCODING_FAILED = ("encoding_failed", "encoding the audio failed after the stream had started")
+
+
+def stream_failure(exc: BaseException) -> tuple[str, tuple[str, str]]:
+    """The stage and the error a stream that failed mid-way ends with (``end_broken_stream``):
+    its encoder's (an encoding process lost), or the synthesis'."""
+    if isinstance(exc, EncodingFailed):
+        return "encoding", ENCODING_FAILED
+    return "synthesis", SYNTHESIS_FAILED
 
 
 async def end_broken_stream(

@@ -26,7 +26,6 @@ from redis.exceptions import RedisError
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVING,
-    SYNTHESIS_FAILED,
     ApiError,
     check_audio_options,
     end_broken_stream,
@@ -35,6 +34,7 @@ from voicehost.api.edge import (
     find_voice,
     load_json,
     speak_options,
+    stream_failure,
     validation_message,
 )
 from voicehost.api.lexicons import speech_lexicon
@@ -273,10 +273,9 @@ class RealtimeSession:
         except ConnectionError:
             pass  # the client left; the socket's loop ends too
         except Exception as exc:  # an error event, then the end, as every stream's
-            self.serving.metrics.errors.labels("engine").inc()
-            await end_broken_stream(
-                self.request, self.ws, False, "synthesis", SYNTHESIS_FAILED, exc
-            )
+            stage, error = stream_failure(exc)
+            self.serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
+            await end_broken_stream(self.request, self.ws, False, stage, error, exc)
         finally:
             self.in_segment = False
 

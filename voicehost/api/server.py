@@ -19,7 +19,6 @@ from voicehost.api.auth import INTERNAL, request_principal
 from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
-    SYNTHESIS_FAILED,
     VERSION_HEADER,
     ApiError,
     check_speech_request,
@@ -29,6 +28,7 @@ from voicehost.api.edge import (
     read_body,
     registry_health,
     speak_options,
+    stream_failure,
 )
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
@@ -137,7 +137,7 @@ async def send_encoded(
     except ConnectionError:
         raise  # the client left
     except Exception as exc:
-        await end_broken_stream(request, response, sse, "synthesis", SYNTHESIS_FAILED, exc)
+        await end_broken_stream(request, response, sse, *stream_failure(exc), exc)
         return None
     return samples
 
