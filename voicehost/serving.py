@@ -178,7 +178,9 @@ class ServingProcess:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
-        self.format_encoders = FormatEncoderPool(settings.encode_threads, settings.encode_process_count())
+        self.format_encoders = FormatEncoderPool(
+            settings.encode_threads, settings.encode_process_count()
+        )
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir,

@@ -80,11 +80,12 @@ class _Codec:
 
 _CODECS: dict[str, _Codec] = {
     # LAME's default scales with the rate, down to 8 kbit/s at 8 kHz: too thin for speech.
-    # LAME's quality 5 (its -q; the library's default is 3): 9.6 ms of CPU per audio second
-    # instead of 15.4, the same 64 kbit/s, and the speaker's embedding through it as close to
-    # the source (0.9996 against 0.9997; docs/BENCHMARKS.md, issue 30).
+    # LAME's quality 7 (its -q; the library's default is 3): about 8.4 ms of CPU per audio
+    # second instead of 15 (5: 13), the same 64 kbit/s, no noise shaping; the speaker's
+    # embedding and the spectrum as close to the source as at 3 or 5
+    # (scripts/bench_mp3_levels.py, docs/BENCHMARKS.md, issue 30).
     "mp3": _Codec(
-        "mp3", "libmp3lame", "fltp", bit_rate=64000, codec_options={"compression_level": "5"}
+        "mp3", "libmp3lame", "fltp", bit_rate=64000, codec_options={"compression_level": "7"}
     ),
     # One 20 ms packet per Ogg page: the default 1 s pages would hold audio back for a second.
     "opus": _Codec("ogg", "libopus", "flt", {"page_duration": "20000"}),
