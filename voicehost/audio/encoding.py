@@ -185,6 +185,8 @@ class EncodingProcess:
         if self.lost is not None:
             raise EncodingFailed(self.lost)
         await self._connect()
+        if self.lost is not None:  # lost while connecting
+            raise EncodingFailed(self.lost)
         assert self._writer is not None and self._loop is not None
         answer: asyncio.Future[bytes] = self._loop.create_future()
         self._waiting[stream_id].append(answer)
