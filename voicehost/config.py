@@ -299,7 +299,7 @@ class Settings(BaseSettings):
     encode_processes: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",
         description="Encoding processes per serving process, 0 to 64 (0: encode on its "
-        "threads); auto: 1 on a GPU, 0 on the CPU engine.",
+        "threads); auto: 2 on a GPU, 0 on the CPU engine.",
     )
 
     @field_validator("voice_aliases")
@@ -361,13 +361,14 @@ class Settings(BaseSettings):
 
     def encode_process_count(self) -> int:
         """How many encoding processes each serving process runs (``encode_processes``, with
-        ``auto`` resolved: on a GPU host a front end's second core encodes, in a process of
-        its own; the CPU engine's cores are the engine's)."""
+        ``auto`` resolved: on a GPU host, two, which with ``frontends=auto`` (a front end per
+        2 cores) share a front end's second core with the part of the first its loop leaves:
+        docs/BENCHMARKS.md; the CPU engine's cores are the engine's)."""
         if self.encode_processes != "auto":
             return self.encode_processes
         from vllm.platforms import current_platform
 
-        return 1 if current_platform.is_cuda() else 0
+        return 2 if current_platform.is_cuda() else 0
 
     def stream_capacity(self) -> int:
         """Streams this process admits at once (and reports to the cluster)."""
