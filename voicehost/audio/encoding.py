@@ -6,18 +6,19 @@ chunk, then ``await finish()``, each returning the bytes of ``voicehost.audio.fo
 pcm and wav at the model's rate and speed are encoded on the loop (a conversion to s16 costs less
 than a hop); the rest (codecs, resampling, time stretch) goes to
 
-- **threads** (``VOICEHOST_ENCODE_PROCESSES=0``, the default): PyAV and soxr release the GIL while
-  they work, so streams encode on every core. But PyAV releases and takes it back around every
-  codec call, hundreds of times per audio second, and each time the event loop waits for it the
-  two hand it over: at 64 mp3 streams this costs a serving process 3.5-5 ms of CPU per audio
-  second more than the same encoding one stream after another (docs/BENCHMARKS.md).
-- **processes** (``VOICEHOST_ENCODE_PROCESSES=N``): N encoding processes per serving process, each
-  one thread encoding its share of the streams one chunk at a time, fed the PCM over a Unix
-  socket. The serving process's part is one write and one read per chunk, and no GIL is shared.
-  A stream goes to the process with the fewest open streams. An encoding process that dies fails
-  the calls of its streams (``EncodingFailed``: the response ends as any failed stream does) and
-  is replaced for the next ones; one whose serving process is gone reads the end of its socket
-  and exits.
+- **threads** (``VOICEHOST_ENCODE_PROCESSES=0``, the CPU engine's default): PyAV and soxr
+  release the GIL while they work, so streams encode on every core. But PyAV releases and takes
+  it back around every codec call, hundreds of times per audio second, and each time the event
+  loop waits for it the two hand it over: at 64 mp3 streams this costs a serving process 3.5-5
+  ms of CPU per audio second more than the same encoding one stream after another
+  (docs/BENCHMARKS.md).
+- **processes** (``VOICEHOST_ENCODE_PROCESSES=N``, 2 on a GPU by default): N encoding
+  processes per serving process, each one thread encoding its share of the streams one chunk
+  at a time, fed the PCM over a Unix socket. The serving process's part is one write and one
+  read per chunk, and no GIL is shared. A stream goes to the process with the fewest open
+  streams. An encoding process that dies fails the calls of its streams (``EncodingFailed``:
+  the response ends as any failed stream does) and is replaced for the next ones; one whose
+  serving process is gone reads the end of its socket and exits.
 
 Wire format, both ways: a header (``_HEADER``: stream id, op, payload length) and the payload.
 To the encoding process: ``_OPEN`` (JSON: fmt, sample_rate, speed), ``_ENCODE`` (float32
@@ -192,7 +193,8 @@ class EncodingProcess:
         self._waiting[stream_id].append(answer)
         if op == _FINISH:
             self.streams -= 1
-        self._writer.write(b"".join(self._unsent) + self._frame(stream_id, op, payload))
+        header = _HEADER.pack(stream_id, op, len(payload))
+        self._writer.writelines([*self._unsent, header, payload])  # no copy of the payload
         self._unsent.clear()
         return await answer
 
@@ -302,7 +304,6 @@ class FormatEncoderPool:
 
     def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> FormatStream:
         """The encoder of one response (``FormatEncoder``'s arguments and errors)."""
-        check_stream(fmt, sample_rate, speed)
         if not costly(fmt, sample_rate, speed):
             return FormatStream(fmt, sample_rate, speed)
         if not self._processes:
