@@ -10,6 +10,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from functools import partial
 
 import numpy as np
 from aiohttp import web
@@ -44,6 +45,10 @@ from voicehost.text.segment import Segment
 from voicehost.text.stage import TextStage, TextTooLong
 
 log = logging.getLogger(__name__)
+
+# How a speech response ends (its last bytes, or the end of a broken stream), written once the
+# stream's slot is given back: a client that has heard the end may speak again at once.
+Ending = Callable[[], Awaitable[None]]
 
 
 async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
@@ -81,7 +86,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     async with serving.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
         version = {VERSION_HEADER: str(voice.version)}
-        return await respond(request, serving, body, events, tally, version)
+        response, ending = await respond(request, serving, body, events, tally, version)
+    await ending()
+    return response
 
 
 async def respond(
@@ -91,9 +98,10 @@ async def respond(
     events: AsyncIterator[SpeechEvent],
     tally: UsageTally,
     headers: dict[str, str],
-) -> web.StreamResponse:
+) -> tuple[web.StreamResponse, Ending]:
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
-    format, or SSE), each chunk counted by ``tally`` once written."""
+    format, or SSE), each chunk counted by ``tally`` once written; and its ``Ending``, for the
+    caller to write once the engine work is over and the stream's slot given back."""
     async with aclosing(events), aclosing(audio_only(events, tally)) as chunks:
         try:
             first = await anext(chunks)
@@ -119,11 +127,11 @@ async def send_encoded(
     tally: UsageTally,
     write: Callable[[bytes], Awaitable[None]],
     sse: bool,
-) -> int | None:
+) -> int | Ending:
     """Encode and ``write`` the first chunk and the rest, each counted by ``tally`` once
-    written, then the encoder's end; the samples sent, or ``None`` when synthesis failed after
-    the first byte (the stream is then ended by ``end_broken_stream``: ``sse``, with an error
-    event, else cut)."""
+    written, then the encoder's end; the samples sent, or, when synthesis failed after the
+    first byte, the ``Ending`` of a broken stream (``end_broken_stream``: ``sse``, with an
+    error event, else cut)."""
     first, rest = chunks
     samples = first.size
     await write(await encoder.encode(first))
@@ -137,8 +145,7 @@ async def send_encoded(
     except ConnectionError:
         raise  # the client left
     except Exception as exc:
-        await end_broken_stream(request, response, sse, *stream_failure(exc), exc)
-        return None
+        return partial(end_broken_stream, request, response, sse, *stream_failure(exc), exc)
     return samples
 
 
@@ -149,7 +156,7 @@ async def send_audio(
     rest: AsyncIterator[np.ndarray],
     tally: UsageTally,
     headers: dict[str, str],
-) -> web.StreamResponse:
+) -> tuple[web.StreamResponse, Ending]:
     response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt), **headers})
     response.enable_chunked_encoding()
     await response.prepare(request)
@@ -159,9 +166,7 @@ async def send_audio(
             await response.write(data)
 
     sent = await send_encoded(request, response, encoder, (first, rest), tally, write, False)
-    if sent is not None:
-        await response.write_eof()
-    return response
+    return response, response.write_eof if isinstance(sent, int) else sent
 
 
 async def send_sse(
@@ -171,24 +176,25 @@ async def send_sse(
     rest: AsyncIterator[np.ndarray],
     tally: UsageTally,
     headers: dict[str, str],
-) -> web.StreamResponse:
+) -> tuple[web.StreamResponse, Ending]:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
     )
     await response.prepare(request)
 
-    async def event(payload: dict[str, object]) -> None:
-        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+    def event(payload: dict[str, object]) -> bytes:
+        return f"data: {json.dumps(payload)}\n\n".encode()
 
     async def audio(data: bytes) -> None:
         if data:
-            await event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+            delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            await response.write(event(delta))
 
-    samples = await send_encoded(request, response, encoder, (first, rest), tally, audio, True)
-    if samples is not None:
-        await event({"type": "speech.audio.done", "samples": encoder.output_samples(samples)})
-        await response.write_eof()
-    return response
+    sent = await send_encoded(request, response, encoder, (first, rest), tally, audio, True)
+    if not isinstance(sent, int):
+        return response, sent
+    done = event({"type": "speech.audio.done", "samples": encoder.output_samples(sent)})
+    return response, partial(response.write_eof, done)
 
 
 async def healthz(request: web.Request) -> web.Response:
