@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from lora_training import split as splitting
 from lora_training.ingest import ingest
 from lora_training.transcripts import find_transcripts
 from lora_training.trim import trim
+from voicehost.audio.channel import FULL, ChannelView, common_band, measure_band
 from voicehost.audio.speaker import EmbeddingCache, SpeakerEmbedder, centroid, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE
 
@@ -96,6 +98,8 @@ class DataReport:
     speech_minutes: float
     warnings: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)  # files that did not decode
+    band: str = str(FULL)  # every clip's speaker is judged in this band (the clips' common one)
+    clip_bands: dict[str, int] = field(default_factory=dict)  # how many clips came in each band
 
     @property
     def excluded(self) -> list[ClipQuality]:
@@ -106,6 +110,8 @@ class DataReport:
             "encoder": self.encoder,
             "min_similarity": self.min_similarity,
             "speech_minutes": round(self.speech_minutes, 3),
+            "band": self.band,
+            "clip_bands": self.clip_bands,
             "warnings": self.warnings,
             "excluded": [{"file": c.file, "reason": c.excluded} for c in self.excluded],
             "rejected": self.rejected,
@@ -452,7 +458,9 @@ def assess(
     """Measure every clip, leave out the clips of other speakers, and word the warnings."""
     measured = [measure_clip(clip) for clip in clips]
     voiced = [i for i, clip in enumerate(clips) if clip.speech is not None]
-    embeddings = [encoder.embed(clips[i].speech, SAMPLE_RATE) for i in voiced]
+    bands = [measure_band(clips[i].speech) for i in voiced]
+    view = ChannelView(common_band(bands))
+    embeddings = [encoder.embed(view.treat(clips[i].speech), SAMPLE_RATE) for i in voiced]
     pitches = [voice_pitch(clips[i].speech) for i in voiced]
     split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift)
     similarity: dict[int, float] = dict(zip(voiced, split.similarity, strict=True))
@@ -469,6 +477,8 @@ def assess(
         if clip.speech is not None and not quality.excluded
     )
     report = DataReport(encoder.name, min_similarity, report_clips, kept_seconds / 60)
+    report.band = str(view.band)
+    report.clip_bands = dict(Counter(str(b) for b in bands))
     report.warnings = warnings_for(report)
     return report
 
@@ -497,6 +507,19 @@ def warnings_for(report: DataReport) -> list[str]:
             f"Clipped: {len(clipped)} of {len(kept)} clips were recorded too loud (up to "
             f"{worst:.1%} of their samples at full scale) and are distorted; record at a lower "
             "level."
+        )
+    if report.band != str(FULL):  # the speaker check is weaker: say so rather than pass
+        narrow = report.clip_bands.get(report.band, 0)
+        came = (
+            f"{narrow} of {sum(report.clip_bands.values())} clips came through a narrower "
+            f"band ({report.band}) than the rest, and the speaker check compares every clip in "
+            "it"
+            if len(report.clip_bands) > 1
+            else f"every clip came through a narrow band ({report.band})"
+        )
+        said.append(
+            f"Narrow band: {came}; there the check tells voices apart less well, so a clip of "
+            "someone else is less surely found."
         )
     others = [c.file for c in report.clips if c.excluded and c.excluded.startswith("another")]
     if others:

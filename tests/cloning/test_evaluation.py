@@ -161,3 +161,47 @@ def test_voicehost_eval_measures_a_builtin_voice_over_the_api(server, tmp_path, 
     empty.write_text("\n")
     assert main([*command[:-4], "--sentences", str(empty)]) == 2
     assert "holds no sentence" in capsys.readouterr().err
+
+
+def over_the_phone(samples: np.ndarray, folder: Path, name: str) -> np.ndarray:
+    """``samples`` as a telephone line carries them (8 kHz mu-law, 300-3400 Hz, sox)."""
+    import soundfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    clean, phoned = folder / f"{name}.wav", folder / f"{name}-phone.wav"
+    soundfile.write(clean, samples, SAMPLE_RATE)
+    line = ["sox", str(clean), "-r", "8000", "-e", "u-law", str(phoned), "sinc", "300-3400"]
+    subprocess.run(line, check=True)
+    return decode(phoned)
+
+
+def test_references_from_a_phone_judge_a_full_band_voice_in_the_phones_band(tmp_path):
+    """Two of four references came over a telephone line: every reference and every sample is
+    compared in the phone's band, so the speaker's own full-band voice scores as it would
+    against references all in one channel, the report says the band and how many references
+    came in each, and what the channels took from the references' likeness to each other."""
+    encoder = load_embedder()
+    clean = [espeak(SPEAKER, text, tmp_path / "refs") for text in REFERENCE_TEXTS]
+    references = clean[:2] + [
+        over_the_phone(r, tmp_path / "phone", str(i)) for i, r in enumerate(clean[2:])
+    ]
+    sentences = ["Can you tell me the way to the post office?", "Seven people waited outside."]
+
+    async def speak(voice: str, sentence: str) -> Sample:
+        samples = await asyncio.to_thread(espeak, voice, sentence, tmp_path / "samples")
+        return Sample(voice, sentence, samples, 0.1)
+
+    result = asyncio.run(evaluate(speak, SPEAKER, references, encoder, sentences))
+    channel = result.channel
+    assert channel is not None and channel["band"] == "300-3400 Hz"
+    assert channel["reference_bands"] == {"0-8000 Hz": 2, "300-3400 Hz": 2}
+    assert result.ceiling is not None and channel["ceiling_as_uploaded"] is not None
+    assert result.ceiling.mean - channel["ceiling_as_uploaded"] > 0.05, result.to_json()
+    assert result.similarity.mean > 0.9, result.to_json()  # as uploaded, the clone measured less
+    assert "compared in 300-3400 Hz" in result.summary()
+    same = asyncio.run(evaluate(speak, SPEAKER, clean, encoder, sentences))
+    assert same.channel == {
+        "band": "0-8000 Hz",
+        "reference_bands": {"0-8000 Hz": 4},
+        "ceiling_as_uploaded": same.ceiling.mean,
+    }

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from voicehost.audio.channel import ChannelView
 from voicehost.audio.speaker import SpeakerEmbedder, centroid, similarity
 from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
 
@@ -40,22 +41,37 @@ class ConsentMismatch(ValueError):
 
 def recording_similarity(encoder: SpeakerEmbedder, recording: Path, clips: list[Path]) -> float:
     """How alike the speaker of ``recording`` is to that of ``clips`` (the centroid of the
-    first ``MAX_CLIPS``): the cosine of their embeddings. Raises ``UnreadableAudio`` for a
-    recording that is not audio."""
+    first ``MAX_CLIPS`` that hold speech): the cosine of their embeddings, each clip heard
+    through the channel they all share (``ChannelView``: a consent read into a phone is
+    compared with training audio limited to the phone's band). Raises ``UnreadableAudio`` for
+    a recording that is not audio."""
     from lora_training.ingest import UnreadableAudio, decode
 
     samples = decode(recording, MAX_RECORDING_SECONDS)
-    try:
-        spoken = encoder.embed(samples)
-    except ValueError as exc:  # silence: nothing to embed
-        raise UnreadableAudio(f"the recording holds no speech: {exc}") from exc
-    embeddings: list[np.ndarray] = []
+    if not np.any(samples):
+        raise UnreadableAudio("the recording holds no speech: it is silent")
+    heard: list[np.ndarray] = []
     for clip in clips:
-        if len(embeddings) == MAX_CLIPS:
+        if len(heard) == MAX_CLIPS:
             break
         try:
-            embeddings.append(encoder.embed(decode(clip, MAX_CLIP_SECONDS)))
-        except (UnreadableAudio, ValueError):  # silent or unreadable: the data report says so
+            decoded = decode(clip, MAX_CLIP_SECONDS)
+        except UnreadableAudio:  # the data report says so
+            continue
+        if np.any(decoded):
+            heard.append(decoded)
+    if not heard:
+        raise UnreadableAudio("no training clip holds speech to compare the recording with")
+    view = ChannelView.of([samples, *heard])
+    try:
+        spoken = encoder.embed(view.treat(samples))
+    except ValueError as exc:  # nothing to embed
+        raise UnreadableAudio(f"the recording holds no speech: {exc}") from exc
+    embeddings: list[np.ndarray] = []
+    for clip in heard:
+        try:
+            embeddings.append(encoder.embed(view.treat(clip)))
+        except ValueError:  # silent once treated: the data report says so
             continue
     if not embeddings:
         raise UnreadableAudio("no training clip holds speech to compare the recording with")

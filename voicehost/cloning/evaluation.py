@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from lora_training.transcripts import SpeechRecognizer
+from voicehost.audio.channel import RAW, ChannelView, measure_band
 from voicehost.audio.speaker import SpeakerEmbedder, centroid, embed_off_loop, similarity
 from voicehost.audio.speech_start import leading_silence_ms
 from voicehost.model.orpheus import SAMPLE_RATE
@@ -99,6 +101,10 @@ class EvalReport:
     real_time_factor: dict[str, float]  # mean, max
     intelligibility: dict[str, Any]  # {"measured": False, "reason": ...} or wer/cer
     seconds: float
+    # how the speaker was heard: the references' common band (every clip is compared in it),
+    # how many references came in each band, and the ceiling with each reference as uploaded
+    # (the ceiling less this is what the references' channels took from their likeness)
+    channel: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +123,14 @@ class EvalReport:
             )
         if self.ceiling is not None:
             lines.append(f"the references among themselves: {self.ceiling.mean:.3f}")
+        channel = self.channel or {}
+        uploaded = channel.get("ceiling_as_uploaded")
+        if len(channel.get("reference_bands", {})) > 1 and uploaded is not None:
+            lines.append(
+                f"the references came through {len(channel['reference_bands'])} bands; every "
+                f"clip is compared in {channel['band']} (the references as uploaded: "
+                f"{uploaded:.3f} among themselves)"
+            )
         silence, rtf = self.leading_silence_ms, self.real_time_factor
         lines.append(
             f"start of speech p50 {silence['p50']:.0f} ms, p95 {silence['p95']:.0f} ms; "
@@ -191,15 +205,19 @@ def char_error_rate(reference: str, hypothesis: str) -> float:
 # --- the evaluation --------------------------------------------------------------------------
 
 
-async def _embed_all(encoder: SpeakerEmbedder, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
-    return [await embed_off_loop(encoder, clip, SAMPLE_RATE) for clip in clips]
+async def _embed_all(
+    encoder: SpeakerEmbedder, clips: Sequence[np.ndarray], view: ChannelView = RAW
+) -> list[np.ndarray]:
+    """Each clip's embedding, heard through ``view``."""
+    return [await embed_off_loop(encoder, view.treat(clip), SAMPLE_RATE) for clip in clips]
 
 
 async def _scores(
-    encoder: SpeakerEmbedder, speaker: np.ndarray, samples: Sequence[Sample]
+    encoder: SpeakerEmbedder, speaker: np.ndarray, samples: Sequence[Sample], view: ChannelView
 ) -> list[float]:
-    """Each sample's similarity to the speaker's embedding."""
-    return [similarity(e, speaker) for e in await _embed_all(encoder, [s.samples for s in samples])]
+    """Each sample's similarity to the speaker's embedding, heard through ``view``."""
+    embeddings = await _embed_all(encoder, [s.samples for s in samples], view)
+    return [similarity(e, speaker) for e in embeddings]
 
 
 def leave_one_out(embeddings: Sequence[np.ndarray]) -> Spread | None:
@@ -229,8 +247,14 @@ async def evaluate(
     if not sentences:
         raise ValueError("an evaluation needs at least one sentence")
     started = time.monotonic()
-    reference_embeddings = await _embed_all(encoder, references)
+    bands = [measure_band(r) for r in references]
+    view = ChannelView.of_bands(bands)  # every sample heard in the references' common band
+    reference_embeddings = await _embed_all(encoder, references, view)
     speaker = centroid(reference_embeddings)
+    ceiling = leave_one_out(reference_embeddings)
+    as_uploaded = ceiling
+    if view != RAW and ceiling is not None:
+        as_uploaded = leave_one_out(await _embed_all(encoder, references))
     candidates = [v for v in baseline_voices if v != voice]
     # Spoken side by side, as the engine batches them: the voice's sentences with each
     # candidate's first one, then the rest for the closest candidate (with one candidate, that
@@ -242,19 +266,20 @@ async def evaluate(
         *(speak(v, sentence) for v in candidates[:1] for sentence in rest_now),
     )
     samples = list(spoken[: len(sentences)])
-    scores = await _scores(encoder, speaker, samples)
+    scores = await _scores(encoder, speaker, samples, view)
 
     baseline_voice, baseline = None, None
     if candidates:
         firsts = spoken[len(sentences) : len(sentences) + len(candidates)]
-        first_scores = await _scores(encoder, speaker, list(firsts))
+        first_scores = await _scores(encoder, speaker, list(firsts), view)
         best = int(np.argmax(first_scores))
         baseline_voice = candidates[best]
         if rest_now:
             rest = list(spoken[len(sentences) + len(candidates) :])
         else:
             rest = await asyncio.gather(*(speak(baseline_voice, s) for s in sentences[1:]))
-        baseline = Spread.of([first_scores[best], *await _scores(encoder, speaker, list(rest))])
+        rest_scores = await _scores(encoder, speaker, list(rest), view)
+        baseline = Spread.of([first_scores[best], *rest_scores])
 
     silences = [leading_silence_ms(s.samples, SPEECH_THRESHOLD_DB) for s in samples]
     factors = [s.seconds_taken / max(s.audio_seconds, 1e-9) for s in samples]
@@ -283,7 +308,7 @@ async def evaluate(
         baseline_voice=baseline_voice,
         baseline=baseline,
         gain=None if baseline is None else similarity_spread.mean - baseline.mean,
-        ceiling=leave_one_out(reference_embeddings),
+        ceiling=ceiling,
         leading_silence_ms={
             "p50": float(np.percentile(silences, 50)),
             "p95": float(np.percentile(silences, 95)),
@@ -291,6 +316,11 @@ async def evaluate(
         real_time_factor={"mean": float(np.mean(factors)), "max": float(np.max(factors))},
         intelligibility=intelligibility,
         seconds=time.monotonic() - started,
+        channel={
+            "band": str(view.band),
+            "reference_bands": dict(Counter(str(b) for b in bands)),
+            "ceiling_as_uploaded": None if as_uploaded is None else as_uploaded.mean,
+        },
     )
 
 

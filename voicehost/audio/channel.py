@@ -1,0 +1,149 @@
+"""The channel a clip came through, and how the speaker checks look past it.
+
+A real upload is not one studio session: a phone memo, a podcast excerpt, a laptop in a kitchen.
+A speaker encoder hears the channel as well as the speaker: a clip band-limited to a telephone
+line lands away from the same person's clean clips, and a check that compares raw embeddings
+takes that distance for another speaker. So every speaker check
+(the training data's speaker filter, the consent match, a clone's evaluation) compares clips
+as one channel would carry them all (``ChannelView``):
+
+- **one band**: each clip's band is measured (``measure_band``: where its long-term spectrum
+  falls away at the top, quantised to the bands channels have: a telephone line's 300-3400 Hz,
+  a low-rate codec's 5-7 kHz, the encoder's whole 8 kHz), and every clip is limited to the band
+  they all have (``common_band``): what one clip lacks, no clip is judged by;
+- **one level**, as an option (``levelled``): every clip scaled to one RMS. Off: an upload's
+  clips are loudness-normalised when ingested, and levelling once more did not help.
+
+What each does for the checks is measured by ``scripts/bench_channels.py`` (docs/CLONING.md):
+the band takes a telephone line out of the question; a room's reverb, which moves a speaker's
+embedding as far as another speaker's, is beyond it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from voicehost.model.orpheus import SAMPLE_RATE
+
+ENCODER_TOP_HZ = 8000  # the speaker encoder hears up to here (16 kHz input)
+TOP_EDGES_HZ = (3400, 5000, 6000, 7000, ENCODER_TOP_HZ)  # where channels cut the highs
+NARROW_LOW_HZ = 300  # a telephone line's low edge
+CORE_HZ = (300, 3000)  # every channel carries this; the spectrum's level is measured here
+TOP_FLOOR_DB = 45.0  # under the core's level by this much: past the band's top edge
+EDGE_SLACK_HZ = 250  # an edge measured this far under a quantised one still counts as it
+TRANSITION_HZ = 100  # a limited band's edges roll off over this width (no ringing)
+LEVEL_DBFS = -30.0  # the level ``levelled`` brings every clip to (Resemblyzer's own target)
+WELCH_SAMPLES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """The frequencies a clip holds: ``low`` (0: down to DC) to ``high`` Hz."""
+
+    low: int = 0
+    high: int = ENCODER_TOP_HZ
+
+    @property
+    def full(self) -> bool:
+        return self.low == 0 and self.high >= ENCODER_TOP_HZ
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high} Hz"
+
+
+FULL = Band()
+
+
+def spectrum_db(samples: np.ndarray, rate: int = SAMPLE_RATE) -> tuple[np.ndarray, np.ndarray]:
+    """(frequencies, power in dB) of ``samples``' long-term average spectrum (Welch)."""
+    from scipy import signal
+
+    audio = np.asarray(samples, dtype=np.float64).reshape(-1)
+    size = min(WELCH_SAMPLES, audio.size)
+    freqs, power = signal.welch(audio, rate, nperseg=size)
+    return freqs, 10 * np.log10(power + 1e-20)
+
+
+def measure_band(samples: np.ndarray, rate: int = SAMPLE_RATE) -> Band:
+    """The band ``samples`` hold: its top edge, where the spectrum stays ``TOP_FLOOR_DB`` under
+    its level in ``CORE_HZ``, quantised down to ``TOP_EDGES_HZ``; a telephone line's top edge
+    comes with its low one (``NARROW_LOW_HZ``), since the line cuts both (a low edge measured
+    alone would follow the voice: a high voice has little energy where a low one has its
+    pitch). Too short or silent: ``FULL``."""
+    if np.asarray(samples).size < WELCH_SAMPLES or not np.any(samples):
+        return FULL
+    freqs, db = spectrum_db(samples, rate)
+    core = db[(freqs >= CORE_HZ[0]) & (freqs <= CORE_HZ[1])]
+    level = float(np.median(core))
+    heard = freqs[(db >= level - TOP_FLOOR_DB) & (freqs <= ENCODER_TOP_HZ)]
+    top = float(heard.max()) if heard.size else float(CORE_HZ[1])
+    high = max([e for e in TOP_EDGES_HZ if e <= top + EDGE_SLACK_HZ], default=TOP_EDGES_HZ[0])
+    return Band(NARROW_LOW_HZ if high == TOP_EDGES_HZ[0] else 0, high)
+
+
+def common_band(bands: Iterable[Band]) -> Band:
+    """The band every one of ``bands`` holds."""
+    found = list(bands)
+    if not found:
+        return FULL
+    return Band(max(b.low for b in found), min(b.high for b in found))
+
+
+def limit(samples: np.ndarray, band: Band, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """``samples`` with nothing outside ``band`` (zero-phase: an FFT mask whose edges roll off
+    over ``TRANSITION_HZ``)."""
+    audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if band.full or audio.size == 0:
+        return audio
+    spectrum = np.fft.rfft(audio.astype(np.float64))
+    freqs = np.fft.rfftfreq(audio.size, 1 / rate)
+    gain = np.ones_like(freqs)
+    if band.high < rate / 2:
+        gain *= _roll(freqs, band.high, falling=True)
+    if band.low > 0:
+        gain *= _roll(freqs, band.low, falling=False)
+    return np.fft.irfft(spectrum * gain, audio.size).astype(np.float32)
+
+
+def _roll(freqs: np.ndarray, edge: float, falling: bool) -> np.ndarray:
+    """1 inside the band, 0 outside, a raised-cosine ``TRANSITION_HZ`` wide centred on
+    ``edge``."""
+    x = np.clip((freqs - edge) / TRANSITION_HZ + 0.5, 0.0, 1.0)
+    rise = 0.5 - 0.5 * np.cos(np.pi * x)
+    return 1.0 - rise if falling else rise
+
+
+def level(samples: np.ndarray, dbfs: float = LEVEL_DBFS) -> np.ndarray:
+    """``samples`` scaled up or down to ``dbfs`` RMS (silence left as it is)."""
+    audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if audio.size else 0.0
+    if rms <= 0:
+        return audio
+    return (audio * (10 ** (dbfs / 20) / rms)).astype(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelView:
+    """How a speaker check hears a set of clips: each limited to ``band`` (the band they all
+    have), and with ``levelled`` brought to one level. ``of`` measures it from the clips."""
+
+    band: Band = FULL
+    levelled: bool = False  # measured: no better (ingest has evened the loudness already)
+
+    @classmethod
+    def of(cls, clips: Iterable[np.ndarray], rate: int = SAMPLE_RATE) -> ChannelView:
+        return cls.of_bands(measure_band(clip, rate) for clip in clips)
+
+    @classmethod
+    def of_bands(cls, bands: Iterable[Band]) -> ChannelView:
+        return cls(common_band(bands))
+
+    def treat(self, samples: np.ndarray, rate: int = SAMPLE_RATE) -> np.ndarray:
+        audio = limit(samples, self.band, rate)
+        return level(audio) if self.levelled else audio
+
+
+RAW = ChannelView()  # every clip as it is
