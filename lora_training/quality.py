@@ -6,7 +6,12 @@ uploaded (before normalisation), all on the clip as cut from its file, before tr
 similarity of its speech to the upload's own speaker (the centroid of the clips kept). For the
 upload: the minutes of usable speech and warnings in plain words.
 
-Clips of another speaker are left out of training (``other_speakers``): the clips are split in
+Clips of another speaker are left out of training (``other_speakers``). Every clip is heard in
+the band all the upload's clips share, and the encoder compares like with like: each clip's
+channel is measured (``voicehost.audio.channel.channel_labels``: its band, a room's reverb or a
+floor of noise under the speech, a thin microphone), and the clips of each channel are judged
+among themselves, since a room moves a speaker's embeddings as far as another speaker's. Among
+one channel's clips, the clips are split in
 two groups by their embeddings, and a minority group whose own speaker (its centroid) is less
 than ``min_similarity`` like the rest's, and clearly further off than any group of that size
 within the rest, is another voice. One clip alone is judged by its own similarity, with a margin
@@ -35,7 +40,13 @@ from lora_training import split as splitting
 from lora_training.ingest import ingest
 from lora_training.transcripts import find_transcripts
 from lora_training.trim import trim
-from voicehost.audio.channel import FULL, ChannelView, common_band, measure_band
+from voicehost.audio.channel import (
+    FULL,
+    ChannelView,
+    channel_labels,
+    common_band,
+    measure_band,
+)
 from voicehost.audio.speaker import EmbeddingCache, SpeakerEmbedder, centroid, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE
 
@@ -86,6 +97,7 @@ class ClipQuality:
     similarity: float | None  # to the upload's speaker; None: no speech
     excluded: str | None = None  # why the clip is left out of training
     pitch_hz: float | None = None  # median F0 of its voiced speech; None: no speech, or unvoiced
+    channel: str | None = None  # its channel (``channel_labels``); None: no speech
 
 
 @dataclass
@@ -100,6 +112,7 @@ class DataReport:
     rejected: list[dict[str, str]] = field(default_factory=list)  # files that did not decode
     band: str = str(FULL)  # every clip's speaker is judged in this band (the clips' common one)
     clip_bands: dict[str, int] = field(default_factory=dict)  # how many clips came in each band
+    unjudged: list[str] = field(default_factory=list)  # kept: too few of their channel to judge
 
     @property
     def excluded(self) -> list[ClipQuality]:
@@ -112,6 +125,7 @@ class DataReport:
             "speech_minutes": round(self.speech_minutes, 3),
             "band": self.band,
             "clip_bands": self.clip_bands,
+            "unjudged": self.unjudged,
             "warnings": self.warnings,
             "excluded": [{"file": c.file, "reason": c.excluded} for c in self.excluded],
             "rejected": self.rejected,
@@ -241,6 +255,7 @@ class SpeakerSplit:
     speaker: np.ndarray  # the centroid of the clips kept
     similarity: list[float]  # each clip's to ``speaker``
     excluded: dict[int, str]
+    unjudged: list[int] = field(default_factory=list)  # kept: too few of their channel to judge
 
 
 def other_speakers(
@@ -248,53 +263,48 @@ def other_speakers(
     min_similarity: float = MIN_SIMILARITY,
     pitches: Sequence[float | None] | None = None,
     min_pitch_shift: float = MIN_PITCH_SHIFT,
+    channels: Sequence[str] | None = None,
 ) -> SpeakerSplit:
     """Find the clips whose speaker differs from the rest (see the module docstring).
 
-    Up to three rounds, each on the clips still kept: split them in two (candidates from
-    agglomerative clustering and from each clip's nearest neighbours, ``_least_alike_split``),
-    refine each split by moving every clip to the group whose mean (without it) it is closer
-    to, and take the split whose groups are least alike; its smaller group (of
-    ``MIN_OTHER_CLIPS`` or more) is another speaker if the groups' centroids are under
-    ``min_similarity`` alike and at least ``SPLIT_MARGIN`` less alike than the most distinct
-    group of the same size within the larger group (a few clips of one speaker can sit apart
-    for what they say). Then a lone clip is another speaker if its similarity to the speaker
-    is both under ``min_similarity - LONE_CLIP_MARGIN`` and ``LONE_CLIP_MADS`` robust
-    deviations below the upload's median. Last, with each clip's ``pitches`` (Hz, None where
-    unmeasured) and ``min_pitch_shift`` over 0, a group of clips apart in pitch
-    (``_pitch_apart``) is another speaker."""
+    The encoder judges like with like: the clips of each of ``channels`` (one label per clip,
+    ``voicehost.audio.channel.measure_channel``; None: one channel) are judged among
+    themselves, since a room or a noise floor moves a speaker's embeddings as far as another
+    speaker's would. Among one channel's clips, up to three rounds, each on the clips still
+    kept: split them in two (candidates from agglomerative clustering and from each clip's
+    nearest neighbours, ``_least_alike_split``), refine each split by moving every clip to the
+    group whose mean (without it) it is closer to, and take the split whose groups are least
+    alike; its smaller group (of ``MIN_OTHER_CLIPS`` or more) is another speaker if the groups'
+    centroids are under ``min_similarity`` alike and at least ``SPLIT_MARGIN`` less alike than
+    the most distinct group of the same size within the larger group (a few clips of one
+    speaker can sit apart for what they say). Then a lone clip is another speaker if its
+    similarity to its channel's speaker is both under ``min_similarity - LONE_CLIP_MARGIN`` and
+    ``LONE_CLIP_MADS`` robust deviations below that channel's median. A channel with fewer than
+    ``MIN_GROUP_CLIPS`` clips is not judged by the encoder (``SpeakerSplit.unjudged``). With
+    several channels, a clip found apart among its channel's clips is left out only if the
+    same rounds over the whole upload find it apart too: a measured channel can lump two real
+    ones under one label, and the two would then pass for two speakers. Last,
+    across every channel, with each clip's ``pitches`` (Hz, None where unmeasured) and
+    ``min_pitch_shift`` over 0, a group of clips apart in pitch (``_pitch_apart``: a channel
+    does not change a voice's pitch) is another speaker."""
     vectors = np.stack(embeddings) if len(embeddings) else np.zeros((0, 1), np.float32)
+    labels = list(channels) if channels is not None else [""] * len(vectors)
     kept = np.ones(len(vectors), dtype=bool)
     excluded: dict[int, str] = {}
-    for _ in range(3):
-        indices = np.flatnonzero(kept)
-        if indices.size < MIN_GROUP_CLIPS:
-            break
-        split = _least_alike_split(vectors[indices])
-        if split is None:
-            break
-        alike, minority = split
-        rest = vectors[indices][~minority]
-        if alike >= min_similarity or alike > _own_spread(rest, int(minority.sum())):
-            break
-        for i in indices[minority]:
-            kept[i] = False
-            excluded[int(i)] = (
-                f"another speaker: {int(minority.sum())} clips sound alike and their voice is "
-                f"{alike:.2f} like the upload's speaker (under {min_similarity:.2f})"
-            )
+    unjudged: list[int] = []
+    for label in sorted(set(labels)):
+        members = np.array([i for i, own in enumerate(labels) if own == label], dtype=int)
+        if members.size < MIN_GROUP_CLIPS:
+            unjudged += [int(i) for i in members]
+            continue
+        _judge_among(vectors, members, kept, excluded, min_similarity)
+    if len(set(labels)) > 1:  # and apart in the whole upload too: channels lumped under one
+        whole = np.ones(len(vectors), dtype=bool)  # label must not pass for two speakers
+        _judge_among(vectors, np.arange(len(vectors)), whole, {}, min_similarity)
+        for i in [i for i in excluded if whole[i]]:
+            del excluded[i]
+            kept[i] = True
     speaker = centroid(list(vectors[kept])) if kept.any() else np.zeros(vectors.shape[1])
-    scores = vectors @ speaker if len(vectors) else np.zeros(0)
-    if kept.sum() >= MIN_GROUP_CLIPS:
-        middle = float(np.median(scores[kept]))
-        spread = 1.4826 * float(np.median(np.abs(scores[kept] - middle)))
-        bar = min(min_similarity - LONE_CLIP_MARGIN, middle - LONE_CLIP_MADS * spread)
-        for i in np.flatnonzero(kept & (scores < bar)):
-            kept[i] = False
-            excluded[int(i)] = (
-                f"another speaker: {scores[i]:.2f} like the upload's speaker (a lone clip: under "
-                f"{min_similarity - LONE_CLIP_MARGIN:.2f} and far below the other clips)"
-            )
     if pitches is not None and min_pitch_shift > 0:
         tones = np.array([np.nan if p is None else 12 * np.log2(p / 100) for p in pitches])
         found = _pitch_apart(vectors, tones, kept, min_pitch_shift)
@@ -310,8 +320,54 @@ def other_speakers(
                     f"own clips ({bar:.2f})"
                 )
             speaker = centroid(list(vectors[kept]))
-            scores = vectors @ speaker
-    return SpeakerSplit(speaker, [float(s) for s in scores], excluded)
+    scores = vectors @ speaker if len(vectors) else np.zeros(0)
+    if len(set(labels)) < 2 or len(vectors) < MIN_GROUP_CLIPS:  # no split was made of any
+        unjudged = []
+    unjudged = [i for i in unjudged if kept[i]]
+    return SpeakerSplit(speaker, [float(s) for s in scores], excluded, unjudged)
+
+
+def _judge_among(
+    vectors: np.ndarray,
+    members: np.ndarray,
+    kept: np.ndarray,
+    excluded: dict[int, str],
+    min_similarity: float,
+) -> None:
+    """The encoder's rounds and lone-clip rule (``other_speakers``) among the clips
+    ``members`` (indices of ``vectors``): what it finds is marked in ``kept`` and
+    ``excluded``."""
+    for _ in range(3):
+        indices = members[kept[members]]
+        if indices.size < MIN_GROUP_CLIPS:
+            break
+        split = _least_alike_split(vectors[indices])
+        if split is None:
+            break
+        alike, minority = split
+        rest = vectors[indices][~minority]
+        if alike >= min_similarity or alike > _own_spread(rest, int(minority.sum())):
+            break
+        for i in indices[minority]:
+            kept[i] = False
+            excluded[int(i)] = (
+                f"another speaker: {int(minority.sum())} clips sound alike and their voice is "
+                f"{alike:.2f} like the upload's speaker (under {min_similarity:.2f})"
+            )
+    indices = members[kept[members]]
+    if indices.size < MIN_GROUP_CLIPS:
+        return
+    scores = vectors[indices] @ centroid(list(vectors[indices]))
+    middle = float(np.median(scores))
+    spread = 1.4826 * float(np.median(np.abs(scores - middle)))
+    bar = min(min_similarity - LONE_CLIP_MARGIN, middle - LONE_CLIP_MADS * spread)
+    for j in np.flatnonzero(scores < bar):
+        i = int(indices[j])
+        kept[i] = False
+        excluded[i] = (
+            f"another speaker: {scores[j]:.2f} like the upload's speaker (a lone clip: under "
+            f"{min_similarity - LONE_CLIP_MARGIN:.2f} and far below the other clips)"
+        )
 
 
 def _pitch_apart(
@@ -458,18 +514,22 @@ def assess(
     """Measure every clip, leave out the clips of other speakers, and word the warnings."""
     measured = [measure_clip(clip) for clip in clips]
     voiced = [i for i, clip in enumerate(clips) if clip.speech is not None]
-    bands = [measure_band(clips[i].speech) for i in voiced]
+    speech = [clips[i].speech for i in voiced]
+    bands = [measure_band(s) for s in speech]
     view = ChannelView(common_band(bands))
-    embeddings = [encoder.embed(view.treat(clips[i].speech), SAMPLE_RATE) for i in voiced]
-    pitches = [voice_pitch(clips[i].speech) for i in voiced]
-    split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift)
+    embeddings = [encoder.embed(view.treat(s), SAMPLE_RATE) for s in speech]
+    pitches = [voice_pitch(s) for s in speech]
+    labels = channel_labels(speech)
+    split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift, labels)
     similarity: dict[int, float] = dict(zip(voiced, split.similarity, strict=True))
     pitch = dict(zip(voiced, pitches, strict=True))
+    channel = dict(zip(voiced, labels, strict=True))
     excluded = {voiced[j]: reason for j, reason in split.excluded.items()}
     report_clips = []
     for i, quality in enumerate(measured):
         reason = excluded.get(i) if i in similarity else "no speech found"
         found = {"similarity": similarity.get(i), "excluded": reason, "pitch_hz": pitch.get(i)}
+        found["channel"] = channel.get(i)
         report_clips.append(ClipQuality(**{**asdict(quality), **found}))
     kept_seconds = sum(
         clip.speech.size / SAMPLE_RATE
@@ -479,6 +539,7 @@ def assess(
     report = DataReport(encoder.name, min_similarity, report_clips, kept_seconds / 60)
     report.band = str(view.band)
     report.clip_bands = dict(Counter(str(b) for b in bands))
+    report.unjudged = [clips[voiced[j]].name for j in split.unjudged]
     report.warnings = warnings_for(report)
     return report
 
@@ -520,6 +581,13 @@ def warnings_for(report: DataReport) -> list[str]:
         said.append(
             f"Narrow band: {came}; there the check tells voices apart less well, so a clip of "
             "someone else is less surely found."
+        )
+    if report.unjudged:
+        said.append(
+            f"Unjudged: {len(report.unjudged)} clips came through a channel (a room, a noise "
+            f"floor, a band, a microphone) fewer than {MIN_GROUP_CLIPS} clips share, and the "
+            "speaker encoder is only trusted among clips of one channel: their speaker was "
+            f"checked by pitch alone ({', '.join(report.unjudged)})."
         )
     others = [c.file for c in report.clips if c.excluded and c.excluded.startswith("another")]
     if others:

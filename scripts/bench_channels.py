@@ -14,27 +14,32 @@ Channels (``CHANNELS``), applied to each clip as its recording would be, then lo
 and trimmed as an upload is: ``clean``; ``phone`` (8 kHz, 300-3400 Hz, mu-law); ``room_small``
 and ``room_large`` (reverb of 0.35 s and 1.0 s); ``noise20`` and ``noise10`` (pink noise at 20
 and 10 dB SNR); ``mp3_24k`` and ``opus_12k`` (low-bitrate codecs); ``cheap_mic`` (a 250 Hz-6.5
-kHz microphone with a presence peak, overdriven); ``loud`` (peak-normalised to full scale).
+kHz microphone with a presence peak, overdriven); ``loud`` (peak-normalised to full scale). Held
+out, never looked at while the channel cues were chosen and set: ``sox_hall`` (sox's reverb 80 50
+100), ``white15`` (white noise at 15 dB SNR), ``tinny`` (sox: high-pass 300 Hz, treble +6 dB).
 
 Uploads, ``--draws`` per speaker and class, each of ``--genuine`` clips of one speaker:
 
 - genuine only: in one channel (``clean``, or each other channel alone), or mixed: the clips
   spread over two, three or four channels (``clean`` and others, or others alone), and the
-  issue's example, ``phone + room_small + clean``: the share wrongly excluded;
+  issue's example, ``phone + room_small + clean``, and clean with held-out channels: the share
+  wrongly excluded;
 - with ``--injected`` clips of another speaker saying other sentences: another timbre of the
   same sex, the other sex, or the same voice pitched; the genuine clips in ``clean`` or mixed
-  over two to four channels, the injected ones in one of those channels: the share caught and
-  the share of genuine clips wrongly excluded.
+  over two to four channels, or in clean and the three held-out channels, the injected ones in
+  one of those channels: the share caught and the share of genuine clips wrongly excluded.
 
 Each ``--views`` row is one way of hearing the clips: ``raw`` (as the filter did before:
-every clip as uploaded), ``level`` (every clip at one RMS), ``band`` (what the checks use, a
-``ChannelView``: every clip in the upload's common band) and ``band+level``. Prints a table per
+every clip as uploaded), ``level`` (every clip at one RMS), ``band`` (a ``ChannelView``: every
+clip in the upload's common band) and ``band+level``; with ``like``, the filter judges like with
+like (each clip's room, noise and band, ``measure_channel``), with ``like+mics`` its microphone
+too (``channel_labels``). The checks use ``band+like+mics``. Prints a table per
 view and, last, one JSON line.
 
 Usage::
 
     python scripts/bench_channels.py [--work-dir DIR] [--genuine 24] [--injected 3] [--draws 6]
-        [--views raw,level,band,band+level] [--encoder SPEC] [--json OUT]
+        [--views raw,band,band+like+mics] [--encoder SPEC] [--json OUT]
 
 Clips and embeddings are cached in ``--work-dir``: a first run embeds about 5,000 clips per
 view (about 10 minutes a view on 2 cores); later runs take a minute.
@@ -60,7 +65,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lora_training import quality
 from lora_training.ingest import decode, normalise_loudness
 from lora_training.trim import trim
-from voicehost.audio.channel import FULL, Band, ChannelView, common_band, measure_band
+from voicehost.audio.channel import (
+    FULL,
+    Band,
+    Channel,
+    ChannelView,
+    channel_labels,
+    common_band,
+    measure_channel,
+)
 from voicehost.audio.speaker import EmbeddingCache, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE as RATE
 from voicehost.tools.devcorpus import SENTENCES, speak
@@ -154,8 +167,29 @@ def cheap_mic(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return (np.tanh(3 * y / (np.max(np.abs(y)) + 1e-9)) * 0.5).astype(np.float32)
 
 
-Channel = Callable[[np.ndarray, np.random.Generator], np.ndarray]
-CHANNELS: dict[str, Channel] = {
+def sox_effect(x: np.ndarray, *effect: str) -> np.ndarray:
+    """``x`` through a sox effect chain."""
+    import tempfile
+
+    import soundfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, out = Path(folder) / "in.wav", Path(folder) / "out.wav"
+        soundfile.write(source, x, RATE, subtype="FLOAT")
+        subprocess.run(["sox", str(source), str(out), *effect], check=True, capture_output=True)
+        y, _ = soundfile.read(out, dtype="float32")
+    return y
+
+
+def white(x: np.ndarray, rng: np.random.Generator, snr_db: float) -> np.ndarray:
+    """White noise ``snr_db`` under the speech's power."""
+    active = x[np.abs(x) > 0.02 * np.max(np.abs(x))]
+    noise = rng.standard_normal(x.size) * np.sqrt(np.mean(active**2) / 10 ** (snr_db / 10))
+    return (x + noise).astype(np.float32)
+
+
+Simulation = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+CHANNELS: dict[str, Simulation] = {
     "clean": lambda x, rng: x,
     "phone": phone,
     "room_small": lambda x, rng: room(x, rng, 0.35, 3.0),
@@ -166,8 +200,13 @@ CHANNELS: dict[str, Channel] = {
     "opus_12k": lambda x, rng: codec(x, rng, "libopus", 12000),
     "cheap_mic": cheap_mic,
     "loud": lambda x, rng: (x / (np.max(np.abs(x)) + 1e-9) * 0.98).astype(np.float32),
+    # held out: never looked at while the channel cues were chosen and set
+    "sox_hall": lambda x, rng: sox_effect(x, "reverb", "80", "50", "100"),
+    "white15": lambda x, rng: white(x, rng, 15),
+    "tinny": lambda x, rng: sox_effect(x, "highpass", "300", "treble", "+6", "3000"),
 }
-OTHERS = [c for c in CHANNELS if c != "clean"]
+HELD_OUT = ["sox_hall", "white15", "tinny"]
+OTHERS = [c for c in CHANNELS if c != "clean" and c not in HELD_OUT]
 
 
 # -- clips ------------------------------------------------------------------------------------
@@ -201,7 +240,7 @@ def make_sources(work: Path) -> dict[str, list[Path]]:
 @dataclass(frozen=True, slots=True)
 class Clip:
     speech: np.ndarray  # trimmed, as an upload's clip reaches the filter
-    band: Band
+    channel: Channel  # as measured
     pitch: float | None
 
 
@@ -227,7 +266,7 @@ def make_clips(sources: dict[str, list[Path]], work: Path) -> dict[tuple[str, st
                 speech = [stored[f"arr_{i}"] for i in range(len(paths))]
                 pitches = [float(p) or None for p in stored["pitches"]]
             clips[speaker, channel] = [
-                Clip(s, measure_band(s), p) for s, p in zip(speech, pitches, strict=True)
+                Clip(s, measure_channel(s), p) for s, p in zip(speech, pitches, strict=True)
             ]
     return clips
 
@@ -289,6 +328,12 @@ def classes(rng: np.random.Generator, genuine: int, extra: int, draws: int) -> d
         add("genuine: 2-4 channels, none clean", genuine_upload(speaker, mixed, genuine, rng))
         example = ["phone", "room_small", "clean"]
         add("genuine: phone + room_small + clean", genuine_upload(speaker, example, genuine, rng))
+        held = ["clean", str(rng.choice(HELD_OUT))]
+        add("genuine: clean + 1 held-out channel", genuine_upload(speaker, held, genuine, rng))
+        add(
+            "genuine: clean + 3 held-out",
+            genuine_upload(speaker, ["clean", *HELD_OUT], genuine, rng),
+        )
     for speaker, _ in itertools.product(speakers, range(draws)):
         same_sex = MEN if speaker in MEN else WOMEN
         kinds = {
@@ -312,6 +357,12 @@ def classes(rng: np.random.Generator, genuine: int, extra: int, draws: int) -> d
                 f"{kind}: one other channel",
                 injected_upload(speaker, other, [one], one, genuine, extra, rng),
             )
+            held = ["clean", *HELD_OUT]
+            into = str(rng.choice(held))
+            add(
+                f"{kind}: held-out channels",
+                injected_upload(speaker, other, held, into, genuine, extra, rng),
+            )
     return found
 
 
@@ -323,6 +374,15 @@ def view_of(name: str, bands: list[Band]) -> ChannelView:
     return ChannelView(band, levelled="level" in name)
 
 
+def labels_of(name: str, chosen: list[Clip]) -> list[str] | None:
+    """Each clip's measured channel, with which the filter judges like with like: ``like``,
+    the room and the band (``measure_channel``); ``like+mics``, the microphones too
+    (``channel_labels``)."""
+    if "mics" in name:
+        return channel_labels([c.speech for c in chosen])
+    return [str(c.channel) for c in chosen] if "like" in name else None
+
+
 def judge(
     upload: Upload,
     clips: dict[tuple[str, str], list[Clip]],
@@ -331,9 +391,10 @@ def judge(
 ) -> tuple[int, int]:
     """(genuine clips excluded, injected clips caught) by the filter under one view."""
     chosen = [clips[speaker, channel][s] for speaker, channel, s in upload.clips]
-    view = view_of(view_name, [c.band for c in chosen])
+    view = view_of(view_name, [c.channel.band for c in chosen])
     vectors = [encoder.embed(view.treat(c.speech)) for c in chosen]
-    split = quality.other_speakers(vectors, pitches=[c.pitch for c in chosen])
+    pitches = [c.pitch for c in chosen]
+    split = quality.other_speakers(vectors, pitches=pitches, channels=labels_of(view_name, chosen))
     wrong = sum(1 for i in split.excluded if i < upload.genuine)
     return wrong, len(split.excluded) - wrong
 
@@ -344,7 +405,9 @@ def main() -> int:
     parser.add_argument("--genuine", type=int, default=24)
     parser.add_argument("--injected", type=int, default=3)
     parser.add_argument("--draws", type=int, default=6)
-    parser.add_argument("--views", default="raw,level,band,band+level")
+    parser.add_argument(
+        "--views", default="raw,level,band,band+level,like,band+like,band+like+mics"
+    )
     parser.add_argument("--encoder", help="a load_embedder spec (default: resemblyzer)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -15,11 +15,15 @@ from voicehost.audio.channel import (
     FULL,
     RAW,
     Band,
+    Channel,
     ChannelView,
+    channel_labels,
     common_band,
     level,
     limit,
+    lows_db,
     measure_band,
+    measure_channel,
     spectrum_db,
 )
 from voicehost.tools.devcorpus import speak
@@ -102,3 +106,45 @@ def test_a_view_of_clips_hears_each_in_their_common_band(speech):
     assert measure_band(view.treat(speech["en+m1"])) == Band(300, 3400)
     assert ChannelView.of([speech["en+m1"], speech["en-us+f2"]]).band == FULL
     assert np.array_equal(RAW.treat(speech["en+m1"]), speech["en+m1"])
+
+
+@pytest.fixture(scope="module")
+def sentences(tmp_path_factory) -> dict[str, list[np.ndarray]]:
+    """Eight sentences by one man's voice: dry, under white noise at about 10 dB SNR, and
+    through a thin microphone (a 300 Hz high-pass, sox)."""
+    from voicehost.tools.devcorpus import SENTENCES
+
+    folder = tmp_path_factory.mktemp("sentences")
+    found: dict[str, list[np.ndarray]] = {"dry": [], "noise": [], "thin": []}
+    rng = np.random.default_rng(0)
+    for index, text in enumerate(SENTENCES[:8]):
+        dry = folder / f"{index}.wav"
+        speak(text, dry, 0.2, "wav", voice="en+m1")
+        thin = folder / f"{index}-thin.wav"
+        subprocess.run(["sox", str(dry), str(thin), "highpass", "300", "highpass", "300"])
+        samples = decode(dry)
+        loud = samples[np.abs(samples) > 0.02 * np.abs(samples).max()]
+        noise = rng.standard_normal(samples.size) * np.sqrt(np.mean(loud**2) / 10)
+        found["dry"].append(samples)
+        found["noise"].append((samples + noise).astype(np.float32))
+        found["thin"].append(decode(thin))
+    return found
+
+
+def test_a_noise_floor_is_measured_and_dry_speech_is_dry(sentences):
+    assert {measure_channel(s).room for s in sentences["dry"]} == {"dry"}
+    assert {measure_channel(s).room for s in sentences["noise"]} <= {"floor", "high floor"}
+    assert measure_channel(np.zeros(100, dtype=np.float32)) == Channel(FULL, "dry")
+
+
+def test_two_microphones_of_one_channel_class_get_two_labels_one_microphone_one(sentences):
+    """Eight dry clips and eight through a thin microphone: both ``dry`` by their room, told
+    apart by their low end; eight dry clips alone, or five thin ones among them (too few to
+    be more than a voice of its own), share one label."""
+    labels = channel_labels(sentences["dry"] + sentences["thin"])
+    assert len(set(labels[:8])) == 1 and len(set(labels[8:])) == 1
+    assert labels[0] != labels[8] and labels[8].endswith("thin")
+    assert len(set(channel_labels(sentences["dry"]))) == 1
+    assert len(set(channel_labels(sentences["dry"] + sentences["thin"][:5]))) == 1
+    assert channel_labels([]) == []
+    assert lows_db(sentences["thin"][0]) < lows_db(sentences["dry"][0]) - 10

@@ -296,3 +296,43 @@ def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_an
     names = [r.source.name for r in recordings]
     his = [i for i, n in enumerate(names) if n.startswith("speaker") and "phone" in n]
     assert len(set(as_uploaded.excluded) & set(his)) >= 4, as_uploaded.excluded
+
+
+@pytest.fixture(scope="module")
+def hall(tmp_path_factory):
+    """One man's upload: 12 clips recorded dry and 8 in a hall (sox's reverb 80 50 100); and 3
+    clips of a woman in the same hall."""
+    root = tmp_path_factory.mktemp("hall")
+    upload = root / "upload"
+    upload.mkdir()
+    for index, text in enumerate(SENTENCES[:23]):
+        voice = OTHER_VOICE if index >= 20 else None
+        dry = root / f"{index:02d}.wav"
+        speak(text, dry, 0.3, "wav", voice=voice)
+        name = f"{'visitor' if voice else 'speaker'}{index:02d}"
+        if index >= 12:
+            sox(str(dry), str(upload / f"{name}-hall.wav"), "reverb", "80", "50", "100")
+        else:
+            sox(str(dry), str(upload / f"{name}.wav"))
+    return upload
+
+
+def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(hall, encoder):
+    """A hall's reverb moves a speaker's embeddings about as far as another speaker's: judged
+    against his dry clips (as the filter did before it judged like with like), every one of the
+    man's hall clips is left out. Judged among the clips of their channel, none is, and the
+    woman's three are still caught; each clip's channel is in the report."""
+    report = check_data([hall], encoder=encoder)
+    excluded = sorted(c.file for c in report.excluded)
+    assert excluded == [f"visitor{i}-hall.wav" for i in (20, 21, 22)], report.excluded
+    channels = {c.file: c.channel for c in report.clips}
+    assert len({channels[f"speaker{i:02d}-hall.wav"] for i in range(12, 20)}) == 1
+    assert channels["speaker12-hall.wav"] != channels["speaker00.wav"]
+    assert report.unjudged == [] and "channel" in report.to_json()["clips"][0]
+    recordings, _ = ingest(sorted(hall.iterdir()))
+    speech = [trim(r.samples).samples for r in recordings]
+    pitches = [voice_pitch(s) for s in speech]
+    as_one_channel = other_speakers([encoder.embed(s) for s in speech], pitches=pitches)
+    names = [r.source.name for r in recordings]
+    his = {i for i, n in enumerate(names) if n.startswith("speaker") and "hall" in n}
+    assert his <= set(as_one_channel.excluded), as_one_channel.excluded
