@@ -256,11 +256,10 @@ def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_
     assert not report.excluded
 
 
-@pytest.fixture(scope="module")
-def phoned(tmp_path_factory):
-    """One man's upload as people make one: 12 clips recorded clean and 8 read into a phone
-    (8 kHz mu-law, 300-3400 Hz, sox); and 3 clips of a woman over the same phone."""
-    root = tmp_path_factory.mktemp("phoned")
+def one_speaker_through_two_channels(root, channel: str, options: list[str], chain: list[str]):
+    """One man's upload: 12 clips recorded clean and his last 8 through a channel (sox: the
+    output file's ``options``, then the effects ``chain``), and 3 clips of a woman through it
+    too, named ``speakerNN[-channel].wav`` and ``visitorNN-channel.wav``."""
     upload = root / "upload"
     upload.mkdir()
     for index, text in enumerate(SENTENCES[:23]):
@@ -268,12 +267,19 @@ def phoned(tmp_path_factory):
         clean = root / f"{index:02d}.wav"
         speak(text, clean, 0.3, "wav", voice=voice)
         name = f"{'visitor' if voice else 'speaker'}{index:02d}"
-        if 12 <= index:  # the phone: the speaker's last 8 clips and every visitor's
-            line = ["-r", "8000", "-e", "u-law", str(upload / f"{name}-phone.wav"), "sinc"]
-            sox(str(clean), *line, "300-3400")
+        if index >= 12:
+            sox(str(clean), *options, str(upload / f"{name}-{channel}.wav"), *chain)
         else:
             sox(str(clean), str(upload / f"{name}.wav"))
     return upload
+
+
+@pytest.fixture(scope="module")
+def phoned(tmp_path_factory):
+    """Through a phone: 8 kHz mu-law, 300-3400 Hz (sox)."""
+    root = tmp_path_factory.mktemp("phoned")
+    phone = ["-r", "8000", "-e", "u-law"]
+    return one_speaker_through_two_channels(root, "phone", phone, ["sinc", "300-3400"])
 
 
 def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_another(
@@ -300,21 +306,9 @@ def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_an
 
 @pytest.fixture(scope="module")
 def hall(tmp_path_factory):
-    """One man's upload: 12 clips recorded dry and 8 in a hall (sox's reverb 80 50 100); and 3
-    clips of a woman in the same hall."""
-    root = tmp_path_factory.mktemp("hall")
-    upload = root / "upload"
-    upload.mkdir()
-    for index, text in enumerate(SENTENCES[:23]):
-        voice = OTHER_VOICE if index >= 20 else None
-        dry = root / f"{index:02d}.wav"
-        speak(text, dry, 0.3, "wav", voice=voice)
-        name = f"{'visitor' if voice else 'speaker'}{index:02d}"
-        if index >= 12:
-            sox(str(dry), str(upload / f"{name}-hall.wav"), "reverb", "80", "50", "100")
-        else:
-            sox(str(dry), str(upload / f"{name}.wav"))
-    return upload
+    """In a hall: sox's reverb 80 50 100."""
+    reverb = ["reverb", "80", "50", "100"]
+    return one_speaker_through_two_channels(tmp_path_factory.mktemp("hall"), "hall", [], reverb)
 
 
 def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(hall, encoder):
