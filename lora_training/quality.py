@@ -686,7 +686,7 @@ def describe(report: DataReport) -> str:
     """The report as a table and its warnings, for a terminal."""
     lines = [
         f"{'clip':32s} {'s':>5s} {'speech':>6s} {'SNR dB':>6s} {'clip%':>6s} {'LUFS':>6s} "
-        f"{'speaker':>7s} {'F0 Hz':>5s}  excluded"
+        f"{'speaker':>7s} {'F0 Hz':>5s} {'channel':24s}  excluded"
     ]
     for c in report.clips:
         lufs = "-" if c.loudness_lufs is None else f"{c.loudness_lufs:.1f}"
@@ -694,12 +694,13 @@ def describe(report: DataReport) -> str:
         pitch = "-" if c.pitch_hz is None else f"{c.pitch_hz:.0f}"
         lines.append(
             f"{c.file[:32]:32s} {c.seconds:5.1f} {c.speech_share:6.0%} {c.snr_db:6.1f} "
-            f"{c.clipped_share:6.2%} {lufs:>6s} {similar:>7s} {pitch:>5s}  {c.excluded or ''}"
+            f"{c.clipped_share:6.2%} {lufs:>6s} {similar:>7s} {pitch:>5s} "
+            f"{(c.channel or '-')[:24]:24s}  {c.excluded or ''}"
         )
     lines.append(
         f"{report.speech_minutes:.2f} minutes of usable speech in "
         f"{len(report.clips) - len(report.excluded)} of {len(report.clips)} clips "
-        f"(speaker similarity by {report.encoder})"
+        f"(speaker similarity by {report.encoder}, heard in {report.band})"
     )
     lines += [f"rejected {r['file']}: {r['reason']}" for r in report.rejected]
     lines += [f"warning: {w}" for w in report.warnings]
