@@ -45,7 +45,7 @@ from voicehost.audio.channel import (
     ChannelView,
     channel_labels,
     common_band,
-    measure_band,
+    measure_channel,
 )
 from voicehost.audio.speaker import EmbeddingCache, SpeakerEmbedder, centroid, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE
@@ -515,11 +515,12 @@ def assess(
     measured = [measure_clip(clip) for clip in clips]
     voiced = [i for i, clip in enumerate(clips) if clip.speech is not None]
     speech = [clips[i].speech for i in voiced]
-    bands = [measure_band(s) for s in speech]
+    channels = [measure_channel(s) for s in speech]
+    bands = [c.band for c in channels]
     view = ChannelView(common_band(bands))
     embeddings = [encoder.embed(view.treat(s), SAMPLE_RATE) for s in speech]
     pitches = [voice_pitch(s) for s in speech]
-    labels = channel_labels(speech)
+    labels = channel_labels(speech, channels)
     split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift, labels)
     similarity: dict[int, float] = dict(zip(voiced, split.similarity, strict=True))
     pitch = dict(zip(voiced, pitches, strict=True))

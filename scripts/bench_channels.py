@@ -379,7 +379,7 @@ def labels_of(name: str, chosen: list[Clip]) -> list[str] | None:
     the room and the band (``measure_channel``); ``like+mics``, the microphones too
     (``channel_labels``)."""
     if "mics" in name:
-        return channel_labels([c.speech for c in chosen])
+        return channel_labels([c.speech for c in chosen], [c.channel for c in chosen])
     return [str(c.channel) for c in chosen] if "like" in name else None
 
 

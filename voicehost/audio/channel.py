@@ -14,9 +14,12 @@ as one channel would carry them all (``ChannelView``):
 - **one level**, as an option (``levelled``): every clip scaled to one RMS. Off: an upload's
   clips are loudness-normalised when ingested, and levelling once more did not help.
 
-What each does for the checks is measured by ``scripts/bench_channels.py`` (docs/CLONING.md):
-the band takes a telephone line out of the question; a room's reverb, which moves a speaker's
-embedding as far as another speaker's, is beyond it.
+A room's reverb or a noise floor moves a speaker's embedding as far as another speaker's, which
+no band or level undoes; for those the training data's filter judges like with like: each
+clip's channel is measured (``measure_channel``: its band, how its speech's envelope falls and
+what fills its pauses; ``channel_labels``: a thin microphone among the upload's clips), and the
+clips of one channel are judged among themselves (``lora_training.quality.other_speakers``).
+What each cue does is measured by ``scripts/bench_channels.py`` (docs/CLONING.md).
 """
 
 from __future__ import annotations
@@ -152,13 +155,20 @@ def lows_db(samples: np.ndarray, rate: int = SAMPLE_RATE) -> float:
     return float(np.mean(low) - np.mean(mid)) if low.size and mid.size else 0.0
 
 
-def channel_labels(clips: Sequence[np.ndarray], rate: int = SAMPLE_RATE) -> list[str]:
+def channel_labels(
+    clips: Sequence[np.ndarray],
+    measured: Sequence[Channel] | None = None,
+    rate: int = SAMPLE_RATE,
+) -> list[str]:
     """A label per clip naming its channel, for checks that compare like with like: its
-    ``Channel``, and, where the clips of one channel class fall in two groups by their low end
-    (``lows_db``, medians ``COLOUR_APART_DB`` apart, ``MIN_COLOUR_GROUP`` clips or more each),
-    which group: two microphones, one thin (a small one's low cut), one full. The split is
-    judged within the upload, since voices differ in their low end as well."""
-    channels = [str(measure_channel(clip, rate)) for clip in clips]
+    ``Channel`` (``measured``, or measured here), and, where the clips of one channel class
+    fall in two groups by their low end (``lows_db``, medians ``COLOUR_APART_DB`` apart,
+    ``MIN_COLOUR_GROUP`` clips or more each), which group: two microphones, one thin (a small
+    one's low cut), one full. The split is judged within the upload, since voices differ in
+    their low end as well."""
+    if measured is None:
+        measured = [measure_channel(clip, rate) for clip in clips]
+    channels = [str(channel) for channel in measured]
     lows = np.array([lows_db(clip, rate) for clip in clips]) if len(clips) else np.zeros(0)
     labels = list(channels)
     for name in set(channels):
