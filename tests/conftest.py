@@ -78,6 +78,9 @@ SERVER_ENV = {
     "VOICEHOST_EVAL_SENTENCES": "2",
     "VOICEHOST_EVAL_BASELINES": "1",
     "VOICEHOST_MAX_UPLOAD_MB": "20",
+    # a WebRTC peer that vanishes, or never connects, is found out in seconds (test_webrtc)
+    "VOICEHOST_WEBRTC_CONSENT_SECONDS": "6",
+    "VOICEHOST_WEBRTC_CONNECT_TIMEOUT_SECONDS": "5",
 }
 
 

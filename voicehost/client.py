@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
+from yarl import URL
 
 from voicehost.cloning.evaluation import Sample, Speak
 
@@ -205,6 +206,14 @@ class AsyncClient:
         body.update((key, value) for key, value in config.items() if value is not None)
         return RealtimeSession(self, body)
 
+    def webrtc(self, voice: str, **config: Any) -> WebRtcSession:
+        """The same session over WebRTC (``/v1/audio/speech/webrtc``): audio on an Opus track,
+        events on a data channel, with ``realtime``'s interface; its audio is PCM (s16le mono)
+        at 48 kHz, as the track plays it."""
+        body: dict[str, Any] = {"type": "config", "voice": voice}
+        body.update((key, value) for key, value in config.items() if value is not None)
+        return WebRtcSession(self, body)
+
     async def _get_json(self, path: str) -> Any:
         async with self.session.get(self.base_url + path, headers=self._headers) as response:
             if response.status != 200:
@@ -286,6 +295,130 @@ class RealtimeSession:
                 if event.get("type") == "cancelled":
                     self._cancelling = max(0, self._cancelling - 1)
                 yield event
+
+
+class WebRtcSession:
+    """One realtime session over WebRTC, used as ``RealtimeSession`` is: ``send_text``,
+    ``flush``, ``cancel``, ``end``, and iterating for ``bytes`` of audio (PCM s16le mono at
+    48 kHz, decoded from the track as it arrives) and ``dict`` events (the data channel's),
+    until the session ends.
+
+    After ``cancel``, the audio that arrives until the server's ``cancelled`` is dropped; the
+    server drops what it had queued, so at most the packets already on their way (about 100 ms,
+    this client's jitter buffer) may still come after it, as a listener would hear them."""
+
+    def __init__(self, client: AsyncClient, config: dict[str, Any]) -> None:
+        self._client = client
+        self._config = config
+        self._pc: Any = None  # aiortc's RTCPeerConnection
+        self._channel: Any = None
+        self._inbox: asyncio.Queue[bytes | dict[str, Any] | None] = asyncio.Queue()
+        self._cancelling = 0
+        self._reader: asyncio.Task[None] | None = None
+        self.location: str | None = None  # the session's URL
+        self.ready: dict[str, Any] = {}
+
+    async def __aenter__(self) -> WebRtcSession:
+        from aiortc import RTCPeerConnection, RTCSessionDescription
+
+        self._pc = pc = RTCPeerConnection()
+        self._channel = channel = pc.createDataChannel("voicehost")
+        pc.addTransceiver("audio", direction="recvonly")
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        channel.on("message", self._message)
+        channel.on("close", lambda: self._inbox.put_nowait(None))
+
+        @pc.on("track")
+        def on_track(track: Any) -> None:
+            self._reader = asyncio.create_task(self._read(track))
+
+        try:
+            await pc.setLocalDescription(await pc.createOffer())
+            url = self._client.base_url + "/v1/audio/speech/webrtc"
+            headers = {**self._client._headers, "Content-Type": "application/sdp"}
+            async with self._client.session.post(
+                url, data=pc.localDescription.sdp, headers=headers
+            ) as response:
+                if response.status != 201:
+                    raise await _error_of(response)
+                answer = await response.text()
+                self.location = str(response.url.join(URL(response.headers["Location"])))
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            async with asyncio.timeout(20):
+                await opened.wait()
+            channel.send(json.dumps(self._config))
+            event = await self._inbox.get()
+        except BaseException:
+            await self.close()
+            raise
+        if not isinstance(event, dict) or event.get("type") != "ready":
+            await self.close()
+            error = event.get("error", {}) if isinstance(event, dict) else {}
+            raise ApiError(None, error.get("code", "closed"), error.get("message", str(event)))
+        self.ready = event
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _message(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            self._inbox.put_nowait(json.loads(message))
+
+    async def _read(self, track: Any) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            channels = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
+            self._inbox.put_nowait(channels[:, 0].astype("<i2").tobytes())
+
+    async def close(self) -> None:
+        """End the session (``DELETE`` its URL) and the peer connection."""
+        if self.location is not None:
+            location, self.location = self.location, None
+            try:
+                async with self._client.session.delete(location, headers=self._client._headers):
+                    pass
+            except aiohttp.ClientError:
+                pass  # the peer connection's close ends it too
+        if self._pc is not None:
+            await self._pc.close()
+        if self._reader is not None:
+            self._reader.cancel()
+        self._inbox.put_nowait(None)
+
+    async def send_text(self, text: str) -> None:
+        self._send({"type": "text", "text": text})
+
+    async def flush(self) -> None:
+        self._send({"type": "flush"})
+
+    async def cancel(self) -> None:
+        self._cancelling += 1
+        self._send({"type": "cancel"})
+
+    async def end(self) -> None:
+        self._send({"type": "end"})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._channel is None or self._channel.readyState != "open":
+            raise RuntimeError("the session is not open: use it as `async with`")
+        self._channel.send(json.dumps(message))
+
+    async def __aiter__(self) -> AsyncIterator[bytes | dict[str, Any]]:
+        while (item := await self._inbox.get()) is not None:
+            if isinstance(item, bytes):
+                if not self._cancelling:
+                    yield item
+                continue
+            if item.get("type") == "cancelled":
+                self._cancelling = max(0, self._cancelling - 1)
+            yield item
 
 
 class Client:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost.ids import is_voice_id
@@ -34,6 +42,21 @@ OPENAI_VOICE_ALIASES = {
     "shimmer": "zoe",
     "verse": "zac",
 }
+
+
+class IceServer(BaseModel):
+    """One STUN or TURN server, as in WebRTC's ``RTCConfiguration.iceServers``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    urls: list[Annotated[str, StringConstraints(pattern=r"^(stun|stuns|turn|turns):\S+$")]]
+    username: str | None = None
+    credential: str | None = None
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _one_url_or_many(cls, urls: object) -> object:
+        return [urls] if isinstance(urls, str) else urls
 
 
 def _default_dev_dir() -> Path:
@@ -124,6 +147,32 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(100_000, description="Longest accepted input (413 beyond).")
     ws_idle_timeout_seconds: float = Field(
         30.0, gt=0, description="A WebSocket with no message and nothing to speak is closed."
+    )
+
+    # WebRTC (POST /v1/audio/speech/webrtc)
+    ice_servers: list[IceServer] = Field(
+        default_factory=list,
+        description="STUN/TURN servers (RTCConfiguration's iceServers JSON), used for this "
+        "service's candidates and sent to clients in the answer's Link headers. None: host "
+        "candidates only, no server contacted.",
+    )
+    webrtc_udp_ports: str | None = Field(
+        None,
+        pattern=r"^\d{1,5}-\d{1,5}$",
+        description="The UDP ports WebRTC binds, `first-last` (a firewall's or a Kubernetes "
+        "hostPort range); default: any free port.",
+    )
+    webrtc_max_sessions: int = Field(
+        64, ge=0, description="WebRTC sessions one process holds at once (503 beyond)."
+    )
+    webrtc_connect_timeout_seconds: float = Field(
+        15.0, gt=0, description="A WebRTC session whose data channel has not opened by then ends."
+    )
+    webrtc_consent_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="A WebRTC peer that answers no ICE consent check for this long is gone: its "
+        "session ends and its stream is freed.",
     )
 
     # Authentication
@@ -302,6 +351,15 @@ class Settings(BaseSettings):
         "threads); auto: 2 on a GPU, 0 on the CPU engine.",
     )
 
+    @field_validator("webrtc_udp_ports")
+    @classmethod
+    def _a_port_range(cls, ports: str | None) -> str | None:
+        if ports is not None:
+            first, last = (int(port) for port in ports.split("-"))
+            if not 1024 <= first <= last <= 65535:
+                raise ValueError(f"{ports!r}: first-last, 1024 <= first <= last <= 65535")
+        return ports
+
     @field_validator("voice_aliases")
     @classmethod
     def _aliases_are_voice_ids(cls, aliases: dict[str, str]) -> dict[str, str]:
@@ -327,6 +385,13 @@ class Settings(BaseSettings):
                 f"{self.max_model_len}: lower segment_max_chars"
             )
         return self
+
+    def udp_port_range(self) -> tuple[int, int] | None:
+        """``webrtc_udp_ports`` as (first, last), or None for any port."""
+        if self.webrtc_udp_ports is None:
+            return None
+        first, last = (int(port) for port in self.webrtc_udp_ports.split("-"))
+        return first, last
 
     def served_model(self) -> str:
         """The weights to load: the dev model's directory or the configured model."""

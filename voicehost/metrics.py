@@ -54,6 +54,12 @@ class SpeechMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.webrtc_sessions = Gauge(
+            "voicehost_webrtc_sessions",
+            "WebRTC sessions open (answered, until they end).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.audio_tokens = Counter(
             "voicehost_audio_tokens", "Audio tokens generated (rate() gives tokens/s).", registry=r
         )

@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from typing import Protocol, TypeVar
 
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
 from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
+from voicehost.api.listeners import Listener
 from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
 from voicehost.audio.encoding import EncodingFailed
 from voicehost.audio.formats import UnsupportedAudio, output_rate
@@ -117,7 +118,7 @@ def stream_failure(exc: BaseException) -> tuple[str, tuple[str, str]]:
 
 async def end_broken_stream(
     request: web.Request,
-    response: web.StreamResponse,
+    response: web.StreamResponse | Listener,
     sse: bool,
     stage: str,
     error: tuple[str, str],
@@ -125,9 +126,9 @@ async def end_broken_stream(
 ) -> None:
     """End a stream that failed after its first byte, so the client can tell it from one that
     finished (never a second response written into the first): an SSE stream gets an
-    ``error`` event (``error``: code and message) and ends; a socket gets it as a message and
-    is closed with 1011 (an error on the server's side); raw audio is cut, its connection
-    closed without the last chunk of its chunked body. Counted in
+    ``error`` event (``error``: code and message) and ends; a realtime listener gets it as a
+    message and an end that reads as a failure (a socket's close with 1011); raw audio is cut,
+    its connection closed without the last chunk of its chunked body. Counted in
     ``voicehost_stream_errors_total{stage}`` and logged once with the request id. Every
     streaming route of ``serve`` and of the gateway ends this way."""
     request.app[SERVICE].metrics.stream_errors.labels(stage).inc()
@@ -137,10 +138,8 @@ async def end_broken_stream(
         stage,
         exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}",
     )
-    if isinstance(response, web.WebSocketResponse):
-        with suppress(ConnectionError):
-            await response.send_json(error_event(*error))
-            await response.close(code=WSCloseCode.INTERNAL_ERROR)
+    if isinstance(response, Listener):
+        await response.fail(error_event(*error))
         return
     if sse:
         data = f"data: {json.dumps(error_event(*error))}\n\n".encode()

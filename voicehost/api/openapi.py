@@ -210,6 +210,7 @@ def path_params() -> dict[str, Json]:
         ),
         "model": path_param("model", "A model name, as GET /v1/models lists them."),
         "file": path_param("file", "A file name, e.g. `app.js`."),
+        "session_id": path_param("session_id", "A WebRTC session's id (its `Location`)."),
     }
 
 
@@ -300,7 +301,7 @@ def speech_operations() -> dict[str, Json]:
             },
         },
     )
-    return {"speak": speak, "speak_realtime": realtime_operation()}
+    return {"speak": speak, "speak_realtime": realtime_operation(), **webrtc_operations()}
 
 
 def realtime_operation() -> Json:
@@ -331,6 +332,78 @@ def realtime_operation() -> Json:
         tag="speech",
         description=description,
     )
+
+
+def webrtc_operations() -> dict[str, Json]:
+    sdp = {"schema": {"type": "string"}}
+    description = (
+        "The realtime session over WebRTC (the WHIP/WHEP convention). The body is an SDP offer "
+        "with an audio section that receives Opus and a data channel labelled `voicehost`; the "
+        "answer is the server's SDP, with every candidate in it. The data channel carries the "
+        "realtime socket's messages and events (see `speak_realtime`): `config` first; its "
+        "`response_format` and `sample_rate` do not apply, the audio is the session's track "
+        "(Opus, 48 kHz, 20 ms packets, paced in real time; `ready` says so). `cancel` drops the "
+        "audio queued for the track. ICE servers come in `Link` headers (`rel=ice-server`)."
+    )
+    missing = "`session_not_found`: no such session of this key's."
+    return {
+        "speak_webrtc": operation(
+            "Realtime speech over WebRTC: an SDP offer in, the answer out",
+            {
+                "201": {
+                    "description": "The SDP answer.",
+                    "content": {"application/sdp": sdp},
+                    "headers": {
+                        "Location": {
+                            "description": "The session: DELETE ends it, PATCH trickles ICE.",
+                            "schema": {"type": "string"},
+                        },
+                        "Link": {
+                            "description": 'An ICE server, `<url>; rel="ice-server"`.',
+                            "schema": {"type": "string"},
+                        },
+                    },
+                },
+                **errors(
+                    {
+                        400: "`invalid_sdp`, `no_audio` (no receiving Opus audio), "
+                        "`no_data_channel`.",
+                        413: "`body_too_large`: an offer over 64 KiB.",
+                        415: "`unsupported_media_type`: not `application/sdp`.",
+                        503: UNAVAILABLE + " `at_capacity`: this server holds its most WebRTC "
+                        "sessions.",
+                    },
+                    stream=True,
+                ),
+            },
+            tag="speech",
+            description=description,
+            body={"required": True, "content": {"application/sdp": sdp}},
+        ),
+        "update_webrtc": operation(
+            "Trickled ICE candidates for a WebRTC session",
+            {
+                "204": {"description": "Added."},
+                **errors(
+                    {
+                        400: "`invalid_sdp`: a candidate line that is not one.",
+                        404: missing,
+                        415: "`unsupported_media_type`: not `application/trickle-ice-sdpfrag`.",
+                    }
+                ),
+            },
+            tag="speech",
+            body={
+                "required": True,
+                "content": {"application/trickle-ice-sdpfrag": {"schema": {"type": "string"}}},
+            },
+        ),
+        "end_webrtc": operation(
+            "End a WebRTC session",
+            {"204": {"description": "Ended; its stream is freed."}, **errors({404: missing})},
+            tag="speech",
+        ),
+    }
 
 
 def voice_operations() -> dict[str, Json]:

@@ -6,20 +6,22 @@ the text ``segment.started`` (with its span in the input), the audio as binary m
 ``segment.done``; after ``end``, ``done`` and a normal close. ``cancel`` (barge-in) stops the
 audio at once, aborts the engine request and drops the buffered text; ``cancelled`` confirms
 it, and no audio of what was cancelled follows.
+
+The session speaks to a ``Listener`` (``api/listeners.py``): this WebSocket, or a WebRTC peer
+(``api/webrtc.py``), whose data channel carries the same messages and whose track the audio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import web
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
@@ -38,12 +40,14 @@ from voicehost.api.edge import (
     validation_message,
 )
 from voicehost.api.lexicons import speech_lexicon
+from voicehost.api.listeners import Listener, NotText, SocketListener
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio.formats import content_type
 from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
 from voicehost.speech.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.lexicon import Lexicon
 from voicehost.text.segment import Segment
@@ -107,7 +111,7 @@ class RealtimeSession:
     def __init__(
         self,
         request: web.Request,
-        ws: web.WebSocketResponse,
+        listener: Listener,
         serving: ServingProcess,
         synthesizer: Synthesizer,
         voice: Voice,
@@ -116,7 +120,7 @@ class RealtimeSession:
         lexicon: Lexicon | None = None,
     ) -> None:
         self.request = request
-        self.ws = ws
+        self.listener = listener
         self.tally = tally  # counts the audio sent, and the text of its segments
         self.serving = serving
         self.synthesizer = synthesizer
@@ -138,7 +142,7 @@ class RealtimeSession:
         self.ended = False
 
     async def send(self, payload: dict[str, object]) -> None:
-        await self.ws.send_str(json.dumps(payload))
+        await self.listener.send_event(payload)
         self.last_output = time.monotonic()
 
     async def run(self) -> None:
@@ -156,25 +160,22 @@ class RealtimeSession:
         self.speaker = self._start_speaker()
         idle = self.serving.settings.ws_idle_timeout_seconds
         try:
-            while not self.ws.closed:
+            while not self.listener.closed:
                 try:
-                    message = await self.ws.receive(timeout=idle)
+                    message = await self.listener.receive(idle)
                 except TimeoutError:
                     if self._busy(idle):
                         continue
                     await self.send(error_event("idle_timeout", f"no message for {idle:g} s"))
-                    await self.ws.close(message=b"idle timeout")
+                    await self.listener.close("idle timeout")
                     return
-                if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                    return
-                if message.type == WSMsgType.ERROR:
-                    log.info("websocket error: %s", self.ws.exception())
-                    return
-                if message.type != WSMsgType.TEXT:
+                except NotText:
                     await self.send(error_event("invalid_message", "send text messages (JSON)"))
                     continue
+                if message is None:
+                    return
                 try:
-                    await self._handle(parse_client_message(message.data))
+                    await self._handle(parse_client_message(message))
                 except ProtocolError as exc:
                     await self.send(error_event(exc.code, exc.message))
         finally:
@@ -267,7 +268,7 @@ class RealtimeSession:
                     await self._forward(event)
             await self._audio(await self.encoder.finish())
             await self.send({"type": "done"})
-            await self.ws.close()
+            await self.listener.close()
         except asyncio.CancelledError:
             raise
         except ConnectionError:
@@ -275,7 +276,7 @@ class RealtimeSession:
         except Exception as exc:  # an error event, then the end, as every stream's
             stage, error = stream_failure(exc)
             self.serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
-            await end_broken_stream(self.request, self.ws, False, stage, error, exc)
+            await end_broken_stream(self.request, self.listener, False, stage, error, exc)
         finally:
             self.in_segment = False
 
@@ -314,73 +315,72 @@ class RealtimeSession:
 
     async def _audio(self, data: bytes) -> None:
         if data:
-            await self.ws.send_bytes(data)
+            await self.listener.send_audio(data)
             self.last_output = time.monotonic()
 
 
-async def read_config(ws: web.WebSocketResponse, idle: float) -> RealtimeConfig:
+async def read_config(listener: Listener, idle: float) -> RealtimeConfig:
     try:
-        message = await ws.receive(timeout=idle)
+        message = await listener.receive(idle)
     except TimeoutError as exc:
         raise ProtocolError("idle_timeout", f"no config within {idle:g} s") from exc
-    if message.type != WSMsgType.TEXT:
-        raise ProtocolError("invalid_message", "the first message is the JSON config")
-    config = parse(message.data)
+    except NotText as exc:
+        raise ProtocolError("invalid_message", "the first message is the JSON config") from exc
+    if message is None:
+        raise ConnectionError("the listener left before its config")
+    config = parse(message)
     if not isinstance(config, RealtimeConfig):
         raise ProtocolError("invalid_message", 'the first message is {"type": "config", ...}')
-    return config
+    return listener.shape(config)
 
 
-SocketWork = Callable[[web.WebSocketResponse, RealtimeConfig], Awaitable[None]]
+SessionWork = Callable[[Listener, RealtimeConfig], Awaitable[None]]
 
 
 async def serve_socket(
-    request: web.Request, idle: float, work: SocketWork
+    request: web.Request, idle: float, work: SessionWork
 ) -> web.WebSocketResponse:
-    """Upgrade to a WebSocket, read its config, then run ``work`` on it (a server's session, a
-    gateway's relay). A bad config, or an ``ApiError`` from ``work`` (an unknown voice, no
-    worker), is refused with its code; a refusal that waiting may lift (``Refused``: every
-    worker full, a key at its quota; Redis away) with its code and ``retry_after``; any other
-    failure ends the socket with an ``internal`` error event: once upgraded, nothing here
-    answers in HTTP."""
+    """Upgrade to a WebSocket and ``serve_listener`` it."""
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
     await ws.prepare(request)
-    try:
-        config = await read_config(ws, idle)
-        check_audio_options(config)
-        await work(ws, config)
-    except (ProtocolError, ApiError) as exc:
-        await refuse(ws, exc.code, exc.message)
-    except Refused as exc:
-        await refuse(ws, exc.code, exc.message, exc.retry_after)
-    except RedisError as exc:
-        log.warning("redis unavailable on a realtime socket: %s", exc)
-        await refuse(ws, "redis_unavailable", "the cluster's Redis is unavailable", 1)
-    except ConnectionError:
-        pass  # the client left
-    except Exception as exc:
-        log.exception("realtime socket failed")
-        with suppress(ConnectionError):
-            await ws.send_str(
-                json.dumps(error_event("internal", f"internal error: {type(exc).__name__}"))
-            )
-            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal")
+    await serve_listener(SocketListener(ws), idle, work)
     return ws
 
 
+async def serve_listener(listener: Listener, idle: float, work: SessionWork) -> None:
+    """Read a listener's config, then run ``work`` on it (a server's session, a gateway's
+    relay). A bad config, or an ``ApiError`` from ``work`` (an unknown voice, no worker), is
+    refused with its code; a refusal that waiting may lift (``Refused``: every worker full, a
+    key at its quota; Redis away) with its code and ``retry_after``; any other failure ends
+    the session with an ``internal`` error event: once a session is open, nothing here answers
+    in HTTP."""
+    try:
+        config = await read_config(listener, idle)
+        check_audio_options(config)
+        await work(listener, config)
+    except (ProtocolError, ApiError) as exc:
+        await refuse(listener, exc.code, exc.message)
+    except Refused as exc:
+        await refuse(listener, exc.code, exc.message, exc.retry_after)
+    except RedisError as exc:
+        log.warning("redis unavailable on a realtime session: %s", exc)
+        await refuse(listener, "redis_unavailable", "the cluster's Redis is unavailable", 1)
+    except ConnectionError:
+        pass  # the client left
+    except Exception as exc:
+        log.exception("realtime session failed")
+        await listener.fail(error_event("internal", f"internal error: {type(exc).__name__}"))
+
+
 async def refuse(
-    ws: web.WebSocketResponse, code: str, message: str, retry_after: int | None = None
+    listener: Listener, code: str, message: str, retry_after: int | None = None
 ) -> None:
-    """An ``error`` event, then a policy-violation close; with ``retry_after`` (seconds) in the
-    event, a try-again-later close (1013) instead."""
+    """An ``error`` event, then the end (a socket: a policy-violation close); with
+    ``retry_after`` (seconds) in the event, an end that says to try again later (1013)."""
     event = error_event(code, message)
-    close = WSCloseCode.POLICY_VIOLATION
     if retry_after is not None:
         event["retry_after"] = retry_after
-        close = WSCloseCode.TRY_AGAIN_LATER
-    with suppress(ConnectionError):
-        await ws.send_str(json.dumps(event))
-        await ws.close(code=close, message=code.encode())
+    await listener.end_with(event, retry_later=retry_after is not None)
 
 
 async def speech_ws(request: web.Request) -> web.StreamResponse:
@@ -400,17 +400,30 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
             serving.metrics.errors.labels(exc.code).inc()
             return refused_upgrade(exc)
 
-        async def session(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
-            aliases = serving.settings.voice_aliases
-            voice = await find_voice(serving.voices, config.voice, principal, aliases)
-            tally = serving.usage.tally(principal, voice.voice_id)
-            lexicon = await speech_lexicon(serving, config.lexicons, voice, principal)
-            session = RealtimeSession(
-                request, ws, serving, synthesizer, voice, config, tally, lexicon
-            )
-            await session.run()
+        work = speaking(request, serving, synthesizer, principal)
+        return await serve_socket(request, serving.settings.ws_idle_timeout_seconds, work)
 
-        return await serve_socket(request, serving.settings.ws_idle_timeout_seconds, session)
+
+def speaking(
+    request: web.Request,
+    serving: ServingProcess,
+    synthesizer: Synthesizer,
+    principal: Principal | None,
+) -> SessionWork:
+    """What a serving process does with a listener's config: a ``RealtimeSession`` with the
+    voice and lexicons it names, spoken by this process."""
+
+    async def session(listener: Listener, config: RealtimeConfig) -> None:
+        aliases = serving.settings.voice_aliases
+        voice = await find_voice(serving.voices, config.voice, principal, aliases)
+        tally = serving.usage.tally(principal, voice.voice_id)
+        lexicon = await speech_lexicon(serving, config.lexicons, voice, principal)
+        session = RealtimeSession(
+            request, listener, serving, synthesizer, voice, config, tally, lexicon
+        )
+        await session.run()
+
+    return session
 
 
 def refused_upgrade(refusal: Refused) -> web.Response:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import audit, jobs, lexicons, models, playground, uploads, voices
+from voicehost.api import audit, jobs, lexicons, models, playground, uploads, voices, webrtc
 from voicehost.api.auth import (
     ADMIN,
     AUTH,
@@ -43,7 +43,7 @@ from voicehost.api.edge import (
 from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
 from voicehost.config import Settings
 
-Slot = Literal["speech", "speech_ws", "healthz", "readyz"]
+Slot = Literal["speech", "speech_ws", "speech_webrtc", "healthz", "readyz"]
 SYNTHESIZE = frozenset({"synthesize"})
 VOICES = frozenset({"voices"})
 READ = SYNTHESIZE | VOICES  # listings a speaking key needs as much as a managing one
@@ -75,6 +75,9 @@ LEXICON = "/v1/lexicons/{name}"
 PUBLIC_ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/audio/speech", "speech", SYNTHESIZE, "speak"),
     Route("GET", "/v1/audio/speech/ws", "speech_ws", SYNTHESIZE, "speak_realtime"),
+    Route("POST", webrtc.WEBRTC_PATH, "speech_webrtc", SYNTHESIZE, "speak_webrtc"),
+    Route("PATCH", webrtc.SESSION_PATH, webrtc.update_session, SYNTHESIZE, "update_webrtc"),
+    Route("DELETE", webrtc.SESSION_PATH, webrtc.end_session, SYNTHESIZE, "end_webrtc"),
     Route("GET", "/v1/audio/voices", voices.list_voices, READ, "list_audio_voices"),
     Route("GET", "/v1/voices", voices.list_voices, READ, "list_voices"),
     Route("POST", "/v1/voices", uploads.create_voice, VOICES, "create_voice"),
@@ -132,6 +135,9 @@ def public_app(
     )
     app[AUTH] = Authenticator.from_settings(settings, role)
     app[SERVICE] = service
+    app[webrtc.PEERS] = webrtc.PeerSessions(settings)
+    webrtc.configure_ice(settings)
+    app.on_cleanup.append(webrtc.close_sessions)
     redact_access_log()
     app.on_response_prepare.append(name_request)
     routes = (*PUBLIC_ROUTES, *own_routes)

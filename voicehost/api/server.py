@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 from aiohttp import web
 
-from voicehost.api import lifecycle, realtime
+from voicehost.api import lifecycle, realtime, webrtc
 from voicehost.api.auth import INTERNAL, request_principal
 from voicehost.api.edge import (
     FRONTEND_HEADER,
@@ -257,6 +257,7 @@ def create_app(
         {
             "speech": create_speech,
             "speech_ws": realtime.speech_ws,
+            "speech_webrtc": webrtc.speech_webrtc,
             "healthz": healthz,
             "readyz": readyz,
         },

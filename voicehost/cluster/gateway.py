@@ -20,7 +20,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -37,16 +37,19 @@ from voicehost.api.edge import (
     ApiError,
     check_speech_request,
     end_broken_stream,
+    error_event,
     error_response,
     find_voice,
     read_body,
     registry_health,
     request_id,
 )
+from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import cluster_operations
-from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, serve_socket
+from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
+from voicehost.api.webrtc import open_session
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
@@ -430,12 +433,29 @@ async def _relay(
 
 
 async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
-    """Relay a realtime socket to the worker its voice routes to (read from the config), chosen
-    as for ``proxy_speech``: the next one if that one fails or refuses the upgrade."""
-    gateway = request.app[GATEWAY]
-    principal = request_principal(request)
+    """Relay a realtime socket to the worker its voice routes to (read from the config)."""
+    work = relaying(request, request_principal(request))
+    return await serve_socket(request, request.app[GATEWAY].settings.ws_idle_timeout_seconds, work)
 
-    async def relay(ws: web.WebSocketResponse, config: RealtimeConfig) -> None:
+
+async def proxy_speech_webrtc(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech/webrtc``: the WebRTC session ends here, at the edge; its data
+    channel's messages and the worker's audio are relayed over the internal realtime socket
+    of the worker its voice routes to, as a socket's are (a worker is never reached by a
+    client). The worker admits the stream when the config arrives: a refusal then is an error
+    event on the data channel, and the session's end."""
+    principal = request_principal(request)
+    work = relaying(request, principal)
+    return await open_session(request, principal, work, AsyncExitStack())
+
+
+def relaying(request: web.Request, principal: Principal | None) -> SessionWork:
+    """What a gateway does with a realtime listener's config (a socket's, a WebRTC peer's):
+    opens the internal realtime socket on the worker the voice routes to, chosen as for
+    ``proxy_speech`` (the next one if that one fails or refuses the upgrade), and relays."""
+    gateway = request.app[GATEWAY]
+
+    async def relay(listener: Listener, config: RealtimeConfig) -> None:
         aliases = gateway.settings.voice_aliases
         voice = await find_voice(gateway.voices, config.voice, principal, aliases)
         headers = _worker_headers(request, principal, _record_ref(voice, config.voice))
@@ -450,11 +470,11 @@ async def proxy_speech_ws(request: web.Request) -> web.StreamResponse:
         async with opening as upstream:
             try:
                 await upstream.send_str(resolved.model_dump_json())
-                await _relay_sockets(request, ws, upstream)
+                await _relay_session(request, listener, upstream)
             finally:
                 await upstream.close()
 
-    return await serve_socket(request, gateway.settings.ws_idle_timeout_seconds, relay)
+    return relay
 
 
 ENDS = ("done", "error")  # a worker's socket session ends with one of these events
@@ -467,42 +487,49 @@ def _event_type(text: str) -> str:
     return ""
 
 
-async def _relay_sockets(
-    request: web.Request, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+async def _relay_session(
+    request: web.Request, client: Listener, upstream: aiohttp.ClientWebSocketResponse
 ) -> None:
-    """Copy messages both ways until either side closes; then close the other. A worker's
-    socket that ends before its session did (no ``done`` or ``error`` last: the worker died,
-    or the connection to it did) is told to the client as a stream cut mid-way
-    (``end_broken_stream``): an ``upstream_cut`` error, then a close with 1011, never a close
-    that reads like a finished session."""
+    """Copy messages both ways until either side ends; then end the other. A worker's socket
+    that ends before its session did (no ``done`` or ``error`` last: the worker died, or the
+    connection to it did) is told to the client as a stream cut mid-way
+    (``end_broken_stream``): an ``upstream_cut`` error, then an end that reads as a failure
+    (a socket's close with 1011), never one that reads like a finished session."""
     last: list[str] = ["{}"]  # the worker's last event, as sent
 
-    async def pump(
-        source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-        sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-    ) -> None:
-        async for message in source:
-            if message.type == aiohttp.WSMsgType.TEXT:
-                await sink.send_str(message.data)
-                if source is upstream:
-                    last[0] = message.data
-            elif message.type == aiohttp.WSMsgType.BINARY:
-                await sink.send_bytes(message.data)
+    async def from_client() -> None:
+        while True:
+            try:
+                text = await client.receive(None)
+            except NotText:
+                await client.send_event(error_event("invalid_message", "send text messages (JSON)"))
+                continue
+            if text is None:
+                return
+            await upstream.send_str(text)
 
-    from_client = asyncio.create_task(pump(client, upstream))
-    from_worker = asyncio.create_task(pump(upstream, client))
+    async def from_worker() -> None:
+        async for message in upstream:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await client.send_text(message.data)
+                last[0] = message.data
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await client.send_audio(message.data)
+
+    client_side = asyncio.create_task(from_client())
+    worker_side = asyncio.create_task(from_worker())
     try:
-        await asyncio.wait((from_client, from_worker), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((client_side, worker_side), return_when=asyncio.FIRST_COMPLETED)
     finally:
         worker_ended = (  # the worker's side ended first, not by a failed send to the client
-            from_worker.done()
-            and not from_worker.cancelled()
-            and from_worker.exception() is None
-            and not from_client.done()
+            worker_side.done()
+            and not worker_side.cancelled()
+            and worker_side.exception() is None
+            and not client_side.done()
         )
-        for task in (from_client, from_worker):
+        for task in (client_side, worker_side):
             task.cancel()
-        await asyncio.gather(from_client, from_worker, return_exceptions=True)
+        await asyncio.gather(client_side, worker_side, return_exceptions=True)
         if not upstream.closed:
             await upstream.close()
         abnormal = upstream.close_code in (None, WSCloseCode.ABNORMAL_CLOSURE)
@@ -561,6 +588,7 @@ def create_gateway_app(settings: Settings) -> web.Application:
         {
             "speech": proxy_speech,
             "speech_ws": proxy_speech_ws,
+            "speech_webrtc": proxy_speech_webrtc,
             "healthz": healthz,
             "readyz": readyz,
         },

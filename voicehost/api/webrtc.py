@@ -1,0 +1,446 @@
+"""``POST /v1/audio/speech/webrtc``: the realtime session over WebRTC, the WHIP/WHEP convention.
+
+The client POSTs an SDP offer (``application/sdp``) with a receiving audio section and a data
+channel labelled ``voicehost``; the answer (201) carries the session's ``Location`` (``DELETE``
+ends it, ``PATCH`` takes trickled ICE candidates) and the ICE servers in ``Link`` headers. The data
+channel carries exactly the realtime socket's messages (``config`` first, text, ``flush``,
+``cancel``, ``end``; every event back); the audio is the session's track: Opus at 48 kHz in 20 ms
+packets, paced by a real-time clock (``audio/opus_track.py``). One ``RealtimeSession``, two
+transports: the session speaks to a ``PeerListener`` as it speaks to a socket.
+
+A ``cancel`` drops the packets queued for the track at once, and the audio that was on its way
+until the session's ``cancelled``: the listener hears at most the packet on the wire and its own
+jitter buffer. A session's end waits for its queued audio to be played out. A peer that never
+connects (``webrtc_connect_timeout_seconds``) or stops answering ICE consent checks
+(``webrtc_consent_seconds``) is closed, and its stream and engine request freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import aioice.ice
+from aiohttp import web
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.sdp import SessionDescription, candidate_from_sdp
+
+from voicehost.api.auth import request_principal
+from voicehost.api.edge import SERVICE, SERVING, ApiError
+from voicehost.api.listeners import Listener, NotText
+from voicehost.api.realtime import SessionWork, serve_listener, speaking
+from voicehost.api.schemas import RealtimeConfig
+from voicehost.audio.opus_track import OPUS_RATE, OpusPacketizer, PacedOpusTrack
+from voicehost.config import IceServer, Settings
+from voicehost.metrics import SpeechMetrics
+from voicehost.speech.admission import Refused
+from voicehost.tenancy.keys import Principal
+
+log = logging.getLogger(__name__)
+
+WEBRTC_PATH = "/v1/audio/speech/webrtc"
+SESSION_PATH = WEBRTC_PATH + "/{session_id}"
+DATA_CHANNEL = "voicehost"
+SDP = "application/sdp"
+TRICKLE = "application/trickle-ice-sdpfrag"
+MAX_SDP_BYTES = 64 * 1024
+SESSION_ID = re.compile(r"[0-9a-f]{32}")
+
+
+# --- ICE: the servers, the ports ----------------------------------------------------------------
+
+
+def ice_configuration(servers: list[IceServer]) -> RTCConfiguration:
+    """The peer connection's configuration: the operator's STUN/TURN servers, or none (host
+    candidates only: no server is contacted unless configured)."""
+    return RTCConfiguration(
+        iceServers=[
+            RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in servers
+        ]
+    )
+
+
+def link_headers(servers: list[IceServer]) -> list[str]:
+    """The ``Link`` headers of a WHIP answer: each ICE server for the client, TURN's
+    credentials with it (RFC 9725, section 4.6)."""
+    links = []
+    for server in servers:
+        for url in server.urls:
+            link = f'<{url}>; rel="ice-server"'
+            if server.username is not None:
+                link += f'; username="{server.username}"'
+            if server.credential is not None:
+                link += f'; credential="{server.credential}"; credential-type="password"'
+            links.append(link)
+    return links
+
+
+_gather = aioice.ice.Connection.get_component_candidates
+_ports: tuple[int, int] | None = None
+
+
+def configure_ice(settings: Settings) -> None:
+    """This process's ICE: host candidates bound in ``webrtc_udp_ports`` (aioice binds each on
+    an ephemeral port, and has no setting for a range), loopback where the host has no other
+    address, and consent checks that find a vanished peer in ``webrtc_consent_seconds``."""
+    global _ports
+    _ports = settings.udp_port_range()
+    aioice.ice.CONSENT_INTERVAL = settings.webrtc_consent_seconds / aioice.ice.CONSENT_FAILURES
+    aioice.ice.Connection.get_component_candidates = _gather_in_range  # type: ignore[method-assign]
+
+
+async def _gather_in_range(
+    connection: aioice.ice.Connection,
+    component: int,
+    addresses: list[str],
+    timeout: int = 5,  # noqa: ASYNC109 (aioice's signature)
+) -> list[aioice.Candidate]:
+    addresses = addresses or ["127.0.0.1"]  # a host with no other address: a local one
+    if _ports is None:
+        return await _gather(connection, component, addresses, timeout)
+    first, last = _ports
+    loop = asyncio.get_running_loop()
+    bind_any = loop.create_datagram_endpoint
+
+    async def bind_in_range(
+        factory: Callable[[], asyncio.DatagramProtocol],
+        local_addr: tuple[str, int] | None = None,
+        **kwargs: Any,
+    ) -> tuple[asyncio.DatagramTransport, asyncio.DatagramProtocol]:
+        if local_addr is None or local_addr[1] != 0:
+            return await bind_any(factory, local_addr=local_addr, **kwargs)
+        for port in range(first, last + 1):
+            with suppress(OSError):
+                return await bind_any(factory, local_addr=(local_addr[0], port), **kwargs)
+        raise OSError(f"no free UDP port in {first}-{last}")
+
+    loop.create_datagram_endpoint = bind_in_range  # type: ignore[method-assign]
+    try:
+        return await _gather(connection, component, addresses, timeout)
+    finally:
+        del loop.create_datagram_endpoint
+
+
+# --- the offer ------------------------------------------------------------------------------------
+
+
+def read_offer(request: web.Request, body: str) -> RTCSessionDescription:
+    """The client's offer, checked: SDP, with an audio section that receives Opus and a data
+    channel section. 415 for another content type, 400 otherwise (``invalid_sdp``,
+    ``no_audio``, ``no_data_channel``)."""
+    if request.content_type != SDP:
+        raise ApiError(415, "unsupported_media_type", f"send the SDP offer as {SDP}")
+    try:
+        parsed = SessionDescription.parse(body)
+    except Exception as exc:  # aiortc's parser raises what it meets: ValueError, KeyError ...
+        raise ApiError(400, "invalid_sdp", f"the offer is not SDP: {exc!r}") from exc
+    if not body.startswith("v=0") or not parsed.media:
+        raise ApiError(400, "invalid_sdp", "the offer is not SDP with media sections")
+    audio = [m for m in parsed.media if m.kind == "audio"]
+    receiving = [m for m in audio if m.direction in (None, "sendrecv", "recvonly")]
+    if not receiving:
+        raise ApiError(400, "no_audio", "the offer has no audio section that receives")
+    if not any(c.mimeType.lower() == "audio/opus" for m in receiving for c in m.rtp.codecs):
+        raise ApiError(400, "no_audio", "the offer's audio does not take Opus")
+    if not any(m.kind == "application" and (m.sctpmap or m.sctp_port) for m in parsed.media):
+        missing = f"the offer has no data channel: open one labelled {DATA_CHANNEL!r}"
+        raise ApiError(400, "no_data_channel", missing)
+    return RTCSessionDescription(sdp=body, type="offer")
+
+
+def trickled_candidates(fragment: str) -> list[tuple[str | None, str]]:
+    """(mid, candidate) of each ``a=candidate`` line of a trickle-ice-sdpfrag (RFC 8840)."""
+    mid, found = None, []
+    for line in fragment.splitlines():
+        line = line.strip()
+        if line.startswith("a=mid:"):
+            mid = line[len("a=mid:") :]
+        elif line.startswith("a=candidate:"):
+            found.append((mid, line[len("a=candidate:") :]))
+    return found
+
+
+# --- the listener ---------------------------------------------------------------------------------
+
+
+def event_type(text: str) -> str:
+    """The ``type`` of an event or message as sent ("" for anything else)."""
+    with suppress(ValueError, TypeError, AttributeError):
+        return str(json.loads(text).get("type", ""))
+    return ""
+
+
+class PeerListener(Listener):
+    """A WebRTC peer: messages on its ``voicehost`` data channel, audio on its track (PCM at
+    48 kHz in, Opus packets out, paced)."""
+
+    transport = "webrtc"
+
+    def __init__(self, pc: RTCPeerConnection) -> None:
+        self.pc = pc
+        self.packetizer = OpusPacketizer()
+        self.track = PacedOpusTrack(lambda: self.packetizer.flush())
+        self.channel: RTCDataChannel | None = None
+        self.inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self.opened = asyncio.Event()  # the data channel is open
+        self.muted = False  # from a client's cancel to the session's ``cancelled``
+        self.ended = False
+        self.lost = False  # the peer vanished: no close, no DELETE
+        pc.on("datachannel", self._attach)
+        pc.on("connectionstatechange", self._state_changed)
+
+    def _attach(self, channel: RTCDataChannel) -> None:
+        if channel.label != DATA_CHANNEL or self.channel is not None:
+            return
+        self.channel = channel
+        channel.on("message", self.inbox.put_nowait)
+        channel.on("close", lambda: self.inbox.put_nowait(None))
+        if channel.readyState == "open":
+            self.opened.set()
+        else:
+            channel.on("open", self.opened.set)
+
+    async def _state_changed(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            # ICE failed, or consent expired, with the data channel still open: the peer vanished
+            channel_open = self.channel is not None and self.channel.readyState == "open"
+            self.lost = not self.ended and (channel_open or self.pc.connectionState == "failed")
+            self.inbox.put_nowait(None)
+
+    @property
+    def closed(self) -> bool:
+        return self.ended or self.pc.connectionState in ("failed", "closed")
+
+    def shape(self, config: RealtimeConfig) -> RealtimeConfig:
+        """PCM at Opus' rate: the track's packetizer takes it as it comes."""
+        return config.model_copy(update={"response_format": "pcm", "sample_rate": OPUS_RATE})
+
+    async def receive(self, within: float | None) -> str | None:
+        async with asyncio.timeout(within):
+            message = await self.inbox.get()
+        if message is None:
+            return None
+        if not isinstance(message, str):
+            raise NotText
+        if '"cancel"' in message and event_type(message) == "cancel":
+            self.track.drop()  # barge-in, heard: what is queued is never sent
+            self.packetizer = OpusPacketizer()
+            self.muted = True
+        return message
+
+    async def send_text(self, text: str) -> None:
+        if self.channel is None or self.channel.readyState != "open":
+            raise ConnectionError("the data channel is closed")
+        kind = event_type(text)
+        if kind == "ready":  # what the listener hears: the track
+            ready = json.loads(text)
+            ready.update(
+                response_format="opus",
+                sample_rate=OPUS_RATE,
+                content_type="audio/opus",
+                transport=self.transport,
+            )
+            text = json.dumps(ready)
+        elif kind == "cancelled":
+            self.muted = False
+        elif kind == "segment.done" and not self.muted:
+            self.track.end_talkspurt()
+        self.channel.send(text)
+
+    async def send_audio(self, data: bytes) -> None:
+        if not self.muted:
+            self.track.queue(self.packetizer.encode(data))
+
+    async def close(self, reason: str = "") -> None:
+        """Once the queued audio has been played out."""
+        self.track.end_talkspurt()
+        with suppress(TimeoutError):
+            async with asyncio.timeout(self.track.queued_seconds + 2.0):
+                await self.track.drained()
+        await self.hang_up()
+
+    async def end_with(self, event: dict[str, object], retry_later: bool = False) -> None:
+        with suppress(ConnectionError):
+            await self.send_event(event)
+        await self.hang_up()
+
+    async def fail(self, event: dict[str, object]) -> None:
+        await self.end_with(event)
+
+    async def hang_up(self) -> None:
+        self.ended = True
+        self.track.stop()
+        if self.channel is not None and self.channel.readyState == "open":
+            await asyncio.sleep(0.05)  # the last event leaves before the association closes
+        await self.pc.close()
+        self.inbox.put_nowait(None)
+
+
+# --- the sessions of a process --------------------------------------------------------------------
+
+
+@dataclass
+class PeerSession:
+    session_id: str
+    listener: PeerListener
+    key_id: str | None  # who opened it: only they may end it or trickle candidates
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class PeerSessions:
+    """This process's WebRTC sessions, by id."""
+
+    settings: Settings
+    sessions: dict[str, PeerSession] = field(default_factory=dict)
+
+    def find(self, request: web.Request, principal: Principal | None) -> PeerSession:
+        session_id = request.match_info["session_id"]
+        session = self.sessions.get(session_id) if SESSION_ID.fullmatch(session_id) else None
+        key_id = principal.key_id if principal is not None else None
+        if session is None or session.key_id != key_id:  # another's is as good as none
+            raise ApiError(404, "session_not_found", f"no WebRTC session {session_id!r}")
+        return session
+
+
+PEERS = web.AppKey("webrtc_sessions", PeerSessions)
+
+
+async def open_session(
+    request: web.Request,
+    principal: Principal | None,
+    work: SessionWork,
+    held: AsyncExitStack,
+) -> web.Response:
+    """Answer an offer and run ``work`` (a server's session, a gateway's relay) on the peer
+    once its data channel opens; ``held`` (a stream slot) is released when the session ends,
+    or now if no session starts."""
+    async with AsyncExitStack() as failing:
+        failing.push_async_callback(held.aclose)
+        sessions = request.app[PEERS]
+        settings = sessions.settings
+        metrics = request.app[SERVICE].metrics
+        body = await request.content.read(MAX_SDP_BYTES + 1)
+        if len(body) > MAX_SDP_BYTES:
+            raise ApiError(413, "body_too_large", f"an offer is at most {MAX_SDP_BYTES} bytes")
+        offer = read_offer(request, body.decode("utf-8", "replace"))
+        if len(sessions.sessions) >= settings.webrtc_max_sessions:
+            raise Refused(
+                503, "at_capacity", "this server holds its most WebRTC sessions", retry_after=1
+            )
+        pc = RTCPeerConnection(ice_configuration(settings.ice_servers))
+        failing.push_async_callback(pc.close)
+        listener = PeerListener(pc)
+        try:
+            await pc.setRemoteDescription(offer)
+            pc.addTrack(listener.track)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except (ValueError, KeyError, AttributeError) as exc:  # aiortc's, on an offer it can't take
+            raise ApiError(400, "invalid_sdp", f"the offer cannot be answered: {exc}") from exc
+        session = PeerSession(
+            uuid.uuid4().hex, listener, principal.key_id if principal is not None else None
+        )
+        session.task = asyncio.create_task(
+            run_session(sessions, session, work, held, metrics), name="webrtc-session"
+        )
+        failing.pop_all()
+    headers = {"Location": f"{WEBRTC_PATH}/{session.session_id}"}
+    response = web.Response(
+        status=201, text=pc.localDescription.sdp, content_type=SDP, headers=headers
+    )
+    for link in link_headers(settings.ice_servers):
+        response.headers.add("Link", link)
+    return response
+
+
+async def run_session(
+    sessions: PeerSessions,
+    session: PeerSession,
+    work: SessionWork,
+    held: AsyncExitStack,
+    metrics: SpeechMetrics,
+) -> None:
+    listener = session.listener
+    settings = sessions.settings
+    sessions.sessions[session.session_id] = session
+    metrics.webrtc_sessions.inc()
+    try:
+        try:
+            async with asyncio.timeout(settings.webrtc_connect_timeout_seconds):
+                await listener.opened.wait()
+        except TimeoutError:
+            state = listener.pc.connectionState
+            log.info("webrtc session %s never connected (%s)", session.session_id, state)
+            metrics.errors.labels("webrtc_connect_failed").inc()
+            return
+        await serve_listener(listener, settings.ws_idle_timeout_seconds, work)
+        if listener.lost:
+            log.info("webrtc session %s: its peer vanished", session.session_id)
+            metrics.errors.labels("webrtc_peer_lost").inc()
+    finally:
+        sessions.sessions.pop(session.session_id, None)
+        metrics.webrtc_sessions.dec()
+        with suppress(Exception):
+            await listener.hang_up()
+        await held.aclose()
+
+
+async def update_session(request: web.Request) -> web.Response:
+    """``PATCH``: the client's trickled ICE candidates (``application/trickle-ice-sdpfrag``)."""
+    session = request.app[PEERS].find(request, request_principal(request))
+    if request.content_type != TRICKLE:
+        raise ApiError(415, "unsupported_media_type", f"send trickled candidates as {TRICKLE}")
+    fragment = (await request.content.read(MAX_SDP_BYTES)).decode("utf-8", "replace")
+    pc = session.listener.pc
+    for mid, line in trickled_candidates(fragment):
+        try:
+            candidate = candidate_from_sdp(line)
+        except (AssertionError, ValueError, IndexError) as exc:
+            raise ApiError(400, "invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
+        candidate.sdpMid = mid
+        candidate.sdpMLineIndex = None if mid is not None else 0
+        await pc.addIceCandidate(candidate)
+    return web.Response(status=204)
+
+
+async def end_session(request: web.Request) -> web.Response:
+    """``DELETE``: the session ends now (its queued audio dropped), its stream freed."""
+    session = request.app[PEERS].find(request, request_principal(request))
+    session.listener.track.drop()
+    await session.listener.hang_up()
+    if session.task is not None:
+        with suppress(asyncio.CancelledError, Exception):
+            await session.task
+    return web.Response(status=204)
+
+
+async def close_sessions(app: web.Application) -> None:
+    """On shutdown: every session ends (a drain has let them finish first)."""
+    for session in list(app[PEERS].sessions.values()):
+        await session.listener.hang_up()
+
+
+async def speech_webrtc(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech/webrtc`` on a process that speaks: admitted as a realtime socket
+    is (503 warming up, draining or at capacity, 429 over the key's quota, with
+    ``Retry-After``), the session holding its stream slot until it ends."""
+    serving = request.app[SERVING]
+    principal = request_principal(request)
+    synthesizer = serving.require_synthesizer()  # NotReady: 503, as the error middleware says
+    held = AsyncExitStack()
+    await held.enter_async_context(serving.admit(principal))  # Refused: 503 or 429
+    work = speaking(request, serving, synthesizer, principal)
+    return await open_session(request, principal, work, held)
