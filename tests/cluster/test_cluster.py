@@ -41,6 +41,7 @@ from helpers import (
 
 from voicehost.api.edge import FRONTEND_HEADER
 from voicehost.cli import main
+from voicehost.client import AsyncClient
 from voicehost.tenancy.audit import verify
 from voicehost.tenancy.keys import hash_key
 from voicehost.tools import devcorpus
@@ -302,6 +303,34 @@ async def test_a_realtime_socket_is_relayed_to_the_voices_owner(cluster, http):
         await ws.send_json({"type": "config", "voice": "nobody"})
         message = await ws.receive(timeout=30)
         assert json.loads(message.data)["error"]["code"] == "voice_not_found"
+
+
+async def test_a_webrtc_session_ends_at_the_gateway_and_is_spoken_by_the_voices_owner(
+    cluster, http
+):
+    """The gateway answers the offer itself (a worker is never reached by the client) and
+    relays the data channel over the internal socket to the worker the voice routes to."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice = two_per_worker(owner)[0]
+    in_flight = {}
+    async with AsyncClient(cluster.gateway.url, api_key=ADMIN_KEY) as client:
+        async with client.webrtc(voice) as session:
+            assert session.ready["voice"] == voice and session.ready["transport"] == "webrtc"
+            await session.send_text("Through the gateway, over WebRTC.")
+            await session.end()
+            events, audio = [], 0
+            async for item in session:
+                if isinstance(item, bytes):
+                    if not in_flight:
+                        async with http.get(cluster.gateway.url + "/v1/cluster") as response:
+                            workers = (await response.json())["workers"]
+                        in_flight = {w["id"]: w["gateway_in_flight"] for w in workers}
+                    audio += len(item)
+                else:
+                    events.append(item["type"])
+    assert events == ["segment.started", "segment.done", "done"]
+    assert audio > 0
+    assert in_flight[owner[voice]] == 1 and sum(in_flight.values()) == 1, in_flight
 
 
 async def test_every_key_but_the_registry_records_expires(cluster):
@@ -940,17 +969,20 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
     """kill -9 of w1, a host of two front ends: each of its streams through the gateway ends
     as one cut mid-way (raw audio without its last chunk; SSE with an ``upstream_cut`` error
-    event after its last whole event; the socket with that error, then 1011), its front ends
+    event after its last whole event; the socket with that error, then 1011; a WebRTC session
+    at the gateway with that error on its data channel, then its end), its front ends
     and its engine core end with it (the front ends die with their parent, the reaper ends the
-    core), and its voices move on to w2. A stream held on w2 lets w1 take three within the
+    core), and its voices move on to w2. A stream held on w2 lets w1 take four within the
     gateway's load bound."""
     for _ in range(100):  # the test before let w1's streams go: once a heartbeat says so
         if (await cluster_load(http, cluster))["w1"]["headroom"] == WORKER_CAPACITY:
             break
         await asyncio.sleep(0.1)
     owner = await owners(http, cluster.gateway, VOICES)
-    victim_voices = [v for v in VOICES if owner[v] == "w1"][:3]
-    assert len(victim_voices) == 3, owner  # a raw stream, an SSE stream, a socket
+    victim_voices = [v for v in VOICES if owner[v] == "w1"][:4]
+    # a raw stream, an SSE stream, a socket, a WebRTC session (the quota key's: the admin key
+    # holds four streams with the ballast)
+    assert len(victim_voices) == 4, owner
     ballast_voice = next(v for v in VOICES if owner[v] == "w2")
     ballast_body = {"input": LONG_TEXT * 30, "voice": ballast_voice, "response_format": "pcm"}
     ballast = await http.post(cluster.gateway.url + "/v1/audio/speech", json=ballast_body)
@@ -992,24 +1024,40 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
             if events[-1].get("error", {}).get("code") == "upstream_cut" and ws.close_code == 1011:
                 cut.append(voice)
 
+    async def webrtc(voice: str, playing: asyncio.Event) -> None:
+        async with AsyncClient(cluster.gateway.url, api_key=QUOTA_KEY) as client:
+            async with client.webrtc(voice) as session:
+                await session.send_text(LONG_TEXT * 5)
+                await session.end()
+                events = []
+                async for item in session:
+                    if isinstance(item, bytes):
+                        playing.set()
+                    else:
+                        events.append(item)
+        if events[-1].get("error", {}).get("code") == "upstream_cut":
+            cut.append(voice)
+
     streams = []
     for index, voice in enumerate(victim_voices):  # one after another: each counted by then
         playing = asyncio.Event()
         if index < 2:
             streams.append(asyncio.create_task(stream(voice, index == 1, playing)))
-        else:
+        elif index == 2:
             streams.append(asyncio.create_task(socket(voice, playing)))
+        else:
+            streams.append(asyncio.create_task(webrtc(voice, playing)))
         started = asyncio.create_task(playing.wait())
         await asyncio.wait([started, streams[-1]], timeout=120, return_when="FIRST_COMPLETED")
         if streams[-1].done():
             streams[-1].result()  # a stream that failed before the kill fails with its cause
         assert started.done(), f"no first bytes of {voice} within 120 s"
     assert served == dict.fromkeys(victim_voices[:2], "w1"), served
-    for _ in range(50):  # and the socket: w1 holds the three, as its next heartbeat says
-        if (await cluster_load(http, cluster))["w1"]["active_streams"] == 3:
+    for _ in range(50):  # and the sessions: w1 holds the four, as its next heartbeat says
+        if (await cluster_load(http, cluster))["w1"]["active_streams"] == 4:
             break
         await asyncio.sleep(0.1)
-    assert (await cluster_load(http, cluster))["w1"]["active_streams"] == 3
+    assert (await cluster_load(http, cluster))["w1"]["active_streams"] == 4
     worker = cluster.workers["w1"].process
     tree = process_tree(worker.pid)
     assert sum(is_frontend(p) for p in tree) == 2, tree
@@ -1020,7 +1068,7 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     assert sorted(cut) == sorted(victim_voices)
     ballast.close()  # the key's fourth stream: w1's three leases stay until they expire
     leases = cluster.redis.client()
-    await eventually(lambda: leases.zcard("vh:lease:ops") <= len(victim_voices), 5)
+    await eventually(lambda: leases.zcard("vh:lease:ops") <= 3, 5)
     worker.wait()
     # no front end, no engine process left; in the full suite, under the load of the servers
     # booting beside it, once took over 15 s (the processes left were not recorded then)

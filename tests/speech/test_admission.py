@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from aiortc import RTCPeerConnection
 from helpers import EarlyServer, Server, early_server, metric, start_early
 
 from voicehost.metrics import series
@@ -263,6 +264,26 @@ async def refused(http: aiohttp.ClientSession, server: Server, key: str) -> tupl
         return response.status, body["error"]["code"]
 
 
+async def refused_webrtc(http: aiohttp.ClientSession, server: Server, key: str) -> tuple[int, str]:
+    """Status and error code of a WebRTC offer expected to be refused: a session holds a
+    stream slot as a socket does."""
+    pc = RTCPeerConnection()
+    pc.createDataChannel("voicehost")
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with http.post(
+            server.url + "/v1/audio/speech/webrtc",
+            data=pc.localDescription.sdp,
+            headers={**auth(key), "Content-Type": "application/sdp"},
+        ) as response:
+            body = await response.json()
+            assert int(response.headers["Retry-After"]) >= 1
+            return response.status, body["error"]["code"]
+    finally:
+        await pc.close()
+
+
 async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(
     small_server,
 ):
@@ -270,12 +291,14 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
         first = await open_stream(http, small_server, "a")
         # key a holds its one stream: 429, although the server has room
         assert await refused(http, small_server, "a") == (429, "quota_exceeded")
+        assert await refused_webrtc(http, small_server, "a") == (429, "quota_exceeded")
         second = await open_stream(http, small_server, "b")
         # two streams in flight: the server is full for every key
         assert await refused(http, small_server, "c") == (503, "at_capacity")
         # "at once": both refusals were answered while the admitted streams still played,
         # so neither waited in a queue for a slot to free (how fast is bench_admission's job)
         assert await metric(http, small_server, "voicehost_active_streams") == 2
+        assert await refused_webrtc(http, small_server, "c") == (503, "at_capacity")
         with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
             await http.ws_connect(small_server.url + "/v1/audio/speech/ws", headers=auth("c"))
         assert handshake.value.status == 503
