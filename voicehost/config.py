@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -161,6 +162,12 @@ class Settings(BaseSettings):
         pattern=r"^\d{1,5}-\d{1,5}$",
         description="The UDP ports WebRTC binds, `first-last` (a firewall's or a Kubernetes "
         "hostPort range); default: any free port.",
+    )
+    webrtc_announced_address: str | None = Field(
+        None,
+        description="The IP address the host candidates announce, in place of the interface's "
+        "(a node's or NAT's public address, its UDP ports mapped one to one: a Kubernetes "
+        "hostPort, a published Docker port).",
     )
     webrtc_max_sessions: int = Field(
         64, ge=0, description="WebRTC sessions one process holds at once (503 beyond)."
@@ -359,6 +366,13 @@ class Settings(BaseSettings):
             if not 1024 <= first <= last <= 65535:
                 raise ValueError(f"{ports!r}: first-last, 1024 <= first <= last <= 65535")
         return ports
+
+    @field_validator("webrtc_announced_address")
+    @classmethod
+    def _an_ip_address(cls, address: str | None) -> str | None:
+        if address is not None:
+            ipaddress.ip_address(address)  # ValueError: not an IP address
+        return address
 
     @field_validator("voice_aliases")
     @classmethod

@@ -88,6 +88,24 @@ def link_headers(servers: list[IceServer]) -> list[str]:
     return links
 
 
+def announced(sdp: str, address: str | None) -> str:
+    """``sdp`` with its host candidates (and connection lines) at ``address``, their ports
+    unchanged: behind a one-to-one NAT or a published port, the address a client can reach."""
+    if address is None:
+        return sdp
+    version = "IP6" if ":" in address else "IP4"
+    lines = []
+    for line in sdp.split("\r\n"):
+        bits = line.split(" ")
+        if line.startswith("a=candidate:") and len(bits) >= 8 and bits[7] == "host":
+            bits[4] = address
+            line = " ".join(bits)
+        elif line.startswith("c=IN "):
+            line = f"c=IN {version} {address}"
+        lines.append(line)
+    return "\r\n".join(lines)
+
+
 _gather = aioice.ice.Connection.get_component_candidates
 _ports: tuple[int, int] | None = None
 
@@ -358,9 +376,8 @@ async def open_session(
         )
         failing.pop_all()
     headers = {"Location": f"{WEBRTC_PATH}/{session.session_id}"}
-    response = web.Response(
-        status=201, text=pc.localDescription.sdp, content_type=SDP, headers=headers
-    )
+    answer = announced(pc.localDescription.sdp, settings.webrtc_announced_address)
+    response = web.Response(status=201, text=answer, content_type=SDP, headers=headers)
     for link in link_headers(settings.ice_servers):
         response.headers.add("Link", link)
     return response

@@ -181,6 +181,8 @@ class PacedOpusTrack(MediaStreamTrack):
         else:
             return await self.recv()
         self.tick = due_tick
+        if not self.packets and not self.tail and not self.ending:
+            self.emptied.set()
         packet = av.Packet(data)
         packet.pts = self.tick * PACKET_SAMPLES
         packet.time_base = TIME_BASE
