@@ -411,6 +411,37 @@ def test_containers_listen_on_all_interfaces():
         assert dockerfile_env(path).get("VOICEHOST_HOST") == "0.0.0.0", path.name
 
 
+def test_the_gateway_publishes_the_udp_ports_its_webrtc_binds_and_announces_an_address():
+    """WebRTC ends at the gateway (workers are never reached by clients): every port of its
+    ``VOICEHOST_WEBRTC_UDP_PORTS`` is published as UDP, one to one, with an address announced,
+    and no more sessions are allowed than it has ports."""
+
+    def port_range(env: dict[str, Any]) -> range:
+        first, last = Settings(webrtc_udp_ports=env["VOICEHOST_WEBRTC_UDP_PORTS"]).udp_port_range()
+        assert int(env["VOICEHOST_WEBRTC_MAX_SESSIONS"]) <= last - first + 1
+        assert env.get("VOICEHOST_WEBRTC_ANNOUNCED_ADDRESS")
+        return range(first, last + 1)
+
+    _, container = k8s_running("gateway")
+    udp = {
+        (p["containerPort"], p.get("hostPort"))
+        for p in container["ports"]
+        if p.get("protocol") == "UDP"
+    }
+    assert udp == {(port, port) for port in port_range(k8s_env(container))}
+    for name, service in compose_running("gateway").items():
+        published = set()
+        for entry in service["ports"]:
+            if entry.endswith("/udp"):
+                host, inside = entry.removesuffix("/udp").split(":")
+                assert host == inside, name
+                first, last = (int(p) for p in inside.split("-"))
+                published |= set(range(first, last + 1))
+        assert published == set(port_range(compose_env(service))), name
+    _, worker = k8s_running("worker")
+    assert not any(p.get("protocol") == "UDP" for p in worker.get("ports", []))
+
+
 def test_the_worker_requests_a_gpu_and_the_gateway_none():
     _, worker = k8s_running("worker")
     assert int(worker["resources"]["limits"]["nvidia.com/gpu"]) == 1
