@@ -13,9 +13,17 @@ in one run, rounds interleaved so the machine's noise hits every variant alike:
    audio (prefill of the longer prompt), and the prompt tokens the context adds (estimated from
    the previous segment's frames: 7 per frame carried, plus its words and 9 special tokens).
 
+With ``--transports``, instead: **the socket against WebRTC**, side by side, at 1 and
+``--sessions`` sessions at once (rounds interleaved): per session, time from the text sent to the
+first audio the client has (the socket's first binary message; WebRTC's first frame decoded from
+the track, through this process's aiortc), and the serving process's CPU per second of audio
+delivered (its own CPU time, user and system, over the round; Opus packetising, SRTP and the data
+channel included; the engine core's, a child process, not), with the machine's load average.
+
 The last line of output is one JSON object with every figure.
 
     python scripts/bench_realtime.py --start-server [--rounds 5] [--words-per-second 15]
+    python scripts/bench_realtime.py --start-server --transports [--rounds 3] [--sessions 16]
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import time
 from typing import Any
 
 import aiohttp
+import psutil
 
+from voicehost.client import AsyncClient
 from voicehost.model import orpheus
 from voicehost.tools.bench.levels import percentile
 from voicehost.tools.devserver import served
@@ -171,6 +181,92 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
+TRANSPORTS = ("websocket", "webrtc")
+
+
+async def transport_session(
+    client: AsyncClient, transport: str, voice: str, text: str
+) -> tuple[float, float]:
+    """One session: seconds from its text sent to its first audio at the client, and the
+    seconds of audio it delivered."""
+    if transport == "websocket":
+        session = client.realtime(voice, response_format="pcm")
+    else:
+        session = client.webrtc(voice)
+    async with session:
+        rate = session.ready["sample_rate"]
+        sent = time.monotonic()
+        await session.send_text(text)
+        await session.end()
+        first: float | None = None
+        samples = 0
+        async for item in session:
+            if isinstance(item, bytes):
+                first = first if first is not None else time.monotonic() - sent
+            elif item["type"] == "segment.done":
+                samples += item["samples"]
+            elif item["type"] == "error":
+                raise RuntimeError(f"{transport}: {item}")
+    assert first is not None, f"{transport}: no audio"
+    return first, samples / rate
+
+
+async def transport_round(
+    url: str, server: psutil.Process | None, transport: str, sessions: int, voice: str, seed: int
+) -> dict[str, Any]:
+    """``sessions`` sessions at once over ``transport``: their first audio, and the serving
+    process's CPU seconds per audio second delivered."""
+    async with AsyncClient(url) as client:
+        before = server.cpu_times() if server is not None else None
+        results = await asyncio.gather(
+            *(
+                transport_session(client, transport, voice, paragraph(1, seed + n))
+                for n in range(sessions)
+            )
+        )
+        after = server.cpu_times() if server is not None else None
+    audio = sum(seconds for _, seconds in results)
+    cpu = None
+    if before is not None and after is not None:
+        cpu = (after.user - before.user) + (after.system - before.system)
+    return {
+        "first_audio_s": [first for first, _ in results],
+        "audio_s": audio,
+        "cpu_s": cpu,
+    }
+
+
+async def bench_transports(
+    args: argparse.Namespace, url: str, server: psutil.Process | None
+) -> dict[str, Any]:
+    figures: dict[str, dict[str, Any]] = {}
+    for round_ in range(args.rounds):
+        for sessions in (1, args.sessions):
+            for transport in TRANSPORTS if round_ % 2 == 0 else TRANSPORTS[::-1]:
+                key = f"{transport} x{sessions}"
+                one = await transport_round(url, server, transport, sessions, args.voice, round_)
+                entry = figures.setdefault(key, {"first": [], "audio_s": 0.0, "cpu_s": 0.0})
+                entry["first"] += one["first_audio_s"]
+                entry["audio_s"] += one["audio_s"]
+                entry["cpu_s"] = None if one["cpu_s"] is None else entry["cpu_s"] + one["cpu_s"]
+                print(
+                    f"round {round_ + 1}/{args.rounds} {key}: first audio "
+                    f"{1e3 * statistics.median(one['first_audio_s']):.0f} ms (median), "
+                    f"{one['audio_s']:.1f} s of audio, load {psutil.getloadavg()[0]:.2f}",
+                    file=sys.stderr,
+                )
+    return {
+        key: {
+            "first_audio_ms": ms(entry["first"]),
+            "audio_s": round(entry["audio_s"], 1),
+            "serving_cpu_ms_per_audio_s": None
+            if entry["cpu_s"] is None
+            else round(1e3 * entry["cpu_s"] / entry["audio_s"], 1),
+        }
+        for key, entry in figures.items()
+    } | {"load_average_1m": round(psutil.getloadavg()[0], 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server (default: start one with --start-server)")
@@ -179,11 +275,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--segments", type=int, default=4, help="sentences of the long text")
     parser.add_argument("--words-per-second", type=float, default=15.0)
+    parser.add_argument(
+        "--transports", action="store_true", help="the socket against WebRTC (see above)"
+    )
+    parser.add_argument("--sessions", type=int, default=16, help="with --transports: at once")
+    parser.add_argument("--server-pid", type=int, help="with --url: the serving process, for CPU")
     args = parser.parse_args()
     if not args.url and not args.start_server:
         parser.error("give --url or --start-server")
-    with served(None if args.start_server else args.url) as (url, _):
-        result = asyncio.run(bench(args, url))
+    with served(None if args.start_server else args.url) as (url, process):
+        if args.transports:
+            pid = process.pid if process is not None else args.server_pid
+            server = psutil.Process(pid) if pid is not None else None
+            result = asyncio.run(bench_transports(args, url, server))
+        else:
+            result = asyncio.run(bench(args, url))
     for key, value in result.items():
         print(f"{key}: {value}")
     print(json.dumps(result))

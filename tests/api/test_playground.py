@@ -2,7 +2,9 @@
 the page in a real headless Chromium against the shared dev server: it loads under its CSP with
 no console error and no failed request, lists the voices, plays a spoken sentence as it streams
 (every sample counted in the page's audio path), and speaks text as it is typed until the stop
-button barges in. The key and the recorded clone are in test_auth.py, on the keyed server.
+button barges in, over the realtime socket and over WebRTC (the track's energy measured by the
+page's analyser, the time to first audio of each). The key and the recorded clone are in
+test_auth.py, on the keyed server.
 
 The screenshots in docs/playground/ are scripts/playground_screenshots.py's."""
 
@@ -26,6 +28,7 @@ from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.tenancy.keys import ApiKey, hash_key
 
 SENTENCE = "Hello there."  # short: the dev model says about 2 s
+ENERGY = 0.003  # the RMS the page's analyser counts as audio (speak.js' ENERGY_THRESHOLD)
 LIVE_TEXT = (
     "Glue the sheet to the dark blue background, then tell the depth of the well. "
     "These days a chicken leg is a rare dish, and rice is served in round bowls. "
@@ -272,6 +275,61 @@ async def test_type_as_you_go_speaks_and_stop_barges_in_until_no_engine_request_
     assert re.fullmatch(r"\d+ ms", await page.locator("#live-ttfa").text_content())
     await page.wait_for_timeout(300)
     assert await page.locator("#live-samples").text_content() == heard  # no audio after stop
+    assert watch.problems() == []
+
+
+async def test_type_as_you_go_over_webrtc_plays_the_track_and_times_its_first_audio(
+    browser_page, server
+):
+    """WebRTC selected: the page offers, the server answers, the data channel carries the
+    realtime messages and the Opus track the audio, which the page's analyser hears (energy
+    measured in the browser's audio path: nothing heard, no pass); the time to first audio is
+    shown; stop barges in, and switching back to the socket ends the session (DELETE)."""
+    page, watch, _ = browser_page
+    sessions = "voicehost_webrtc_sessions"
+    body = page.locator("body")
+    websocket_ttfa = await body.get_attribute("data-ttfa")  # the socket's, by the test before
+    async with aiohttp.ClientSession() as http:
+        assert await metric(http, server, sessions) == 0
+        await page.locator("#transport").select_option("webrtc")
+        await page.locator("#live-text").fill("")  # what the socket said stays said
+        await page.locator("#live-text").click()
+        typed = time.monotonic()
+        await page.keyboard.type(LIVE_TEXT)
+        await expect(page.locator("#live-status")).to_have_text(
+            re.compile("over WebRTC"), timeout=30_000
+        )
+        heard = f"() => Number(document.body.dataset.audioEnergy || 0) > {ENERGY}"
+        await page.wait_for_function(heard, timeout=60_000)
+        took = time.monotonic() - typed
+        during = await metric(http, server, sessions)
+        await page.locator("#live-stop").click()
+        await expect(page.locator("#live-status")).to_have_text(re.compile("^Stopped"))
+        await page.wait_for_function(  # the server stopped the track: silence, at once
+            f"() => Number(document.body.dataset.audioLevel) < {ENERGY}", timeout=2_000
+        )
+        await page.locator("#transport").select_option("websocket")
+        ended = time.monotonic()
+        while (left := await metric(http, server, sessions)) > 0:
+            assert time.monotonic() - ended < 10, f"{left} WebRTC sessions still open"
+            await page.wait_for_timeout(100)
+    ttfa = float(await body.get_attribute("data-ttfa"))
+    energy = float(await body.get_attribute("data-audio-energy"))
+    shown = await page.locator("#ttfa").text_content()
+    connect = await body.get_attribute("data-connect")
+    print(
+        f"WebRTC: first audio {ttfa:.3f} s after the first key (ready in {float(connect):.3f} s),"
+        f" peak RMS {energy:.3f}, heard {took:.1f} s after typing began;"
+        f" the socket's first audio before: {websocket_ttfa} s; the page says {shown!r}"
+    )
+    assert during == 1
+    assert await body.get_attribute("data-ttfa-transport") == "webrtc"
+    assert 0 < ttfa < 30 and energy > ENERGY
+    assert shown.startswith("first audio ") and "(WebRTC)" in shown
+    assert re.fullmatch(r"\d+ ms", await page.locator("#live-ttfa").text_content())
+    deleted = [what for status, what in watch.responses if what.startswith("DELETE ")]
+    assert len(deleted) == 1 and "/v1/audio/speech/webrtc/" in deleted[0]
+    assert (204, deleted[0]) in watch.responses
     assert watch.problems() == []
 
 

@@ -264,7 +264,8 @@ def create_app(
         own_routes=INTERNAL_ROUTES,
     )
     app[SERVING] = serving
-    if frontend is not None:
+    if frontend is not None:  # a session's DELETE or PATCH may reach another front end
+        app[webrtc.PEERS].mailboxes = frontend.ready_dir / "webrtc"
         index = str(frontend.slot.index)
 
         async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:

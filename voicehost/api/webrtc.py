@@ -20,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aioice.ice
@@ -32,6 +35,7 @@ from aiohttp import web
 from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
+    RTCIceCandidate,
     RTCIceServer,
     RTCPeerConnection,
     RTCSessionDescription,
@@ -300,6 +304,7 @@ class PeerListener(Listener):
 
     async def hang_up(self) -> None:
         self.ended = True
+        self.opened.set()  # a session ended before it connected waits no longer
         self.track.stop()
         if self.channel is not None and self.channel.readyState == "open":
             await asyncio.sleep(0.05)  # the last event leaves before the association closes
@@ -317,21 +322,103 @@ class PeerSession:
     key_id: str | None  # who opened it: only they may end it or trickle candidates
     task: asyncio.Task[None] | None = None
 
+    async def trickle(self, candidates: list[RTCIceCandidate]) -> None:
+        for candidate in candidates:
+            await self.listener.pc.addIceCandidate(candidate)
+
+    async def end(self) -> None:
+        """Now: its queued audio dropped, its stream freed."""
+        self.listener.track.drop()
+        await self.listener.hang_up()
+        if self.task is not None and self.task is not asyncio.current_task():
+            with suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+MAILBOX_POLL_SECONDS = 0.25
+END = "end"  # a mailbox's request to end its session
+OWNER = "owner.json"
+
 
 @dataclass
 class PeerSessions:
-    """This process's WebRTC sessions, by id."""
+    """This process's WebRTC sessions, by id. The front ends of one host (``--frontends``)
+    share its port, so a session's ``DELETE`` or ``PATCH`` may reach another front end than
+    the one holding it: each session then has a mailbox in the host's folder (``mailboxes``),
+    which that front end reads every ``MAILBOX_POLL_SECONDS``."""
 
     settings: Settings
+    mailboxes: Path | None = None
     sessions: dict[str, PeerSession] = field(default_factory=dict)
 
-    def find(self, request: web.Request, principal: Principal | None) -> PeerSession:
+    def find(self, request: web.Request, principal: Principal | None) -> PeerSession | Path:
+        """The session the path names, this process's, or the mailbox of another front end's;
+        404 for none, or another key's."""
         session_id = request.match_info["session_id"]
-        session = self.sessions.get(session_id) if SESSION_ID.fullmatch(session_id) else None
         key_id = principal.key_id if principal is not None else None
-        if session is None or session.key_id != key_id:  # another's is as good as none
+        found: PeerSession | Path | None = None
+        owner: str | None = None
+        if SESSION_ID.fullmatch(session_id):
+            if (session := self.sessions.get(session_id)) is not None:
+                found, owner = session, session.key_id
+            elif self.mailboxes is not None and (self.mailboxes / session_id).is_dir():
+                with suppress(OSError, ValueError, KeyError):
+                    mailbox = self.mailboxes / session_id
+                    owner = json.loads((mailbox / OWNER).read_text())["key_id"]
+                    found = mailbox
+        if found is None or owner != key_id:  # another's is as good as none
             raise ApiError(404, "session_not_found", f"no WebRTC session {session_id!r}")
-        return session
+        return found
+
+    def open_mailbox(self, session: PeerSession) -> Path | None:
+        if self.mailboxes is None:
+            return None
+        mailbox = self.mailboxes / session.session_id
+        mailbox.mkdir(parents=True)
+        (mailbox / OWNER).write_text(json.dumps({"key_id": session.key_id}))
+        return mailbox
+
+    async def read_mailbox(self, session: PeerSession, mailbox: Path) -> None:
+        """Until the session ends: what other front ends were asked for it."""
+        while True:
+            await asyncio.sleep(MAILBOX_POLL_SECONDS)
+            for name, text in await asyncio.to_thread(take_letters, mailbox):
+                if name == END:
+                    await session.end()
+                    return
+                await session.trickle(read_candidates(text))
+
+
+def take_letters(mailbox: Path) -> list[tuple[str, str]]:
+    """The letters posted to a mailbox, oldest name first, each read and removed."""
+    letters = []
+    for letter in sorted(mailbox.iterdir()):
+        if not letter.name.startswith(".") and letter.name != OWNER:
+            letters.append((letter.name, letter.read_text()))
+            letter.unlink()
+    return letters
+
+
+def post(mailbox: Path, name: str, text: str = "") -> None:
+    """A letter to the front end holding the session, whole or not at all."""
+    draft = mailbox / f".{name}"
+    draft.write_text(text)
+    os.replace(draft, mailbox / name)
+
+
+def read_candidates(fragment: str) -> list[RTCIceCandidate]:
+    """The ICE candidates of a trickle-ice-sdpfrag; 400 ``invalid_sdp`` for a line that is
+    not one."""
+    candidates = []
+    for mid, line in trickled_candidates(fragment):
+        try:
+            candidate = candidate_from_sdp(line)
+        except (AssertionError, ValueError, IndexError) as exc:
+            raise ApiError(400, "invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
+        candidate.sdpMid = mid
+        candidate.sdpMLineIndex = None if mid is not None else 0
+        candidates.append(candidate)
+    return candidates
 
 
 PEERS = web.AppKey("webrtc_sessions", PeerSessions)
@@ -371,8 +458,12 @@ async def open_session(
         session = PeerSession(
             uuid.uuid4().hex, listener, principal.key_id if principal is not None else None
         )
+        # found by its DELETE or PATCH from the moment it is answered, on any front end
+        sessions.sessions[session.session_id] = session
+        metrics.webrtc_sessions.inc()
+        mailbox = sessions.open_mailbox(session)
         session.task = asyncio.create_task(
-            run_session(sessions, session, work, held, metrics), name="webrtc-session"
+            run_session(sessions, session, work, held, metrics, mailbox), name="webrtc-session"
         )
         failing.pop_all()
     headers = {"Location": f"{WEBRTC_PATH}/{session.session_id}"}
@@ -389,11 +480,16 @@ async def run_session(
     work: SessionWork,
     held: AsyncExitStack,
     metrics: SpeechMetrics,
+    mailbox: Path | None,
 ) -> None:
+    """The session from its answer to its end: its data channel opens within the connect
+    timeout, then ``work`` runs on it; at the end its stream slot (``held``) is freed and its
+    record and mailbox removed."""
     listener = session.listener
     settings = sessions.settings
-    sessions.sessions[session.session_id] = session
-    metrics.webrtc_sessions.inc()
+    reader = None
+    if mailbox is not None:
+        reader = asyncio.create_task(sessions.read_mailbox(session, mailbox))
     try:
         try:
             async with asyncio.timeout(settings.webrtc_connect_timeout_seconds):
@@ -403,6 +499,8 @@ async def run_session(
             log.info("webrtc session %s never connected (%s)", session.session_id, state)
             metrics.errors.labels("webrtc_connect_failed").inc()
             return
+        if listener.ended:  # ended (DELETE, shutdown) before its data channel opened
+            return
         await serve_listener(listener, settings.ws_idle_timeout_seconds, work)
         if listener.lost:
             log.info("webrtc session %s: its peer vanished", session.session_id)
@@ -410,6 +508,10 @@ async def run_session(
     finally:
         sessions.sessions.pop(session.session_id, None)
         metrics.webrtc_sessions.dec()
+        if reader is not None:
+            reader.cancel()
+        if mailbox is not None:
+            shutil.rmtree(mailbox, ignore_errors=True)
         with suppress(Exception):
             await listener.hang_up()
         await held.aclose()
@@ -417,30 +519,25 @@ async def run_session(
 
 async def update_session(request: web.Request) -> web.Response:
     """``PATCH``: the client's trickled ICE candidates (``application/trickle-ice-sdpfrag``)."""
-    session = request.app[PEERS].find(request, request_principal(request))
+    target = request.app[PEERS].find(request, request_principal(request))
     if request.content_type != TRICKLE:
         raise ApiError(415, "unsupported_media_type", f"send trickled candidates as {TRICKLE}")
     fragment = (await request.content.read(MAX_SDP_BYTES)).decode("utf-8", "replace")
-    pc = session.listener.pc
-    for mid, line in trickled_candidates(fragment):
-        try:
-            candidate = candidate_from_sdp(line)
-        except (AssertionError, ValueError, IndexError) as exc:
-            raise ApiError(400, "invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
-        candidate.sdpMid = mid
-        candidate.sdpMLineIndex = None if mid is not None else 0
-        await pc.addIceCandidate(candidate)
+    candidates = read_candidates(fragment)
+    if isinstance(target, Path):
+        post(target, f"candidates-{uuid.uuid4().hex}", fragment)
+    else:
+        await target.trickle(candidates)
     return web.Response(status=204)
 
 
 async def end_session(request: web.Request) -> web.Response:
     """``DELETE``: the session ends now (its queued audio dropped), its stream freed."""
-    session = request.app[PEERS].find(request, request_principal(request))
-    session.listener.track.drop()
-    await session.listener.hang_up()
-    if session.task is not None:
-        with suppress(asyncio.CancelledError, Exception):
-            await session.task
+    target = request.app[PEERS].find(request, request_principal(request))
+    if isinstance(target, Path):
+        post(target, END)
+    else:
+        await target.end()
     return web.Response(status=204)
 
 

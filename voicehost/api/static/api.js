@@ -59,12 +59,14 @@ async function errorOf(response) {
 }
 
 // fetch() with the key; resolves to the response when it is 2xx, throws ApiError otherwise.
-export async function call(path, { method = "GET", json, body, signal } = {}) {
+// A body other than JSON goes with its contentType if given (the WebRTC offer's SDP).
+export async function call(path, { method = "GET", json, body, contentType, signal } = {}) {
   const init = { method, headers: headers(), signal };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(json);
   } else if (body !== undefined) {
+    if (contentType) init.headers["Content-Type"] = contentType;
     init.body = body;
   }
   const response = await fetch(path, init);

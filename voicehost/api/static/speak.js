@@ -1,8 +1,10 @@
 // Speak: pick a voice, hear a text as it streams (POST /v1/audio/speech, pcm), download it
-// in any format; "type as you go" over the realtime socket, with barge-in.
+// in any format; "type as you go" over the realtime socket or WebRTC, with barge-in, timing the
+// first audio of each.
 
 import { ApiError, call, describe, events, getJson, realtimeUrl } from "./api.js";
 import { SAMPLE_RATE, StreamPlayer } from "./player.js";
+import { PeerLink, webRtcAvailable } from "./webrtc.js";
 
 const $ = (id) => document.getElementById(id);
 const EXTENSIONS = { opus: "ogg", mulaw: "ulaw", alaw: "alaw" };
@@ -173,18 +175,23 @@ async function fillFormats() {
   }
 }
 
-// --- type as you go: the realtime socket ---------------------------------------------------
+// --- type as you go: the realtime socket, or the same session over WebRTC -----------------
 
 const live = {
-  socket: null,
+  socket: null, // the session's link: a WebSocket, or a PeerLink (webrtc.js) that sends as one
+  transport: "websocket", // the link's
   ready: false,
   pending: [], // messages until the config is accepted
   sent: 0, // characters of the text area already sent
   flushTimer: null,
   firstTextAt: null, // since the last start or barge-in: for the time to first audio
+  openedAt: null, // when the link was made: for the time to its ready
   heard: false,
   stopping: false,
 };
+
+const TRANSPORT_NAMES = { websocket: "WebSocket", webrtc: "WebRTC" };
+const firstAudio = {}; // the last time to first audio of each transport, in seconds
 
 const livePlayer = new StreamPlayer((stats) => showSamples("live-samples", stats));
 
@@ -193,11 +200,57 @@ function liveSend(message) {
   else live.pending.push(message);
 }
 
+// The first audio of an utterance is heard: its time since the text was first sent, shown for
+// the transport beside the other's last (and as data-ttfa on the body, for tests).
+function liveHeard(transport) {
+  live.heard = true;
+  const ms = Math.round(performance.now() - live.firstTextAt);
+  $("live-ttfa").textContent = `${ms} ms`;
+  firstAudio[transport] = ms / 1000;
+  const parts = [`first audio ${seconds(ms / 1000)} (${TRANSPORT_NAMES[transport]})`];
+  for (const [other, value] of Object.entries(firstAudio)) {
+    if (other !== transport) parts.push(`${TRANSPORT_NAMES[other]} before: ${seconds(value)}`);
+  }
+  $("ttfa").textContent = parts.join("; ");
+  document.body.dataset.ttfa = String(ms / 1000);
+  document.body.dataset.ttfaTransport = transport;
+}
+
+// An event of the session, whichever its transport; the error of an "error" event, or null.
+function liveEvent(link, event) {
+  const status = $("live-status");
+  if (event.type === "ready") {
+    live.ready = true;
+    for (const pending of live.pending.splice(0)) link.send(JSON.stringify(pending));
+    const over = event.transport === "webrtc" ? " over WebRTC" : "";
+    say(status, `Connected: ${event.voice}, ${event.response_format} at ${event.sample_rate} Hz${over}.`);
+    document.body.dataset.connect = String((performance.now() - live.openedAt) / 1000);
+  } else if (event.type === "segment.started") {
+    $("live-segment").textContent = event.text;
+  } else if (event.type === "segment.done") {
+    $("live-segment").textContent = "-";
+  } else if (event.type === "cancelled") {
+    live.stopping = false;
+    $("live-audio").muted = false;
+    $("live-segment").textContent = "-";
+    say(status, "Stopped: the server cancelled what was left.", "ok");
+  } else if (event.type === "done") {
+    say(status, "Done: the server said everything.", "ok");
+  } else if (event.type === "error") {
+    const wait = event.retry_after ? ` Try again in ${event.retry_after} s.` : "";
+    say(status, `${event.error.code}: ${event.error.message}.${wait}`, "error");
+    return event.error;
+  }
+  return null;
+}
+
 function openSocket() {
   const status = $("live-status");
   const socket = new WebSocket(realtimeUrl());
   socket.binaryType = "arraybuffer";
   live.socket = socket;
+  live.transport = "websocket";
+  live.openedAt = performance.now();
   live.ready = false;
   let refusal = null;
   socket.onopen = () => {
@@ -207,31 +260,10 @@ function openSocket() {
     if (socket !== live.socket) return;
     if (typeof message.data !== "string") {
       if (live.stopping) return;
-      if (livePlayer.push(message.data) > 0 && !live.heard) {
-        live.heard = true;
-        const ms = Math.round(performance.now() - live.firstTextAt);
-        $("live-ttfa").textContent = `${ms} ms`;
-      }
+      if (livePlayer.push(message.data) > 0 && !live.heard) liveHeard("websocket");
       return;
     }
-    const event = JSON.parse(message.data);
-    if (event.type === "ready") {
-      live.ready = true;
-      for (const pending of live.pending.splice(0)) socket.send(JSON.stringify(pending));
-      say(status, `Connected: ${event.voice}, ${event.response_format} at ${event.sample_rate} Hz.`);
-    } else if (event.type === "segment.started") {
-      $("live-segment").textContent = event.text;
-    } else if (event.type === "segment.done") {
-      $("live-segment").textContent = "-";
-    } else if (event.type === "cancelled") {
-      live.stopping = false;
-      $("live-segment").textContent = "-";
-      say(status, "Stopped: the server cancelled what was left.", "ok");
-    } else if (event.type === "error") {
-      refusal = event.error;
-      const wait = event.retry_after ? ` Try again in ${event.retry_after} s.` : "";
-      say(status, `${event.error.code}: ${event.error.message}.${wait}`, "error");
-    }
+    refusal = liveEvent(socket, JSON.parse(message.data)) || refusal;
   };
   socket.onclose = (close) => {
     if (socket !== live.socket) return;
@@ -246,18 +278,135 @@ function openSocket() {
   };
 }
 
+// --- the WebRTC link: its track to the <audio> element and an analyser --------------------
+
+const ENERGY_THRESHOLD = 0.003; // RMS (of full scale) that counts as audio: about -50 dBFS
+const METER_MS = 10;
+
+const meter = { context: null, analyser: null, source: null, timer: null, samples: null, max: 0 };
+
+// The analyser's own context, at the device's rate (the track's 48 kHz, resampled if need be);
+// made when the first track comes, after a key press in the live field (a gesture).
+function meterContext() {
+  if (meter.context === null) {
+    meter.context = new AudioContext();
+    meter.analyser = meter.context.createAnalyser();
+    meter.analyser.fftSize = 1024;
+    meter.samples = new Float32Array(meter.analyser.fftSize);
+  }
+  if (meter.context.state !== "running") meter.context.resume().catch(() => {});
+  return meter.context;
+}
+
+function showLevel(rms) {
+  const db = rms > 0 ? Math.max(-90, Math.round(20 * Math.log10(rms))) : -90;
+  const text = db <= -90 ? "silence" : `${db} dBFS`;
+  if ($("live-level").textContent !== text) $("live-level").textContent = text;
+  document.body.dataset.audioLevel = rms.toFixed(5);
+}
+
+function measure(link) {
+  if (link !== live.socket) return;
+  meter.analyser.getFloatTimeDomainData(meter.samples);
+  let sum = 0;
+  for (const sample of meter.samples) sum += sample * sample;
+  const rms = Math.sqrt(sum / meter.samples.length);
+  showLevel(rms);
+  if (rms > meter.max) {
+    meter.max = rms;
+    document.body.dataset.audioEnergy = rms.toFixed(5);
+  }
+  const counting = live.firstTextAt !== null && !live.heard && !live.stopping;
+  if (counting && rms > ENERGY_THRESHOLD) liveHeard("webrtc");
+}
+
+function stopMeter() {
+  clearInterval(meter.timer);
+  meter.timer = null;
+  if (meter.source) meter.source.disconnect();
+  meter.source = null;
+  showLevel(0);
+}
+
+function playTrack(link, stream) {
+  const audio = $("live-audio");
+  audio.muted = false;
+  audio.srcObject = stream;
+  audio.play().catch((error) => {
+    say($("live-status"), `The browser would not play the audio (${error.message}).`, "error");
+  });
+  const context = meterContext();
+  stopMeter();
+  meter.source = context.createMediaStreamSource(stream);
+  meter.source.connect(meter.analyser); // heard through the <audio> element, measured here
+  meter.timer = setInterval(() => measure(link), METER_MS);
+}
+
+function openPeer() {
+  const status = $("live-status");
+  let refusal = null;
+  const link = new PeerLink({
+    onOpen: () => {
+      link.send(JSON.stringify({ type: "config", voice: selectedVoice() }));
+    },
+    onMessage: (text) => {
+      if (link !== live.socket) return;
+      refusal = liveEvent(link, JSON.parse(text)) || refusal;
+    },
+    onTrack: (stream) => playTrack(link, stream),
+    onClose: (reason) => {
+      if (link !== live.socket) return;
+      live.socket = null;
+      live.ready = false;
+      live.pending = [];
+      live.firstTextAt = null;
+      stopMeter();
+      $("live-audio").srcObject = null;
+      if (refusal && refusal.code === "idle_timeout") {
+        say(status, "The WebRTC session closed after a quiet spell; typing again reconnects.");
+      } else if (!refusal && reason !== "page" && reason !== "server") {
+        say(status, `${reason}; typing again reconnects.`, "error");
+      }
+    },
+  });
+  live.socket = link;
+  live.transport = "webrtc";
+  live.openedAt = performance.now();
+  live.ready = false;
+  say(status, "Connecting over WebRTC...");
+  link.connect().catch((error) => {
+    if (link !== live.socket) return;
+    live.socket = null;
+    live.ready = false;
+    live.pending = [];
+    say(status, describe(error), "error");
+  });
+}
+
+function openLink() {
+  if ($("transport").value === "webrtc") openPeer();
+  else openSocket();
+}
+
+function closeLink() {
+  if (live.socket) live.socket.close(1000); // a PeerLink DELETEs its session
+}
+
 function liveInput() {
   const text = $("live-text").value;
   if (text.length < live.sent) live.sent = text.length; // deleted: what was sent is not unsaid
   const piece = text.slice(live.sent);
   if (!piece) return;
   live.sent = text.length;
-  if (!live.socket) openSocket();
   if (live.firstTextAt === null) {
     live.firstTextAt = performance.now();
     live.heard = false;
     $("live-ttfa").textContent = "-";
+    meter.max = 0;
+    delete document.body.dataset.ttfa;
+    delete document.body.dataset.audioEnergy;
   }
+  if (!live.socket) openLink();
   liveSend({ type: "text", text: piece });
   clearTimeout(live.flushTimer);
   live.flushTimer = setTimeout(() => {
@@ -271,9 +420,17 @@ function liveStop() {
   live.firstTextAt = null;
   if (live.socket && live.ready) {
     live.stopping = true;
+    if (live.transport === "webrtc") $("live-audio").muted = true; // the jitter buffer's last
     live.socket.send(JSON.stringify({ type: "cancel" }));
     say($("live-status"), "Stopping...");
   }
+}
+
+// Another transport: the session ends, and the next piece typed opens one over the new one.
+function switchTransport() {
+  closeLink();
+  live.firstTextAt = null; // the next utterance is timed over the new transport
+  say($("live-status"), `Type to speak over ${TRANSPORT_NAMES[$("transport").value]}.`);
 }
 
 // Audio starts on a gesture: the first key press or click in the live field opens the player.
@@ -289,7 +446,7 @@ export function initSpeak() {
   events.addEventListener("voices", (event) => fillVoices(event.detail));
   $("speak-voice").addEventListener("change", () => {
     showVoiceInfo();
-    if (live.socket) live.socket.close(1000); // the next piece opens one for the new voice
+    closeLink(); // the next piece opens one for the new voice
   });
   $("speak-play").addEventListener("click", speak);
   $("speak-stop").addEventListener("click", stopSpeaking);
@@ -298,6 +455,8 @@ export function initSpeak() {
   $("live-text").addEventListener("pointerdown", livePrepare, { once: true });
   $("live-text").addEventListener("input", liveInput);
   $("live-stop").addEventListener("click", liveStop);
+  if (!webRtcAvailable()) $("transport").querySelector("option[value=webrtc]").disabled = true;
+  $("transport").addEventListener("change", switchTransport);
   fillFormats();
 }
 
