@@ -321,6 +321,7 @@ SAMPLE = {
     "name": "tech",
     "model": "tts-1",
     "file": "app.js",
+    "session_id": "0123456789abcdef0123456789abcdef",
 }
 TABLE = (*PUBLIC_ROUTES, *INTERNAL_ROUTES)
 
