@@ -100,7 +100,7 @@ def test_schemas_are_the_wire_models():
 @pytest.mark.unit
 def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry_after():
     error_ref = {"$ref": REF_TEMPLATE.format(model="ErrorResponse")}
-    streams = {("post", SPEECH), ("get", SPEECH + "/ws")}
+    streams = {("post", SPEECH), ("get", SPEECH + "/ws"), ("post", SPEECH + "/webrtc")}
     for path, item in document()["paths"].items():
         for method, op in item.items():
             if method not in HTTP_METHODS:
@@ -182,10 +182,21 @@ ACCEPTS_LESS_THAN_ITS_SCHEMA = {
     # Unix seconds; test_audit's parse_time tests take both
     ("GET", "/v1/audit"): "since's calendar",
     ("GET", "/v1/usage"): "since's calendar",
+    # an SDP offer is a session description with audio and a data channel; test_webrtc sends
+    # real ones, and hostile ones
+    ("POST", "/v1/audio/speech/webrtc"): "a real offer",
+    # a session's id is one the server gave; test_webrtc trickles into a real one
+    ("PATCH", "/v1/audio/speech/webrtc/{session_id}"): "a real session",
+    ("DELETE", "/v1/audio/speech/webrtc/{session_id}"): "a real session",
 }
 # ... and where the server takes more than a typed parameter can say: an empty query value
 # means unset (allowEmptyValue), which schemathesis counts as a wrong type for `limit`
 TAKES_MORE_THAN_ITS_SCHEMA = {("GET", "/v1/audit"): "an empty limit or after"}
+
+
+# SDP and trickled candidates are text: sent as the strings schemathesis makes for them
+schemathesis.serializer.alias("application/sdp", "text/plain")
+schemathesis.serializer.alias("application/trickle-ice-sdpfrag", "text/plain")
 
 
 def with_real_voice(case: schemathesis.Case) -> schemathesis.Case:

@@ -332,7 +332,7 @@ class PeerSession:
         await self.listener.hang_up()
         if self.task is not None and self.task is not asyncio.current_task():
             with suppress(asyncio.CancelledError, Exception):
-                await self.task
+                await asyncio.shield(self.task)  # a caller cancelled leaves the ending whole
 
 
 MAILBOX_POLL_SECONDS = 0.25
@@ -508,13 +508,15 @@ async def run_session(
     finally:
         sessions.sessions.pop(session.session_id, None)
         metrics.webrtc_sessions.dec()
-        if reader is not None:
-            reader.cancel()
-        if mailbox is not None:
-            shutil.rmtree(mailbox, ignore_errors=True)
-        with suppress(Exception):
-            await listener.hang_up()
-        await held.aclose()
+        try:
+            with suppress(Exception):
+                await listener.hang_up()
+        finally:
+            await held.aclose()  # the stream slot, whatever else fails or is cancelled
+            if reader is not None:
+                reader.cancel()
+            if mailbox is not None:
+                shutil.rmtree(mailbox, ignore_errors=True)
 
 
 async def update_session(request: web.Request) -> web.Response:

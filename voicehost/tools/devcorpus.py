@@ -1,13 +1,18 @@
 """A small real-speech corpus with known text, spoken by espeak-ng: the audio input of the
 training tests and benchmarks (the dev model's counterpart: built on the spot, no download).
-Needs the ``espeak-ng`` and ``sox`` commands."""
+Needs the ``espeak-ng`` and ``sox`` commands; ``spoken_words`` calls espeak-ng's C library
+(``libespeak-ng.so.1``) for the position of each word in its audio."""
 
 from __future__ import annotations
 
+import ctypes
 import random
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -117,3 +122,96 @@ def build_corpus(
     not_audio = folder / "notes.mp3"
     not_audio.write_text("this is a shopping list, not a song\n" * 20)
     return Corpus(folder, good, corrupt, not_audio, leads, texts)
+
+
+# --- espeak-ng's own word positions, through its C library ---------------------------------------
+
+ESPEAK_LIBRARY = "libespeak-ng.so.1"
+SYNCHRONOUS = 2  # AUDIO_OUTPUT_SYNCHRONOUS: the callback gets the audio as it is made
+WORD_EVENT = 1  # espeakEVENT_WORD
+CHARACTER_POSITIONS, UTF8, RATE = 1, 1, 1  # POS_CHARACTER, espeakCHARS_UTF8, espeakRATE
+
+
+class _EventId(ctypes.Union):
+    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8)]
+
+
+class _Event(ctypes.Structure):  # espeak_EVENT (speak_lib.h)
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),  # 1-based, in characters
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),  # ms
+        ("sample", ctypes.c_int),  # samples at the library's rate
+        ("user_data", ctypes.c_void_p),
+        ("id", _EventId),
+    ]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event)
+)
+
+
+@dataclass(frozen=True)
+class SpokenWords:
+    """espeak-ng's speech of a text: float samples at ``sample_rate``, and where each word
+    starts, as (character offset in the text, seconds into the audio)."""
+
+    samples: np.ndarray
+    sample_rate: int
+    starts: list[tuple[int, float]]
+
+
+class _Espeak:
+    """The library, loaded once; one synthesis at a time."""
+
+    def __init__(self) -> None:
+        self.library = ctypes.CDLL(ESPEAK_LIBRARY)
+        self.rate = self.library.espeak_Initialize(SYNCHRONOUS, 0, None, 0)
+        if self.rate <= 0:
+            raise RuntimeError("espeak-ng's library did not start")
+        self.lock = threading.Lock()
+        self.chunks: list[np.ndarray] = []
+        self.starts: list[tuple[int, int]] = []
+        self.callback = _CALLBACK(self._heard)  # kept: the library holds only its address
+        self.library.espeak_SetSynthCallback(self.callback)
+
+    def _heard(self, wav: ctypes.Array, count: int, events: ctypes.Array) -> int:
+        if wav and count > 0:
+            self.chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
+        index = 0
+        while events[index].type != 0:  # espeakEVENT_LIST_TERMINATED
+            if events[index].type == WORD_EVENT:
+                self.starts.append((events[index].text_position - 1, events[index].sample))
+            index += 1
+        return 0
+
+    def speak(self, text: str, voice: str, words_per_minute: int) -> SpokenWords:
+        data = text.encode()
+        if len(data) != len(text):
+            raise ValueError("spoken_words takes ASCII text (its positions are characters)")
+        with self.lock:
+            self.chunks, self.starts = [], []
+            self.library.espeak_SetVoiceByName(voice.encode())
+            self.library.espeak_SetParameter(RATE, words_per_minute, 0)
+            self.library.espeak_Synth(
+                data, len(data) + 1, 0, CHARACTER_POSITIONS, 0, UTF8, None, None
+            )
+            self.library.espeak_Synchronize()
+            samples = np.concatenate(self.chunks).astype(np.float32) / 32768
+            starts = [(position, sample / self.rate) for position, sample in self.starts]
+        return SpokenWords(samples, self.rate, starts)
+
+
+_espeak: _Espeak | None = None
+
+
+def spoken_words(text: str, voice: str = "en-us", words_per_minute: int = 175) -> SpokenWords:
+    """``text`` (ASCII) spoken by espeak-ng's library, with the sample where it starts each
+    word: the ground truth of word timing (``scripts/bench_alignment.py``)."""
+    global _espeak
+    if _espeak is None:
+        _espeak = _Espeak()
+    return _espeak.speak(text, voice, words_per_minute)

@@ -1,0 +1,377 @@
+"""Word timing: where each word of a segment's text is in the segment's audio.
+
+An aligner follows one segment at a time (``begin``): its audio is fed as it is generated
+(``feed``), each call answering the words whose timing is now final, and ``finish`` answers the
+rest once the segment's audio is whole. A word is given once and never revised.
+
+``EstimatedAligner`` (``"estimated"``, built in, no model) places words from what is known: the
+text (each word's letters, and the punctuation after it, where a pause is likely), the pauses
+found in the audio itself (10 ms RMS windows far below the segment's loud level), and the speaking
+rate measured on the segment so far:
+
+1. Phrases: the text cut after each word that punctuation follows. A phrase ends at the first
+   pause heard after at least half the phrase's expected length (its letters at the measured
+   rate); the last phrase ends with the segment's speech.
+2. Words within a phrase: boundaries where the letters put them (a phrase's last word counts
+   half again: speech slows before a pause), each then moved to a dip in the level near it,
+   chosen for all boundaries at once (dynamic programming: closeness to the expected place
+   against the dip's depth).
+3. Streaming: a phrase is final once the pause after it has been heard; the words of the phrase
+   in progress are given as they end at the measured rate, ``GUARD_SECONDS`` behind the audio
+   heard. So a client that has played up to t holds every word that ended a little before t.
+
+``scripts/bench_alignment.py`` measures it against espeak-ng's own word positions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from voicehost.audio.speech_start import window_levels_db
+from voicehost.model.orpheus import SAMPLE_RATE
+
+WINDOW_SECONDS = 0.010  # the level's resolution
+PAUSE_WINDOWS = 6  # quiet windows in a row that make a pause (60 ms)
+LONG_PAUSE_WINDOWS = 12  # while streaming, a pause this long (120 ms) ends a phrase
+EARLIEST = 0.4  # of a phrase's expected length: no pause before it ends the phrase
+LATEST = 2.0  # of a phrase's expected length: a phrase with no pause by then had none
+QUIET_BELOW_LOUD_DB = 30.0  # a window this far below the loud level (95th percentile) is quiet
+PHRASE_END_WEIGHT = 1.5  # a phrase's last word is longer: speech slows before a pause
+PRIOR_LETTERS_PER_SECOND = 13.0  # the rate until a phrase has been measured
+DIP_REACH = 0.25  # of a word's average length: how far a boundary may move to a dip
+DIP_REWARD = 0.01  # per dB squared of a dip's depth, against the squared distance moved
+GUARD_SECONDS = 1.0  # a word of the phrase in progress is given once it ended this long ago
+WORD = re.compile(r"\S+")
+PAUSING = re.compile(r"[,;:.!?\u2026)\]\"\u2014\u2013-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    """A word: its span in the segment's text, its start and end in seconds of the segment's
+    audio (at the model's clock, before ``speed``)."""
+
+    text: str
+    start: int
+    end: int
+    audio_start: float
+    audio_end: float
+
+
+class SegmentAlignment(Protocol):
+    def feed(self, samples: np.ndarray) -> list[WordTiming]:
+        """More of the segment's audio (float, 24 kHz); the words now final, in order."""
+        ...
+
+    def finish(self, samples: np.ndarray | None = None) -> list[WordTiming]:
+        """The last of the segment's audio, if any: it is whole. Every word not given yet."""
+        ...
+
+
+class Aligner(Protocol):
+    name: str
+
+    def begin(self, text: str) -> SegmentAlignment:
+        """The alignment of one segment whose spoken text is ``text``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TextWord:
+    text: str
+    start: int
+    end: int
+    weight: float  # its expected length, in letters
+    pause_after: bool  # punctuation follows it
+
+
+def text_words(text: str) -> list[TextWord]:
+    """The words of ``text`` (runs of non-space with a letter or digit), each weighted by its
+    letters and digits, and whether punctuation follows it."""
+    words = []
+    for match in WORD.finditer(text):
+        word = match.group()
+        letters = sum(ch.isalnum() for ch in word)
+        if letters:
+            pause = bool(PAUSING.search(word))
+            words.append(TextWord(word, match.start(), match.end(), float(letters), pause))
+    return words
+
+
+def phrases(words: list[TextWord]) -> list[list[int]]:
+    """Word indices in phrases, each ending at a word that punctuation follows."""
+    groups: list[list[int]] = [[]]
+    for index, word in enumerate(words):
+        groups[-1].append(index)
+        if word.pause_after and index < len(words) - 1:
+            groups.append([])
+    return [group for group in groups if group]
+
+
+def quiet_windows(levels: np.ndarray) -> np.ndarray:
+    if levels.size == 0:
+        return np.zeros(0, dtype=bool)
+    return levels < float(np.percentile(levels, 95)) - QUIET_BELOW_LOUD_DB
+
+
+def pauses_between(quiet: np.ndarray, first: int, last: int) -> list[tuple[int, int]]:
+    """(start, end) windows of each run of ``PAUSE_WINDOWS`` or more quiet windows that ends
+    (speech resumes) within ``first`` .. ``last``."""
+    found, run = [], None
+    for index in range(first, last):
+        if quiet[index]:
+            run = index if run is None else run
+        else:
+            if run is not None and index - run >= PAUSE_WINDOWS:
+                found.append((run, index))
+            run = None
+    return found
+
+
+def word_weights(words: list[TextWord], indices: list[int]) -> list[float]:
+    weights = [words[i].weight for i in indices]
+    weights[-1] *= PHRASE_END_WEIGHT
+    return weights
+
+
+def spread(
+    indices: list[int], words: list[TextWord], start: float, end: float, levels: np.ndarray
+) -> list[tuple[float, float]]:
+    """The words ``indices`` over windows ``start`` .. ``end``: boundaries where their weights
+    put them, each moved to a dip in ``levels`` near it, chosen for all at once."""
+    weights = word_weights(words, indices)
+    total = sum(weights)
+    expected, cumulative = [], 0.0
+    for weight in weights[:-1]:
+        cumulative += weight
+        expected.append(start + (end - start) * cumulative / total)
+    if not expected:
+        return [(start, end)]
+    reach = max(2.0, DIP_REACH * (end - start) / len(weights))
+    dips = level_dips(levels, int(start) + 1, int(end) - 1)
+    options = [
+        [(at, 0.0)] + [(float(p), d) for p, d in dips if abs(p - at) <= 3 * reach]
+        for at in expected
+    ]
+    # cost[k][j]: the best placing of boundaries 0..k with boundary k at options[k][j]
+    cost = [[((p - expected[0]) / reach) ** 2 - DIP_REWARD * d * d for p, d in options[0]]]
+    back: list[list[int]] = [[-1] * len(options[0])]
+    for k in range(1, len(options)):
+        row, links = [], []
+        for p, d in options[k]:
+            here = ((p - expected[k]) / reach) ** 2 - DIP_REWARD * d * d
+            choices = [
+                (cost[k - 1][i] + here, i) for i, (q, _) in enumerate(options[k - 1]) if q < p - 1
+            ]
+            best = min(choices) if choices else (np.inf, 0)
+            row.append(best[0])
+            links.append(best[1])
+        cost.append(row)
+        back.append(links)
+    j = int(np.argmin(cost[-1]))
+    edges = [0.0] * len(options)
+    for k in range(len(options) - 1, -1, -1):
+        edges[k] = options[k][j][0]
+        j = back[k][j]
+    edges = [start, *edges, end]
+    return [(edges[k], edges[k + 1]) for k in range(len(indices))]
+
+
+def level_dips(levels: np.ndarray, first: int, last: int) -> list[tuple[int, float]]:
+    """Local minima of the (3-window smoothed) level within ``first`` .. ``last``, each with its
+    depth: how far it lies below the lower of the highest levels 80 ms either side."""
+    last = min(last, levels.size - 1)
+    if last - first < 3:
+        return []
+    smooth = np.convolve(levels[first : last + 1], np.ones(3) / 3, mode="same")
+    dips = []
+    for i in range(1, smooth.size - 1):
+        if smooth[i] <= smooth[i - 1] and smooth[i] <= smooth[i + 1]:
+            left, right = smooth[max(0, i - 8) : i].max(), smooth[i + 1 : i + 9].max()
+            dips.append((first + i, float(min(left, right) - smooth[i])))
+    return dips
+
+
+class EstimatedAlignment:
+    """One segment, for ``EstimatedAligner``."""
+
+    def __init__(self, text: str) -> None:
+        self.words = text_words(text)
+        self.groups = phrases(self.words)
+        self.audio: list[np.ndarray] = []
+        self.placed: list[tuple[float, float]] = []  # windows, of the words given, in order
+        self.phrase = 0  # the phrase in progress
+        self.phrase_start: float | None = None  # its first window
+        self.letters_heard = 0.0  # of the phrases done, and their speech (windows)
+        self.windows_heard = 0.0
+
+    def feed(self, samples: np.ndarray) -> list[WordTiming]:
+        self.audio.append(np.asarray(samples, dtype=np.float32))
+        return self._advance(final=False)
+
+    def finish(self, samples: np.ndarray | None = None) -> list[WordTiming]:
+        if samples is not None:
+            self.audio.append(np.asarray(samples, dtype=np.float32))
+        return self._advance(final=True)
+
+    def _rate(self) -> float:
+        """Letters per window, as measured on the phrases done (the prior before a second)."""
+        if self.windows_heard * WINDOW_SECONDS < 1.0:
+            return PRIOR_LETTERS_PER_SECOND * WINDOW_SECONDS
+        return self.letters_heard / self.windows_heard
+
+    def _advance(self, final: bool) -> list[WordTiming]:
+        given = len(self.placed)
+        if given == len(self.words):
+            return []
+        audio = np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
+        levels = window_levels_db(audio, SAMPLE_RATE)
+        quiet = quiet_windows(levels)
+        loud = np.flatnonzero(~quiet)
+        heard = levels.size
+        if loud.size == 0:
+            if final:  # no speech at all: every word at the end, of no length
+                self.placed += [(float(heard), float(heard))] * (len(self.words) - given)
+            return self._timings(given)
+        speech_end = int(loud[-1]) + 1
+        while self.phrase < len(self.groups):
+            group = self.groups[self.phrase]
+            if self.phrase_start is None:
+                after = int(self.placed[-1][1]) if self.placed else 0
+                onsets = loud[loud >= after]
+                if onsets.size == 0:
+                    break
+                self.phrase_start = float(onsets[0])
+            start = self.phrase_start
+            todo = [i for i in group if i >= len(self.placed)]
+            weight = sum(word_weights(self.words, group))
+            expected = weight / self._rate()
+            last_phrase = self.phrase == len(self.groups) - 1
+            if final:  # the speech left is known: the phrases left share it
+                self._place_rest(levels, quiet, start, float(max(speech_end, start + 1)))
+                break
+            end: float | None = None
+            if final and last_phrase:
+                end = float(max(speech_end, start + 1))
+            elif not last_phrase:
+                end = self._phrase_end(quiet, start, expected, heard, final)
+                if end is None and final:  # no pause heard: its share of the speech left
+                    rest = sum(sum(word_weights(self.words, g)) for g in self.groups[self.phrase :])
+                    end = start + max(1.0, (speech_end - start) * weight / rest)
+            if end is None:  # the phrase goes on: its words that ended a guard ago
+                self._give_ended(group, todo, start, expected, levels, heard)
+                break
+            first_todo = todo[0] if todo else None
+            if first_todo is not None:
+                begin = self.placed[-1][1] if len(self.placed) > group[0] else start
+                self.placed += spread(todo, self.words, begin, end, levels)
+            self.letters_heard += weight
+            self.windows_heard += end - start
+            self.phrase += 1
+            self.phrase_start = None
+        return self._timings(given)
+
+    def _place_rest(self, levels: np.ndarray, quiet: np.ndarray, start: float, end: float) -> None:
+        """The phrases left, over windows ``start`` .. ``end``: each boundary between them at
+        the pause nearest where their weights put it (within the shorter neighbour's share),
+        else there; then each phrase's words spread over it."""
+        groups = self.groups[self.phrase :]
+        weights = [sum(word_weights(self.words, g)) for g in groups]
+        total = sum(weights)
+        found = pauses_between(quiet, int(start) + 1, int(end))
+        bounds, at, cumulative = [], start, 0.0
+        for k in range(len(groups) - 1):
+            cumulative += weights[k]
+            expected = start + (end - start) * cumulative / total
+            reach = max(20.0, (end - start) * min(weights[k], weights[k + 1]) / total)
+            near = [p for p in found if p[0] > at and abs((p[0] + p[1]) / 2 - expected) <= reach]
+            if near:
+                pause = min(near, key=lambda p: abs((p[0] + p[1]) / 2 - expected))
+                bounds.append((at, float(pause[0])))
+                at = float(pause[1])
+            else:
+                bounds.append((at, expected))
+                at = expected
+        bounds.append((at, end))
+        for group, (first, last) in zip(groups, bounds, strict=True):
+            todo = [i for i in group if i >= len(self.placed)]
+            if todo:
+                begin = self.placed[-1][1] if len(self.placed) > group[0] else first
+                self.placed += spread(todo, self.words, begin, max(last, begin + 1), levels)
+        self.phrase = len(self.groups)
+
+    def _phrase_end(
+        self, quiet: np.ndarray, start: float, expected: float, heard: int, final: bool
+    ) -> float | None:
+        """Where the phrase in progress ends: the first long pause (``LONG_PAUSE_WINDOWS``)
+        after ``EARLIEST`` of its expected length; None while it may still come. A phrase that
+        has none by ``LATEST`` times its expected length was said without a pause: it is one
+        phrase with the next from then on."""
+        low, high = start + EARLIEST * expected, start + LATEST * expected
+        for a, b in pauses_between(quiet, int(start) + 1, heard):
+            if a >= low and b - a >= LONG_PAUSE_WINDOWS:
+                return float(a)
+        if heard >= high and self.phrase + 1 < len(self.groups) - 1:
+            self.groups[self.phrase] += self.groups.pop(self.phrase + 1)
+        return None
+
+    def _give_ended(
+        self,
+        group: list[int],
+        todo: list[int],
+        start: float,
+        expected: float,
+        levels: np.ndarray,
+        heard: int,
+    ) -> None:
+        """Words of the phrase in progress that ended, at the measured rate, a guard ago."""
+        if len(todo) < 2 or self.windows_heard * WINDOW_SECONDS < 2.0:
+            return  # until a rate has been measured, a phrase's words wait for its end
+        places = spread(group, self.words, start, start + expected, levels)
+        guard = GUARD_SECONDS / WINDOW_SECONDS
+        for index in todo[:-1]:  # the phrase's last word waits for its end
+            word_start, word_end = places[index - group[0]]
+            if word_end > heard - guard:
+                break
+            if self.placed:
+                word_start = max(word_start, self.placed[-1][1])
+            self.placed.append((word_start, max(word_start, word_end)))
+
+    def _timings(self, given: int) -> list[WordTiming]:
+        out = []
+        for index in range(given, len(self.placed)):
+            word, (start, end) = self.words[index], self.placed[index]
+            out.append(
+                WordTiming(
+                    word.text,
+                    word.start,
+                    word.end,
+                    round(start * WINDOW_SECONDS, 3),
+                    round(end * WINDOW_SECONDS, 3),
+                )
+            )
+        return out
+
+
+class EstimatedAligner:
+    """The built-in aligner: no model (see the module's docstring)."""
+
+    name = "estimated"
+
+    def begin(self, text: str) -> EstimatedAlignment:
+        return EstimatedAlignment(text)
+
+
+def align(aligner: Aligner, text: str, samples: np.ndarray, chunk: int = 0) -> list[WordTiming]:
+    """Every word of ``text`` placed in ``samples`` (a whole segment at 24 kHz): fed in chunks
+    of ``chunk`` samples as a stream is, or (0) at once, as a whole."""
+    alignment = aligner.begin(text)
+    if not chunk:
+        return alignment.finish(samples)
+    words: list[WordTiming] = []
+    for first in range(0, samples.size, chunk):
+        words += alignment.feed(samples[first : first + chunk])
+    return words + alignment.finish()
