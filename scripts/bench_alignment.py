@@ -54,7 +54,7 @@ def transformed(samples: np.ndarray, effect: list[str], work: Path) -> np.ndarra
     if not effect:
         return samples
     source, out = work / "in.wav", work / "out.wav"
-    soundfile.write(source, samples, SAMPLE_RATE, subtype="FLOAT")
+    soundfile.write(source, samples, SAMPLE_RATE, subtype="PCM_16")
     subprocess.run(["sox", str(source), str(out), *effect], check=True)
     audio, _ = soundfile.read(out, dtype="float32")
     return audio

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from voicehost.audio.speech_start import window_levels_db
+from voicehost.audio.speech_start import FLOOR_DB, window_levels_db
 from voicehost.model.orpheus import SAMPLE_RATE
 
 WINDOW_SECONDS = 0.010  # the level's resolution
@@ -112,9 +112,11 @@ def phrases(words: list[TextWord]) -> list[list[int]]:
 
 
 def quiet_windows(levels: np.ndarray) -> np.ndarray:
+    """Windows far below the loud level heard so far, or below ``FLOOR_DB`` whatever it is
+    (audio that has been silent so far has no loud level)."""
     if levels.size == 0:
         return np.zeros(0, dtype=bool)
-    return levels < float(np.percentile(levels, 95)) - QUIET_BELOW_LOUD_DB
+    return (levels < float(np.percentile(levels, 95)) - QUIET_BELOW_LOUD_DB) | (levels < FLOOR_DB)
 
 
 def pauses_between(quiet: np.ndarray, first: int, last: int) -> list[tuple[int, int]]:
