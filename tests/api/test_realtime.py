@@ -278,3 +278,72 @@ async def test_a_socket_takes_no_more_text_in_all_than_an_http_request(server):
             message = await ws.receive(timeout=60)
             if message.type == aiohttp.WSMsgType.TEXT:
                 kinds.append(json.loads(message.data)["type"])
+
+
+async def test_word_timing_points_into_the_text_sent_and_comes_with_the_audio_that_ends_it(
+    http, server
+):
+    """``timestamps: word``: a ``word`` event per word of the text sent, its span in that text
+    (``$42.50,`` one word however it is said), and never before the audio it ends in."""
+    text = "It costs $42.50, Dr. Smith said. Then he paid the bill and left the shop."
+    async with http.ws_connect(server.url + WS) as ws:
+        config = {"voice": "dev-a", "response_format": "pcm", "timestamps": "word", "speed": 1.25}
+        await ws.send_json({"type": "config", **config})
+        ready = json.loads((await ws.receive(timeout=30)).data)
+        assert ready["aligner"] == "estimated"
+        for piece in pieces(text, seed=6):
+            await ws.send_json({"type": "text", "text": piece})
+        await ws.send_json({"type": "end"})
+        received = await receive_all(ws)
+    heard_samples = 0
+    words = []
+    for kind, payload in received:
+        if kind == "audio":
+            heard_samples += len(payload) // 2
+        elif payload["type"] == "word":
+            # its audio has all been sent (at the stream's clock, after speed), give or take
+            # the rounding of its times to the millisecond
+            assert payload["audio_end"] * 24000 <= heard_samples + 24, (payload, heard_samples)
+            words.append(payload)
+    assert [text[w["start"] : w["end"]] for w in words] == text.split()
+    assert [w["text"] for w in words] == text.split()
+    starts = [w["audio_start"] for w in words]
+    assert starts == sorted(starts) and all(w["audio_end"] >= w["audio_start"] for w in words)
+    total = sum(p["samples"] for k, p in received if k == "event" and p["type"] == "segment.done")
+    assert words[-1]["audio_end"] * 24000 <= total + 24  # within the audio, after speed
+
+
+async def test_a_cancel_with_word_timing_says_which_words_were_heard(http, server):
+    """``cancelled`` carries the text up to the last word whose audio the listener had played
+    by the server's clock (a socket's client plays from its first audio, in real time): a
+    prefix of the words sent, as a span of the text."""
+    text = paragraph(80, seed=11)
+    async with http.ws_connect(server.url + WS) as ws:
+        config = {"voice": "dev-b", "response_format": "pcm", "timestamps": "word"}
+        await ws.send_json({"type": "config", **config})
+        await receive_all(ws, until="ready")
+        await ws.send_json({"type": "text", "text": text})
+        await ws.send_json({"type": "flush"})
+        words, started = [], time.monotonic()
+        while len(words) < 4:
+            message = await ws.receive(timeout=120)
+            if (
+                message.type == aiohttp.WSMsgType.TEXT
+                and json.loads(message.data)["type"] == "word"
+            ):
+                words.append(json.loads(message.data))
+            assert time.monotonic() - started < 120
+        await asyncio.sleep(0.5)
+        await ws.send_json({"type": "cancel"})
+        received = await receive_all(ws, until="cancelled", wait_s=10)
+        words += [p for k, p in received if k == "event" and p["type"] == "word"]
+        cancelled = received[-1][1]
+        await ws.send_json({"type": "end"})
+    heard = cancelled["heard"]
+    assert heard["start"] == 0 and text[heard["start"] : heard["end"]] == heard["text"]
+    played = cancelled["played_seconds"]
+    heard_words = [w for w in words if w["end"] <= heard["end"]]
+    assert all(w["audio_end"] <= played + 1e-3 for w in heard_words)
+    later = [w for w in words if w["end"] > heard["end"]]
+    assert all(w["audio_end"] > played for w in later)
+    assert heard["text"] == " ".join(w["text"] for w in heard_words)

@@ -98,7 +98,8 @@ async def test_cancel_silences_the_track_within_a_packet_and_the_jitter_buffer(h
     speech is heard after one packet time plus this client's jitter buffer (aiortc holds 4
     packets) and scheduling; without the sender dropping its queue, the rest would play."""
     async with AsyncClient(server.url) as client:
-        session = client.webrtc("dev-b", continuity=False)  # segments generated side by side
+        # segments generated side by side; word timing, so that the cancel says what was heard
+        session = client.webrtc("dev-b", continuity=False, timestamps="word")
         async with session:
             heard = Heard()
             # the client's own reader decodes to bytes; listen to the raw frames instead
@@ -118,13 +119,22 @@ async def test_cancel_silences_the_track_within_a_packet_and_the_jitter_buffer(h
                 assert time.monotonic() - started < 120
             ahead = generated - len(heard.frames) * PACKET_SECONDS
             cancelled_at = time.monotonic()
+            frames_at_cancel = len(heard.frames)
             await session.cancel()
             async for item in session:
                 if isinstance(item, dict) and item["type"] == "cancelled":
+                    cancelled = item
                     break
             await asyncio.sleep(1.5)
             last_speech = max(heard.speech())
             assert await metric(http, server, "voicehost_engine_unfinished_requests") == 0
+    # what it says was heard is what the track had sent: the frames this client had, give or
+    # take its jitter buffer and the silence after each talkspurt
+    played = cancelled["played_seconds"]
+    assert abs(played - frames_at_cancel * PACKET_SECONDS) < 0.4, (played, frames_at_cancel)
+    sent = "".join(f"{SENTENCE} Sentence number {n}. " for n in range(6))
+    assert cancelled["heard"]["start"] == 0
+    assert sent.startswith(cancelled["heard"]["text"]) and cancelled["heard"]["text"]
     silenced = last_speech - cancelled_at
     print(f"{ahead:.2f} s of audio was queued; the last speech came {silenced * 1000:.0f} ms later")
     bound = PACKET_SECONDS + 4 * PACKET_SECONDS + 0.15  # a packet, the jitter buffer, scheduling

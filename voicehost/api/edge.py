@@ -40,6 +40,7 @@ from voicehost.ids import (
 from voicehost.metrics import SpeechMetrics
 from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
+from voicehost.speech.alignment import EstimatedAligner, spoken_letters
 from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
@@ -344,11 +345,13 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
 
 def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
     """How the synthesizer speaks a request's segments, from its options and the settings."""
+    timed = getattr(body, "timestamps", None) == "word"
     return SpeakOptions(
         seed=body.seed,
         continuity_frames=settings.continuity_frames if body.continuity else 0,
         prefetch=settings.segment_prefetch,
         trim_db=settings.trim_threshold_db if body.trim_silence else None,
+        aligner=EstimatedAligner(spoken_letters) if timed else None,
     )
 
 

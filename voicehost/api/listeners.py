@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from abc import ABC, abstractmethod
 from contextlib import suppress
 
@@ -48,6 +49,12 @@ class Listener(ABC):
     @abstractmethod
     async def send_audio(self, data: bytes) -> None:
         """Audio in the session's format (a socket's ``response_format``; PCM for WebRTC)."""
+
+    def played_seconds(self, sent: float, since: float | None) -> float:
+        """How much of the ``sent`` seconds of audio the listener has played, by the server's
+        clock: a socket's client is taken to play from its first audio (sent at ``since``)
+        in real time."""
+        return 0.0 if since is None else min(sent, time.monotonic() - since)
 
     @abstractmethod
     async def close(self, reason: str = "") -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
 
@@ -46,7 +48,13 @@ from voicehost.audio.formats import content_type
 from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
-from voicehost.speech.synthesis import SegmentDone, SegmentStarted, SpeakOptions, Synthesizer
+from voicehost.speech.synthesis import (
+    SegmentStarted,
+    SpeakOptions,
+    SpeechEvent,
+    SpokenWord,
+    Synthesizer,
+)
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.lexicon import Lexicon
@@ -57,6 +65,7 @@ from voicehost.voices.voice import Voice
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 17
+RAW_SAMPLE_BYTES = {"pcm": 2, "mulaw": 1, "alaw": 1}  # formats whose bytes count their samples
 END = None  # what the segment queue holds after the last segment
 # The code of a refused upgrade, in a header too: a WebSocket client never reads the body.
 ERROR_CODE_HEADER = "X-Voicehost-Error-Code"
@@ -130,6 +139,12 @@ class RealtimeSession:
             config.response_format, config.sample_rate, config.speed
         )
         self.received = 0  # characters of text so far: segment spans count from the first
+        self.text = ""  # the text so far, for what a cancel says was heard
+        self.sent_seconds = 0.0  # of audio sent, at the stream's clock (after speed)
+        self.first_audio: float | None = None  # when the first audio was sent (monotonic)
+        self.run_start = 0.0  # where the current speaker's audio starts (after a cancel)
+        self.words: list[SpokenWord] = []  # words sent since the last cancel (stream clock)
+        self.pending: deque[SpokenWord] = deque()  # words whose audio has not all gone out
         max_chars = serving.settings.segment_max_chars
         self.stage = TextStage(lexicon if lexicon else None, max_chars, config.normalize)
         self.said = 0  # characters said by the segmenters before this one (their ``said``)
@@ -156,6 +171,7 @@ class RealtimeSession:
                 "speed": self.encoder.speed,
                 "content_type": content_type(self.encoder.fmt),
             }
+            | ({"aligner": self.options.aligner.name} if self.options.aligner else {})
         )
         self.speaker = self._start_speaker()
         idle = self.serving.settings.ws_idle_timeout_seconds
@@ -192,6 +208,7 @@ class RealtimeSession:
                     f"this socket's text would pass {limit} characters; open a new one",
                 )
             self.received += len(message.text)
+            self.text += message.text
             self._queue(self.segmenter.push(message.text))
         elif message.type == "flush":
             self._flush()
@@ -229,13 +246,26 @@ class RealtimeSession:
             self.segmenter_base = self.received
 
     async def _cancel(self) -> None:
-        """Barge-in: stop speaking, drop every queued segment and the buffered text."""
+        """Barge-in: stop speaking, drop every queued segment and the buffered text. With word
+        timing, ``cancelled`` says what was heard: the words whose audio had been played by
+        the listener's clock (``Listener.played_seconds``), as a span of the text sent."""
         await self._stop_speaker()
         self.queue = asyncio.Queue()
         self.said += self.segmenter.said
         self.segmenter = self.stage.streamed()
         self.segmenter_base = self.received
-        await self.send({"type": "cancelled"})
+        cancelled: dict[str, object] = {"type": "cancelled"}
+        if self.options.aligner is not None:
+            played = self.listener.played_seconds(self.sent_seconds, self.first_audio)
+            heard = [w for w in self.words if w.audio_end <= played + 1e-3]
+            first = self.words[0].start if self.words else self.received
+            end = heard[-1].end if heard else first
+            cancelled["heard"] = {"text": self.text[first:end], "start": first, "end": end}
+            cancelled["played_seconds"] = round(played, 3)
+        self.words = []
+        self.pending.clear()
+        self.run_start = self.sent_seconds
+        await self.send(cancelled)
         self.speaker = self._start_speaker()
 
     def _busy(self, idle: float) -> bool:
@@ -267,6 +297,7 @@ class RealtimeSession:
                 async for event in events:
                     await self._forward(event)
             await self._audio(await self.encoder.finish())
+            await self._release_words(every=True)
             await self.send({"type": "done"})
             await self.listener.close()
         except asyncio.CancelledError:
@@ -280,15 +311,25 @@ class RealtimeSession:
         finally:
             self.in_segment = False
 
-    async def _forward(self, event: SegmentStarted | np.ndarray | SegmentDone) -> None:
-        if isinstance(event, np.ndarray):
+    async def _forward(self, event: SpeechEvent) -> None:
+        if isinstance(event, SpokenWord):  # onto the stream's clock: after speed and cancels
+            speed = self.encoder.speed
+            word = dataclasses.replace(
+                event,
+                audio_start=self.run_start + event.audio_start / speed,
+                audio_end=self.run_start + event.audio_end / speed,
+            )
+            self.pending.append(word)
+            await self._release_words()
+        elif isinstance(event, np.ndarray):
             data = await self.encoder.encode(event)
             try:
-                await self._audio(data)
+                await self._audio(data, event.size)
             except asyncio.CancelledError:  # a barge-in cut the drain after the write: sent
                 self.tally.sent(event.size)
                 raise
             self.tally.sent(event.size)
+            await self._release_words()
         elif isinstance(event, SegmentStarted):
             self.tally.segment(event.segment.text)
             self.in_segment = True
@@ -313,10 +354,35 @@ class RealtimeSession:
                 }
             )
 
-    async def _audio(self, data: bytes) -> None:
+    async def _audio(self, data: bytes, model_samples: int = 0) -> None:
+        """Send ``data``, the encoding of ``model_samples``: the stream's clock moves on by the
+        samples sent (exact for the raw formats; a compressed one's by what was encoded)."""
         if data:
             await self.listener.send_audio(data)
             self.last_output = time.monotonic()
+            if self.first_audio is None:
+                self.first_audio = self.last_output
+        width = RAW_SAMPLE_BYTES.get(self.encoder.fmt)
+        output = len(data) / width if width else self.encoder.output_samples(model_samples)
+        self.sent_seconds += output / self.encoder.sample_rate
+
+    async def _release_words(self, every: bool = False) -> None:
+        """Send the words whose audio has gone out (an encoder may hold some back: a time
+        stretch, a resampler), or ``every`` one left."""
+        while self.pending and (every or self.pending[0].audio_end <= self.sent_seconds + 1e-3):
+            word = self.pending.popleft()
+            self.words.append(word)
+            await self.send(
+                {
+                    "type": "word",
+                    "text": word.text,
+                    "start": word.start,
+                    "end": word.end,
+                    "audio_start": math.floor(word.audio_start * 1000) / 1000,  # ms, never after
+                    "audio_end": math.floor(word.audio_end * 1000) / 1000,
+                    "aligner": word.aligner,
+                }
+            )
 
 
 async def read_config(listener: Listener, idle: float) -> RealtimeConfig:

@@ -136,6 +136,11 @@ class RealtimeConfig(SpeechOptions):
     response_format: StrictStr = Field(
         "pcm", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
     )
+    timestamps: Literal["word"] | None = Field(
+        None,
+        description='"word": a `word` event for each word once its timing is final: its span '
+        "in the text sent, and its start and end in seconds of the audio sent.",
+    )
 
 
 class RealtimeText(BaseModel):

@@ -282,6 +282,11 @@ class PeerListener(Listener):
             self.track.end_talkspurt()
         self.channel.send(text)
 
+    def played_seconds(self, sent: float, since: float | None) -> float:
+        """The audio the track has sent on the wire: what the listener's stack has (its jitter
+        buffer aside)."""
+        return self.track.played_seconds
+
     async def send_audio(self, data: bytes) -> None:
         if not self.muted:
             self.track.queue(self.packetizer.encode(data))

@@ -25,7 +25,9 @@ rate measured on the segment so far:
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +35,7 @@ import numpy as np
 
 from voicehost.audio.speech_start import FLOOR_DB, window_levels_db
 from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.text.normalize import normalize
 
 WINDOW_SECONDS = 0.010  # the level's resolution
 PAUSE_WINDOWS = 6  # quiet windows in a row that make a pause (60 ms)
@@ -88,16 +91,25 @@ class TextWord:
     pause_after: bool  # punctuation follows it
 
 
-def text_words(text: str) -> list[TextWord]:
-    """The words of ``text`` (runs of non-space with a letter or digit), each weighted by its
-    letters and digits, and whether punctuation follows it."""
+def letters(word: str) -> float:
+    """A word's letters and digits: its expected length as written."""
+    return float(sum(ch.isalnum() for ch in word))
+
+
+def spoken_letters(word: str) -> float:
+    """The letters of what a word is said as (``$42.50``: forty-two dollars and fifty cents)."""
+    return max(letters(word), letters(normalize(word)))
+
+
+def text_words(text: str, weigh: Callable[[str], float] = letters) -> list[TextWord]:
+    """The words of ``text`` (runs of non-space with a letter or digit), each weighted by
+    ``weigh``, and whether punctuation follows it."""
     words = []
     for match in WORD.finditer(text):
         word = match.group()
-        letters = sum(ch.isalnum() for ch in word)
-        if letters:
+        if any(ch.isalnum() for ch in word):
             pause = bool(PAUSING.search(word))
-            words.append(TextWord(word, match.start(), match.end(), float(letters), pause))
+            words.append(TextWord(word, match.start(), match.end(), weigh(word), pause))
     return words
 
 
@@ -200,8 +212,8 @@ def level_dips(levels: np.ndarray, first: int, last: int) -> list[tuple[int, flo
 class EstimatedAlignment:
     """One segment, for ``EstimatedAligner``."""
 
-    def __init__(self, text: str) -> None:
-        self.words = text_words(text)
+    def __init__(self, text: str, weigh: Callable[[str], float] = letters) -> None:
+        self.words = text_words(text, weigh)
         self.groups = phrases(self.words)
         self.audio: list[np.ndarray] = []
         self.placed: list[tuple[float, float]] = []  # windows, of the words given, in order
@@ -343,28 +355,37 @@ class EstimatedAlignment:
             self.placed.append((word_start, max(word_start, word_end)))
 
     def _timings(self, given: int) -> list[WordTiming]:
+        """The words placed from ``given`` on, in seconds, none past the audio fed (a 10 ms
+        window may end after it)."""
+        fed = sum(chunk.size for chunk in self.audio) / SAMPLE_RATE / WINDOW_SECONDS
         out = []
         for index in range(given, len(self.placed)):
             word, (start, end) = self.words[index], self.placed[index]
+            start, end = min(start, fed), min(end, fed)
             out.append(
                 WordTiming(
                     word.text,
                     word.start,
                     word.end,
-                    round(start * WINDOW_SECONDS, 3),
-                    round(end * WINDOW_SECONDS, 3),
+                    math.floor(start * WINDOW_SECONDS * 1000) / 1000,
+                    math.floor(end * WINDOW_SECONDS * 1000) / 1000,
                 )
             )
         return out
 
 
 class EstimatedAligner:
-    """The built-in aligner: no model (see the module's docstring)."""
+    """The built-in aligner: no model (see the module's docstring). ``weigh``: a word's
+    expected length (its letters; ``spoken_letters`` for a client's text, which the text stage
+    rewrites and normalises before it is said)."""
 
     name = "estimated"
 
+    def __init__(self, weigh: Callable[[str], float] = letters) -> None:
+        self.weigh = weigh
+
     def begin(self, text: str) -> EstimatedAlignment:
-        return EstimatedAlignment(text)
+        return EstimatedAlignment(text, self.weigh)
 
 
 def align(aligner: Aligner, text: str, samples: np.ndarray, chunk: int = 0) -> list[WordTiming]:

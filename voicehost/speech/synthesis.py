@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from voicehost.metrics import SpeechMetrics
 from voicehost.model import orpheus
 from voicehost.model.codec import DecodeScheduler, FrameDecoder
 from voicehost.model.engine import SpeechEngine
+from voicehost.speech.alignment import Aligner, WordTiming
 from voicehost.speech.capacity import RateMeter
 from voicehost.text.segment import Segment
 from voicehost.voices.voice import Voice
@@ -206,6 +208,7 @@ class SpeakOptions:
     continuity_frames: int = 0
     prefetch: int = 1  # segments generated at once when continuity is off
     trim_db: float | None = None  # drop leading silence quieter than this (None: keep it)
+    aligner: Aligner | None = None  # word timing: ``SpokenWord`` events (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,38 @@ class SegmentDone:
     samples: int
 
 
-SpeechEvent = SegmentStarted | np.ndarray | SegmentDone
+@dataclass(frozen=True, slots=True)
+class SpokenWord:
+    """A word of a segment, once its timing is final: its span in the whole input (the
+    segment's offsets added) and its start and end in seconds of the stream's audio (the
+    model's clock: before ``speed``). Comes after the chunk its audio ends in, or with the
+    segment's end; produced by ``aligner``."""
+
+    index: int
+    text: str
+    start: int
+    end: int
+    audio_start: float
+    audio_end: float
+    aligner: str
+
+    @classmethod
+    def of(
+        cls, index: int, segment: Segment, offset: float, aligner: str, word: WordTiming
+    ) -> SpokenWord:
+        """``word`` of segment ``index``, whose audio starts ``offset`` s into the stream."""
+        return cls(
+            index,
+            word.text,
+            segment.start + word.start,
+            segment.start + word.end,
+            offset + word.audio_start,
+            offset + word.audio_end,
+            aligner,
+        )
+
+
+SpeechEvent = SegmentStarted | np.ndarray | SpokenWord | SegmentDone
 # Where a segment's audio comes from: a producer's queue, or (text, seed) to stream directly.
 Source = asyncio.Queue[Any] | tuple[str, int | None]
 
@@ -259,6 +293,7 @@ class Synthesizer:
         trim = LeadingSilenceTrim(options.trim_db) if options.trim_db is not None else None
         playback = PlaybackClock(self.metrics.underruns)
         began: float | None = None  # the first segment's arrival, until its first audio
+        stream_samples = 0  # of the stream so far, for word timing
         async with aclosing(self._generated(segments, voice, options)) as generated:
             async for index, segment, arrived, chunks in generated:
                 if index == 0:
@@ -267,6 +302,15 @@ class Synthesizer:
                 playback.segment(arrived)
                 yield SegmentStarted(index, segment)
                 samples = 0
+                aligner = options.aligner
+                alignment = aligner.begin(segment.text) if aligner is not None else None
+                placed = partial(
+                    SpokenWord.of,
+                    index,
+                    segment,
+                    stream_samples / orpheus.SAMPLE_RATE,  # where this segment's audio starts
+                    aligner.name if aligner is not None else "",
+                )
                 async for pcm in chunks:
                     if trim is not None and not trim.done:
                         pcm = trim(pcm)
@@ -277,8 +321,15 @@ class Synthesizer:
                             self.metrics.time_to_first_audio.observe(time.monotonic() - began)
                             began = None
                         samples += pcm.size
+                        stream_samples += pcm.size
                         playback.play(pcm.size)
                         yield pcm
+                        if alignment is not None:
+                            for word in alignment.feed(pcm):
+                                yield placed(word)
+                if alignment is not None:
+                    for word in alignment.finish():
+                        yield placed(word)
                 yield SegmentDone(index, segment, samples)
 
     async def _generated(
