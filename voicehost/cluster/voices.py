@@ -211,9 +211,7 @@ class RedisVoiceDirectory:
         if voice_id in self.builtin:
             return versioning.builtin_version(self.builtin[voice_id], version)
         ref = voice_ref(voice_id, version)
-        record = await self.record(voice_id, version)
-        if record is None and await self._lost(voice_id):
-            raise RegistryRebuilding(voice_id)
+        record = await self._found_record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
         status = record["status"]
@@ -481,6 +479,17 @@ class RedisVoiceDirectory:
     def missing(self) -> int:
         return max(self._missing, len(self._lost_seen))
 
+    async def _found_record(self, voice_id: str, version: int | None) -> dict[str, str] | None:
+        """The voice's record; ``RegistryRebuilding`` while Redis has lost it and the store
+        holds it. A record the reconciler restored between the read and the check is read
+        again: that voice was never "not found"."""
+        record = await self.record(voice_id, version)
+        if record is None:
+            if await self._lost(voice_id):
+                raise RegistryRebuilding(voice_id)
+            record = await self.record(voice_id, version)
+        return record
+
     async def _lost(self, voice_id: str) -> bool:
         """Whether ``voice_id`` has no record but the store holds it (deleting a voice removes
         its files first): Redis lost it, the next reconcile restores it. Noted for
@@ -558,9 +567,7 @@ class RedisVoiceDirectory:
     async def manifest(self, voice_id: str, version: int | None = None) -> dict | None:
         if voice_id in self.builtin:
             return {} if versioning.builtin_version(self.builtin[voice_id], version) else None
-        record = await self.record(voice_id, version)
-        if record is None and await self._lost(voice_id):
-            raise RegistryRebuilding(voice_id)
+        record = await self._found_record(voice_id, version)
         if record is None or record.get("status") not in LISTED:
             return None
         return json.loads(record.get("manifest") or "{}")
