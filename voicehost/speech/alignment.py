@@ -267,19 +267,12 @@ class EstimatedAlignment:
             if final:  # the speech left is known: the phrases left share it
                 self._place_rest(levels, quiet, start, float(max(speech_end, start + 1)))
                 break
-            end: float | None = None
-            if final and last_phrase:
-                end = float(max(speech_end, start + 1))
-            elif not last_phrase:
-                end = self._phrase_end(quiet, start, expected, heard, final)
-                if end is None and final:  # no pause heard: its share of the speech left
-                    rest = sum(sum(word_weights(self.words, g)) for g in self.groups[self.phrase :])
-                    end = start + max(1.0, (speech_end - start) * weight / rest)
+            # the last phrase ends with the segment (above); another at a pause heard after it
+            end = None if last_phrase else self._phrase_end(quiet, start, expected, heard)
             if end is None:  # the phrase goes on: its words that ended a guard ago
                 self._give_ended(group, todo, start, expected, levels, heard)
                 break
-            first_todo = todo[0] if todo else None
-            if first_todo is not None:
+            if todo:
                 begin = self.placed[-1][1] if len(self.placed) > group[0] else start
                 self.placed += spread(todo, self.words, begin, end, levels)
             self.letters_heard += weight
@@ -318,7 +311,7 @@ class EstimatedAlignment:
         self.phrase = len(self.groups)
 
     def _phrase_end(
-        self, quiet: np.ndarray, start: float, expected: float, heard: int, final: bool
+        self, quiet: np.ndarray, start: float, expected: float, heard: int
     ) -> float | None:
         """Where the phrase in progress ends: the first long pause (``LONG_PAUSE_WINDOWS``)
         after ``EARLIEST`` of its expected length; None while it may still come. A phrase that
