@@ -70,6 +70,7 @@ __all__ = [
     "start_early",
     "stop",
     "stop_in_background",
+    "tiny_ctc_model",
     "voicehost_command",
     "wait_ready",
     "wait_until",
@@ -593,3 +594,47 @@ async def open_playground(chromium, url: str):
         yield page, watch, response
     finally:
         await context.close()
+
+
+# --- a forced aligner's model ------------------------------------------------------------------
+
+CTC_VOCAB = ["<pad>", "<unk>", "|", "'", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+
+
+def tiny_ctc_model(folder: Path) -> Path:
+    """A wav2vec2 CTC model of random weights (hidden size 32, two layers) and its processor,
+    saved in ``folder`` as transformers saves a real one: what ``VOICEHOST_ALIGNER_MODEL`` loads.
+    It aligns nothing well; it exercises the interface, as the MMS aligners would."""
+    import torch
+    from transformers import (
+        Wav2Vec2Config,
+        Wav2Vec2CTCTokenizer,
+        Wav2Vec2FeatureExtractor,
+        Wav2Vec2ForCTC,
+        Wav2Vec2Processor,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.json"
+    vocab.write_text(json.dumps({token: index for index, token in enumerate(CTC_VOCAB)}))
+    tokenizer = Wav2Vec2CTCTokenizer(
+        str(vocab), unk_token="<unk>", pad_token="<pad>", word_delimiter_token="|"
+    )
+    features = Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16000, padding_value=0.0, return_attention_mask=False
+    )
+    Wav2Vec2Processor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(folder)
+    config = Wav2Vec2Config(
+        vocab_size=len(CTC_VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16,) * 7,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    Wav2Vec2ForCTC(config).save_pretrained(folder)
+    return folder

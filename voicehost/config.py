@@ -230,6 +230,11 @@ class Settings(BaseSettings):
     trim_threshold_db: float = Field(
         -45.0, description="Level under which leading audio is trimmed (trim_silence)."
     )
+    aligner_model: Path | None = Field(
+        None,
+        description="Word timing by forced alignment: a local folder with a CTC model and its "
+        "processor (wav2vec2 / MMS, as transformers saves them); none: the built-in estimate.",
+    )
 
     # Engine
     quantization: str = Field(

@@ -26,8 +26,10 @@ from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.model.engine import EngineSlot, SpeechEngine
 from voicehost.speech.admission import Admission, WorkerLoad
+from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
 from voicehost.speech.board import HostBoard, LocalBoard
 from voicehost.speech.capacity import RateMeter, Realtime
+from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
 from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
 from voicehost.tenancy.lexicons import FolderLexicons, LexiconStore
@@ -178,6 +180,8 @@ class ServingProcess:
         self.codec: SnacCodec | None = None
         self.scheduler: DecodeScheduler | None = None
         self.synthesizer: Synthesizer | None = None
+        # word timing: the built-in estimate, until start-up loads VOICEHOST_ALIGNER_MODEL's
+        self.aligner: Aligner = EstimatedAligner(spoken_letters)
         self.format_encoders = FormatEncoderPool(
             settings.encode_threads, settings.encode_process_count()
         )
@@ -379,6 +383,8 @@ class ServingProcess:
             threads=s.codec_threads,
             cuda_graphs=s.codec_cuda_graphs,
         )
+        if s.aligner_model is not None:
+            self.aligner = await asyncio.to_thread(load_aligner, s.aligner_model)
         if graphs := await asyncio.to_thread(self.codec.capture_graphs):
             log.info("captured CUDA graphs of SNAC for %d call shapes", graphs)
         self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)

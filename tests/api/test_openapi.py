@@ -84,7 +84,7 @@ def test_the_upload_has_its_two_shapes_a_new_voice_its_location_and_sse_its_even
     # the schema is one event of the stream, as schemathesis (and OpenAPI 3.2) read it
     assert sse["schema"]["type"] == "object" and sse["schema"]["required"] == ["data"]
     kinds = [e["properties"]["type"]["const"] for e in sse["x-events"]["oneOf"]]
-    assert kinds == ["speech.audio.delta", "speech.audio.done", "error"]
+    assert kinds == ["speech.audio.delta", "speech.audio.done", "speech.word", "error"]
 
 
 @pytest.mark.unit
@@ -101,6 +101,7 @@ def test_schemas_are_the_wire_models():
 def test_errors_have_the_error_shape_keyed_routes_401_403_streams_429_with_retry_after():
     error_ref = {"$ref": REF_TEMPLATE.format(model="ErrorResponse")}
     streams = {("post", SPEECH), ("get", SPEECH + "/ws"), ("post", SPEECH + "/webrtc")}
+    streams.add(("post", SPEECH + "/captioned"))
     for path, item in document()["paths"].items():
         for method, op in item.items():
             if method not in HTTP_METHODS:

@@ -351,9 +351,14 @@ async def test_a_lexicon_on_the_realtime_socket_is_said_with_spans_in_the_client
         return events, audio
 
     (events, audio), (_, reference), (refused, _) = await asyncio.gather(
-        session(sent, lexicons=["realtime"]), session([said]), session(sent, lexicons=["nope"])
+        session(sent, lexicons=["realtime"], timestamps="word"),
+        session([said]),
+        session(sent, lexicons=["nope"]),
     )
     text = "".join(sent)
+    # word timing points into the text sent too, whatever the lexicon said instead
+    words = [e for e in events if e["type"] == "word"]
+    assert [text[w["start"] : w["end"]] for w in words] == text.split()
     started = [e for e in events if e["type"] == "segment.started"]
     assert [(e["text"], e["start"], e["end"]) for e in started] == [
         ("Kubernetes rocks.", 0, 17),

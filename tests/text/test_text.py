@@ -615,13 +615,16 @@ def test_the_stage_says_the_lexicons_aliases_cuts_then_normalises_each_segment()
     lexicon = Lexicon([LexiconEntry("W3C", "web consortium")])
     text = "The W3C met on 3 May. " * 10 + "It cost $5."
     segments = TextStage(lexicon, max_chars=80).whole(text)
-    assert len(segments) > 1 and all(len(s.text) <= 80 for s in segments)
-    assert "".join(s.text for s in segments) == lexicon.apply(text)  # cut in what is said
+    assert len(segments) > 1 and all(len(s.speech) <= 80 for s in segments)
+    # each segment's span is of the input as given (word timing points into it)
+    assert "".join(s.text for s in segments) == text
+    assert all(text[s.start : s.end] == s.text for s in segments)
     assert "web consortium" in segments[0].speech and "W3C" not in segments[0].speech
     assert segments[0].speech.count("third") == 2  # "3 May", normalised once cut
     assert "five dollars" in segments[-1].speech
     plain = TextStage(lexicon, max_chars=80, normalise=False).whole(text)
-    assert [s.speech for s in plain] == [s.text for s in plain]
+    assert "".join(s.speech for s in plain) == lexicon.apply(text)  # cut in what is said
+    assert all(len(s.speech) <= 80 for s in plain)
     with pytest.raises(TextTooLong, match=r"says \d+ characters; the limit is 100"):
         TextStage(lexicon).whole("W3C " * 30, limit=100)  # 120 characters, said as 450
 

@@ -40,7 +40,7 @@ from voicehost.ids import (
 from voicehost.metrics import SpeechMetrics
 from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
-from voicehost.speech.alignment import EstimatedAligner, spoken_letters
+from voicehost.speech.alignment import Aligner
 from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
@@ -330,8 +330,10 @@ def check_audio_options(body: SpeechOptions) -> int:
         raise ApiError(400, "unsupported_format", str(exc)) from exc
 
 
-def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
-    """400 for input with nothing to say or an unservable format; 413 past ``max_chars``."""
+def check_speech_request(body: SpeechRequest, max_chars: int, captioned: bool = False) -> None:
+    """400 for input with nothing to say, an unservable format, or word timing where the
+    answer has no place for it (raw audio; the ``captioned`` endpoint times words always);
+    413 past ``max_chars``."""
     if not any(ch.isalnum() for ch in body.input):
         raise ApiError(400, "empty_input", "input is empty or has nothing to say")
     if len(body.input) > max_chars:
@@ -340,18 +342,26 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
             "input_too_long",
             f"input has {len(body.input)} characters; the limit is {max_chars}",
         )
+    if not captioned and body.timestamps == "word" and body.stream_format != "sse":
+        raise ApiError(
+            400,
+            "invalid_request",
+            'word timestamps come as SSE events: stream_format "sse" (or POST '
+            "/v1/audio/speech/captioned for the audio and its words at once)",
+        )
     check_audio_options(body)
 
 
-def speak_options(body: SpeechOptions, settings: Settings) -> SpeakOptions:
-    """How the synthesizer speaks a request's segments, from its options and the settings."""
-    timed = getattr(body, "timestamps", None) == "word"
+def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> SpeakOptions:
+    """How the synthesizer speaks a request's segments, from its options and the settings;
+    ``aligner`` times its words if it asks for word timing."""
+    timed = body.timestamps == "word"
     return SpeakOptions(
         seed=body.seed,
         continuity_frames=settings.continuity_frames if body.continuity else 0,
         prefetch=settings.segment_prefetch,
         trim_db=settings.trim_threshold_db if body.trim_silence else None,
-        aligner=EstimatedAligner(spoken_letters) if timed else None,
+        aligner=aligner if timed else None,
     )
 
 

@@ -23,6 +23,8 @@ from voicehost.api.auth import PUBLIC, WS_ROUTE, Access
 from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
     AuditPage,
+    CaptionedSpeech,
+    CaptionedSpeechRequest,
     CloneJobInfo,
     ConsentRecord,
     ErrorDetail,
@@ -56,6 +58,7 @@ Json = dict[str, Any]
 
 MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (SpeechRequest, "validation"),
+    (CaptionedSpeechRequest, "validation"),
     (RealtimeConfig, "validation"),
     (RealtimeText, "validation"),
     (RealtimeControl, "validation"),
@@ -75,6 +78,7 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (CloneJobInfo, "serialization"),
     (AuditPage, "serialization"),
     (UsageReport, "serialization"),
+    (CaptionedSpeech, "serialization"),
     (ErrorResponse, "serialization"),
 )
 
@@ -234,6 +238,20 @@ SSE_EVENTS: Json = {
         },
         {
             "type": "object",
+            "description": 'With `timestamps: "word"`: a word, after the audio that ends it.',
+            "properties": {
+                "type": {"const": "speech.word"},
+                "text": {"type": "string"},
+                "start": {"type": "integer", "minimum": 0},
+                "end": {"type": "integer", "minimum": 0},
+                "audio_start": {"type": "number", "minimum": 0},
+                "audio_end": {"type": "number", "minimum": 0},
+                "aligner": {"type": "string"},
+            },
+            "required": ["type", "text", "start", "end", "audio_start", "audio_end", "aligner"],
+        },
+        {
+            "type": "object",
             "properties": {"type": {"const": "error"}, "error": ref(ErrorDetail)},
             "required": ["type", "error"],
         },
@@ -301,7 +319,47 @@ def speech_operations() -> dict[str, Json]:
             },
         },
     )
-    return {"speak": speak, "speak_realtime": realtime_operation(), **webrtc_operations()}
+    captioned = operation(
+        "Speak text, answered at once with every word's timing (captioned speech)",
+        {
+            "200": json_body(
+                ref(CaptionedSpeech),
+                "The audio (base64, in `response_format`) and each word's span and times.",
+                VOICE_VERSION,
+            ),
+            **errors(
+                {
+                    400: "As `speak`'s.",
+                    404: "As `speak`'s.",
+                    413: "As `speak`'s.",
+                    422: "As `speak`'s.",
+                    500: "`synthesis_failed` / `no_audio` / `encoding_failed`: nothing is "
+                    "answered but the error.",
+                    502: "`upstream_failed`: a gateway's workers failed (cluster mode).",
+                    503: f"{UNAVAILABLE} {REDIS_DOWN} `no_workers` (gateway).",
+                },
+                stream=True,
+            ),
+        },
+        tag="speech",
+        description="The same request as `POST /v1/audio/speech`, its words timed as with "
+        '`timestamps: "word"`; for callers that want captions and no stream.',
+        body={
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": ref(CaptionedSpeechRequest),
+                    "example": {"input": "Hello there.", "voice": "tara", "response_format": "wav"},
+                }
+            },
+        },
+    )
+    return {
+        "speak": speak,
+        "speak_captioned": captioned,
+        "speak_realtime": realtime_operation(),
+        **webrtc_operations(),
+    }
 
 
 def realtime_operation() -> Json:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
 
@@ -28,6 +26,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from voicehost.api.auth import request_principal
+from voicehost.api.captions import WordClock, word_fields
 from voicehost.api.edge import (
     SERVING,
     ApiError,
@@ -65,7 +64,6 @@ from voicehost.voices.voice import Voice
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 17
-RAW_SAMPLE_BYTES = {"pcm": 2, "mulaw": 1, "alaw": 1}  # formats whose bytes count their samples
 END = None  # what the segment queue holds after the last segment
 # The code of a refused upgrade, in a header too: a WebSocket client never reads the body.
 ERROR_CODE_HEADER = "X-Voicehost-Error-Code"
@@ -134,17 +132,15 @@ class RealtimeSession:
         self.serving = serving
         self.synthesizer = synthesizer
         self.voice = voice
-        self.options: SpeakOptions = speak_options(config, serving.settings)
+        self.options: SpeakOptions = speak_options(config, serving.settings, serving.aligner)
         self.encoder = serving.format_encoders.stream(
             config.response_format, config.sample_rate, config.speed
         )
         self.received = 0  # characters of text so far: segment spans count from the first
         self.text = ""  # the text so far, for what a cancel says was heard
-        self.sent_seconds = 0.0  # of audio sent, at the stream's clock (after speed)
+        self.clock = WordClock(self.encoder)  # the audio sent, and the words waiting for it
         self.first_audio: float | None = None  # when the first audio was sent (monotonic)
-        self.run_start = 0.0  # where the current speaker's audio starts (after a cancel)
         self.words: list[SpokenWord] = []  # words sent since the last cancel (stream clock)
-        self.pending: deque[SpokenWord] = deque()  # words whose audio has not all gone out
         max_chars = serving.settings.segment_max_chars
         self.stage = TextStage(lexicon if lexicon else None, max_chars, config.normalize)
         self.said = 0  # characters said by the segmenters before this one (their ``said``)
@@ -256,15 +252,14 @@ class RealtimeSession:
         self.segmenter_base = self.received
         cancelled: dict[str, object] = {"type": "cancelled"}
         if self.options.aligner is not None:
-            played = self.listener.played_seconds(self.sent_seconds, self.first_audio)
+            played = self.listener.played_seconds(self.clock.sent_seconds, self.first_audio)
             heard = [w for w in self.words if w.audio_end <= played + 1e-3]
             first = self.words[0].start if self.words else self.received
             end = heard[-1].end if heard else first
             cancelled["heard"] = {"text": self.text[first:end], "start": first, "end": end}
             cancelled["played_seconds"] = round(played, 3)
         self.words = []
-        self.pending.clear()
-        self.run_start = self.sent_seconds
+        self.clock.restart()
         await self.send(cancelled)
         self.speaker = self._start_speaker()
 
@@ -313,13 +308,7 @@ class RealtimeSession:
 
     async def _forward(self, event: SpeechEvent) -> None:
         if isinstance(event, SpokenWord):  # onto the stream's clock: after speed and cancels
-            speed = self.encoder.speed
-            word = dataclasses.replace(
-                event,
-                audio_start=self.run_start + event.audio_start / speed,
-                audio_end=self.run_start + event.audio_end / speed,
-            )
-            self.pending.append(word)
+            self.clock.hold(event)
             await self._release_words()
         elif isinstance(event, np.ndarray):
             data = await self.encoder.encode(event)
@@ -362,27 +351,14 @@ class RealtimeSession:
             self.last_output = time.monotonic()
             if self.first_audio is None:
                 self.first_audio = self.last_output
-        width = RAW_SAMPLE_BYTES.get(self.encoder.fmt)
-        output = len(data) / width if width else self.encoder.output_samples(model_samples)
-        self.sent_seconds += output / self.encoder.sample_rate
+        self.clock.sent(data, model_samples)
 
     async def _release_words(self, every: bool = False) -> None:
         """Send the words whose audio has gone out (an encoder may hold some back: a time
         stretch, a resampler), or ``every`` one left."""
-        while self.pending and (every or self.pending[0].audio_end <= self.sent_seconds + 1e-3):
-            word = self.pending.popleft()
+        for word in self.clock.ready(every):
             self.words.append(word)
-            await self.send(
-                {
-                    "type": "word",
-                    "text": word.text,
-                    "start": word.start,
-                    "end": word.end,
-                    "audio_start": math.floor(word.audio_start * 1000) / 1000,  # ms, never after
-                    "audio_end": math.floor(word.audio_end * 1000) / 1000,
-                    "aligner": word.aligner,
-                }
-            )
+            await self.send({"type": "word", **word_fields(word), "aligner": word.aligner})
 
 
 async def read_config(listener: Listener, idle: float) -> RealtimeConfig:

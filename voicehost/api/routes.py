@@ -43,7 +43,7 @@ from voicehost.api.edge import (
 from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
 from voicehost.config import Settings
 
-Slot = Literal["speech", "speech_ws", "speech_webrtc", "healthz", "readyz"]
+Slot = Literal["speech", "speech_captioned", "speech_ws", "speech_webrtc", "healthz", "readyz"]
 SYNTHESIZE = frozenset({"synthesize"})
 VOICES = frozenset({"voices"})
 READ = SYNTHESIZE | VOICES  # listings a speaking key needs as much as a managing one
@@ -67,6 +67,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
+CAPTIONED_PATH = "/v1/audio/speech/captioned"
 VOICE = "/v1/voices/{voice_id}"
 VERSION = VOICE + "/versions/{version}"
 JOB = "/v1/jobs/{job_id}"
@@ -74,6 +75,7 @@ LEXICON = "/v1/lexicons/{name}"
 
 PUBLIC_ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/audio/speech", "speech", SYNTHESIZE, "speak"),
+    Route("POST", CAPTIONED_PATH, "speech_captioned", SYNTHESIZE, "speak_captioned"),
     Route("GET", "/v1/audio/speech/ws", "speech_ws", SYNTHESIZE, "speak_realtime"),
     Route("POST", webrtc.WEBRTC_PATH, "speech_webrtc", SYNTHESIZE, "speak_webrtc"),
     Route("PATCH", webrtc.SESSION_PATH, webrtc.update_session, SYNTHESIZE, "update_webrtc"),

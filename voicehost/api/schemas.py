@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Lt
 from pydantic import (
@@ -48,6 +48,21 @@ FORMATS_HELP = (
 )
 
 
+# the telephone formats are 8 kHz only (unsupported_format otherwise)
+TELEPHONE_RATE_RULE: dict[str, Any] = {
+    "if": {
+        "properties": {"response_format": {"enum": list(TELEPHONE_FORMATS)}},
+        "required": ["response_format"],
+    },
+    "then": {"properties": {"sample_rate": {"enum": [TELEPHONE_RATE, None]}}},
+}
+# a stream's word timing comes as SSE events: raw audio has no place for it
+TIMESTAMPS_RULE: dict[str, Any] = {
+    "if": {"properties": {"timestamps": {"const": "word"}}, "required": ["timestamps"]},
+    "then": {"properties": {"stream_format": {"const": "sse"}}, "required": ["stream_format"]},
+}
+
+
 class SpeechOptions(BaseModel):
     """What both speech endpoints take besides the text: voice, audio format and options.
 
@@ -56,17 +71,7 @@ class SpeechOptions(BaseModel):
     booleans (not 0 or 1). Formats and rates are listed
     in the document; one the server cannot serve is answered ``unsupported_format``."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        # the telephone formats are 8 kHz only (unsupported_format otherwise)
-        json_schema_extra={
-            "if": {
-                "properties": {"response_format": {"enum": list(TELEPHONE_FORMATS)}},
-                "required": ["response_format"],
-            },
-            "then": {"properties": {"sample_rate": {"enum": [TELEPHONE_RATE, None]}}},
-        },
-    )
+    model_config = ConfigDict(extra="ignore", json_schema_extra=TELEPHONE_RATE_RULE)
 
     voice: StrictStr = Field(
         description="A voice id from GET /v1/audio/voices, or an alias there (OpenAI's alloy, "
@@ -106,10 +111,21 @@ class SpeechOptions(BaseModel):
         description="Playback speed, 0.25 to 4.0: the audio is time-stretched as it streams, "
         "its pitch kept.",
     )
+    timestamps: Literal["word"] | None = Field(
+        None,
+        description='"word": an event for each word once its timing is final (`word` on the '
+        "socket, `speech.word` in SSE, which it needs): its span in the text sent, and its "
+        "start and end in seconds of the audio sent. The stream's `aligner` says how it was "
+        "timed.",
+    )
 
 
 class SpeechRequest(SpeechOptions):
     """``POST /v1/audio/speech``: OpenAI's fields, plus the options above."""
+
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"allOf": [TELEPHONE_RATE_RULE, TIMESTAMPS_RULE]}
+    )
 
     model: StrictStr = Field(
         "orpheus",
@@ -129,17 +145,23 @@ class SpeechRequest(SpeechOptions):
     )
 
 
+class CaptionedSpeechRequest(SpeechRequest):
+    """``POST /v1/audio/speech/captioned``: a speech request answered as JSON, its words timed
+    (``timestamps`` is implied)."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=TELEPHONE_RATE_RULE)
+
+    stream_format: Literal["audio"] = Field(
+        "audio", description="The audio comes whole, base64, in the JSON answer."
+    )
+
+
 class RealtimeConfig(SpeechOptions):
     """The first message on ``/v1/audio/speech/ws``."""
 
     type: Literal["config"]
     response_format: StrictStr = Field(
         "pcm", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
-    )
-    timestamps: Literal["word"] | None = Field(
-        None,
-        description='"word": a `word` event for each word once its timing is final: its span '
-        "in the text sent, and its start and end in seconds of the audio sent.",
     )
 
 
@@ -196,6 +218,33 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelInfo]
+
+
+class TimedWord(BaseModel):
+    """A word's timing: its span in the text sent (the client's characters, whatever the text
+    stage said it as) and its start and end in seconds of the audio sent (after ``speed``)."""
+
+    text: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    audio_start: float = Field(ge=0)
+    audio_end: float = Field(ge=0)
+
+
+class CaptionedSpeech(BaseModel):
+    """``POST /v1/audio/speech/captioned``: the whole audio and every word's timing at once."""
+
+    audio: str = Field(description="The audio in `response_format`, base64.")
+    response_format: str
+    content_type: str
+    sample_rate: int
+    samples: int = Field(description="Samples of the audio, at `sample_rate`.")
+    audio_seconds: float
+    aligner: str = Field(
+        description='What timed the words: "estimated" (built in) or "ctc:<folder>" '
+        "(VOICEHOST_ALIGNER_MODEL)."
+    )
+    words: list[TimedWord]
 
 
 class ErrorDetail(BaseModel):

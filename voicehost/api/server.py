@@ -17,6 +17,7 @@ from aiohttp import web
 
 from voicehost.api import lifecycle, realtime, webrtc
 from voicehost.api.auth import INTERNAL, request_principal
+from voicehost.api.captions import RAW_SAMPLE_BYTES, WordClock, word_fields
 from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
@@ -33,13 +34,18 @@ from voicehost.api.edge import (
 )
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
-from voicehost.api.schemas import SpeechRequest
+from voicehost.api.schemas import (
+    CaptionedSpeech,
+    CaptionedSpeechRequest,
+    SpeechRequest,
+    TimedWord,
+)
 from voicehost.audio.encoding import FormatStream
 from voicehost.audio.formats import content_type
 from voicehost.config import Settings
 from voicehost.model.engine import InputTooLong
 from voicehost.serving import ClusterLink, FrontEnd, ServingProcess
-from voicehost.speech.synthesis import SegmentStarted, SpeechEvent
+from voicehost.speech.synthesis import SegmentStarted, SpeechEvent, SpokenWord
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.segment import Segment
 from voicehost.text.stage import TextStage, TextTooLong
@@ -56,12 +62,16 @@ async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
         yield segment
 
 
-async def audio_only(
+SpeechItem = np.ndarray | SpokenWord  # what a response sends: audio, and words (if timed)
+
+
+async def spoken(
     events: AsyncIterator[SpeechEvent], tally: UsageTally
-) -> AsyncIterator[np.ndarray]:
-    """The audio of ``events``; each segment's text goes to ``tally`` as it starts."""
+) -> AsyncIterator[SpeechItem]:
+    """The audio and the words of ``events``; each segment's text goes to ``tally`` as it
+    starts."""
     async for event in events:
-        if isinstance(event, np.ndarray):
+        if isinstance(event, (np.ndarray, SpokenWord)):
             yield event
         elif isinstance(event, SegmentStarted):
             tally.segment(event.segment.text)
@@ -69,9 +79,19 @@ async def audio_only(
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: the input's segments spoken as one stream."""
+    return await speak(request, captioned=False)
+
+
+async def create_captioned_speech(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech/captioned``: the input spoken, answered at once as JSON: the
+    audio (base64) and every word's timing."""
+    return await speak(request, captioned=True)
+
+
+async def speak(request: web.Request, captioned: bool) -> web.StreamResponse:
     serving = request.app[SERVING]
-    body = await read_body(request, SpeechRequest)
-    check_speech_request(body, serving.settings.max_input_chars)
+    body = await read_body(request, CaptionedSpeechRequest if captioned else SpeechRequest)
+    check_speech_request(body, serving.settings.max_input_chars, captioned)
     synthesizer = serving.require_synthesizer()
     principal = request_principal(request)
     voice = await find_voice(serving.voices, body.voice, principal, serving.settings.voice_aliases)
@@ -81,12 +101,14 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         segments = stage.whole(body.input, serving.settings.max_input_chars)
     except TextTooLong as exc:
         raise ApiError(413, "input_too_long", str(exc)) from exc
-    options = speak_options(body, serving.settings)
+    if captioned:
+        body = body.model_copy(update={"timestamps": "word"})
+    options = speak_options(body, serving.settings, serving.aligner)
     tally = serving.usage.tally(principal, voice.voice_id)  # counts what is sent
     async with serving.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
         version = {VERSION_HEADER: str(voice.version)}
-        response, ending = await respond(request, serving, body, events, tally, version)
+        response, ending = await respond(request, serving, body, events, tally, version, captioned)
     await ending()
     return response
 
@@ -98,13 +120,15 @@ async def respond(
     events: AsyncIterator[SpeechEvent],
     tally: UsageTally,
     headers: dict[str, str],
+    captioned: bool = False,
 ) -> tuple[web.StreamResponse, Ending]:
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
-    format, or SSE), each chunk counted by ``tally`` once written; and its ``Ending``, for the
-    caller to write once the engine work is over and the stream's slot given back."""
-    async with aclosing(events), aclosing(audio_only(events, tally)) as chunks:
+    format, or SSE; all at once as JSON, ``captioned``), each chunk counted by ``tally`` once
+    written; and its ``Ending``, for the caller to write once the engine work is over and the
+    stream's slot given back."""
+    async with aclosing(events), aclosing(spoken(events, tally)) as items:
         try:
-            first = await anext(chunks)
+            first = await anext(items)
         except InputTooLong as exc:
             raise ApiError(413, "input_too_long", str(exc)) from exc
         except StopAsyncIteration:
@@ -114,46 +138,69 @@ async def respond(
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
+        if captioned:
+            return await send_captioned(serving, encoder, first, items, tally, headers)
         if body.stream_format == "sse":
-            return await send_sse(request, encoder, first, chunks, tally, headers)
-        return await send_audio(request, encoder, first, chunks, tally, headers)
+            return await send_sse(request, encoder, first, items, tally, headers)
+        return await send_audio(request, encoder, first, items, tally, headers)
 
 
 async def send_encoded(
-    request: web.Request,
-    response: web.StreamResponse,
     encoder: FormatStream,
-    chunks: tuple[np.ndarray, AsyncIterator[np.ndarray]],
+    items: tuple[SpeechItem, AsyncIterator[SpeechItem]],
     tally: UsageTally,
     write: Callable[[bytes], Awaitable[None]],
-    sse: bool,
-) -> int | Ending:
-    """Encode and ``write`` the first chunk and the rest, each counted by ``tally`` once
-    written, then the encoder's end; the samples sent, or, when synthesis failed after the
-    first byte, the ``Ending`` of a broken stream (``end_broken_stream``: ``sse``, with an
-    error event, else cut)."""
-    first, rest = chunks
-    samples = first.size
-    await write(await encoder.encode(first))
-    tally.sent(first.size)
+    word: Callable[[SpokenWord], Awaitable[None]] | None = None,
+) -> int | Exception:
+    """Encode and ``write`` the first item's audio and the rest's, each counted by ``tally``
+    once written, then the encoder's end; each word to ``word`` once the audio that ends it
+    has been written (``captions.WordClock``). The samples sent, or the exception of a
+    synthesis that failed after the first byte."""
+    first, rest = items
+    clock = WordClock(encoder)
+    samples = 0
+
+    async def send(item: SpeechItem) -> None:
+        nonlocal samples
+        if isinstance(item, SpokenWord):
+            clock.hold(item)
+        else:
+            data = await encoder.encode(item)
+            await write(data)
+            clock.sent(data, item.size)
+            tally.sent(item.size)
+            samples += item.size
+        for ready in clock.ready():
+            if word is not None:
+                await word(ready)
+
+    await send(first)
     try:
-        async for pcm in rest:
-            samples += pcm.size
-            await write(await encoder.encode(pcm))
-            tally.sent(pcm.size)
-        await write(await encoder.finish())
+        async for item in rest:
+            await send(item)
+        data = await encoder.finish()
+        await write(data)
+        clock.sent(data)
+        for ready in clock.ready(every=True):
+            if word is not None:
+                await word(ready)
     except ConnectionError:
         raise  # the client left
     except Exception as exc:
-        return partial(end_broken_stream, request, response, sse, *stream_failure(exc), exc)
+        return exc
     return samples
+
+
+def broken(request: web.Request, response: web.StreamResponse, sse: bool, exc: Exception) -> Ending:
+    """The ``Ending`` of a stream whose synthesis failed after its first byte."""
+    return partial(end_broken_stream, request, response, sse, *stream_failure(exc), exc)
 
 
 async def send_audio(
     request: web.Request,
     encoder: FormatStream,
-    first: np.ndarray,
-    rest: AsyncIterator[np.ndarray],
+    first: SpeechItem,
+    rest: AsyncIterator[SpeechItem],
     tally: UsageTally,
     headers: dict[str, str],
 ) -> tuple[web.StreamResponse, Ending]:
@@ -165,18 +212,22 @@ async def send_audio(
         if data:
             await response.write(data)
 
-    sent = await send_encoded(request, response, encoder, (first, rest), tally, write, False)
-    return response, response.write_eof if isinstance(sent, int) else sent
+    sent = await send_encoded(encoder, (first, rest), tally, write)
+    if isinstance(sent, Exception):
+        return response, broken(request, response, False, sent)
+    return response, response.write_eof
 
 
 async def send_sse(
     request: web.Request,
     encoder: FormatStream,
-    first: np.ndarray,
-    rest: AsyncIterator[np.ndarray],
+    first: SpeechItem,
+    rest: AsyncIterator[SpeechItem],
     tally: UsageTally,
     headers: dict[str, str],
 ) -> tuple[web.StreamResponse, Ending]:
+    """SSE: ``speech.audio.delta`` events, a ``speech.word`` after the audio that ends it (with
+    word timing), then ``speech.audio.done``."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
     )
@@ -185,16 +236,69 @@ async def send_sse(
     def event(payload: dict[str, object]) -> bytes:
         return f"data: {json.dumps(payload)}\n\n".encode()
 
+    written = 0
+
     async def audio(data: bytes) -> None:
+        nonlocal written
         if data:
             delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
             await response.write(event(delta))
+            written += len(data)
 
-    sent = await send_encoded(request, response, encoder, (first, rest), tally, audio, True)
-    if not isinstance(sent, int):
-        return response, sent
-    done = event({"type": "speech.audio.done", "samples": encoder.output_samples(sent)})
+    async def word(spoken: SpokenWord) -> None:
+        payload = {"type": "speech.word", **word_fields(spoken), "aligner": spoken.aligner}
+        await response.write(event(payload))
+
+    sent = await send_encoded(encoder, (first, rest), tally, audio, word)
+    if isinstance(sent, Exception):
+        return response, broken(request, response, True, sent)
+    width = RAW_SAMPLE_BYTES.get(encoder.fmt)  # a raw format's samples are its bytes'
+    samples = written // width if width else encoder.output_samples(sent)
+    done = event({"type": "speech.audio.done", "samples": samples})
     return response, partial(response.write_eof, done)
+
+
+async def send_captioned(
+    serving: ServingProcess,
+    encoder: FormatStream,
+    first: SpeechItem,
+    rest: AsyncIterator[SpeechItem],
+    tally: UsageTally,
+    headers: dict[str, str],
+) -> tuple[web.StreamResponse, Ending]:
+    """The whole audio, base64, and every word, as one JSON object (nothing is sent before
+    the synthesis has ended, so a failure is a plain error answer)."""
+    audio = bytearray()
+    words: list[SpokenWord] = []
+
+    async def keep(data: bytes) -> None:
+        audio.extend(data)
+
+    async def word(spoken: SpokenWord) -> None:
+        words.append(spoken)
+
+    sent = await send_encoded(encoder, (first, rest), tally, keep, word)
+    if isinstance(sent, Exception):
+        stage, (code, message) = stream_failure(sent)
+        serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
+        log.error("captioned speech failed: %s: %s", type(sent).__name__, sent)
+        raise ApiError(500, code, message)
+    samples = encoder.output_samples(sent)
+    payload = CaptionedSpeech(
+        audio=base64.b64encode(bytes(audio)).decode(),
+        response_format=encoder.fmt,
+        content_type=content_type(encoder.fmt),
+        sample_rate=encoder.sample_rate,
+        samples=samples,
+        audio_seconds=round(samples / encoder.sample_rate, 4),
+        aligner=words[0].aligner if words else serving.aligner.name,
+        words=[TimedWord.model_validate(word_fields(w)) for w in words],
+    ).model_dump()
+    return web.json_response(payload, headers=headers), finished
+
+
+async def finished() -> None:
+    """The ``Ending`` of an answer sent whole."""
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -256,6 +360,7 @@ def create_app(
         serving,
         {
             "speech": create_speech,
+            "speech_captioned": create_captioned_speech,
             "speech_ws": realtime.speech_ws,
             "speech_webrtc": webrtc.speech_webrtc,
             "healthz": healthz,

@@ -47,8 +47,13 @@ from voicehost.api.edge import (
 from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import cluster_operations
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
-from voicehost.api.routes import Route, public_app
-from voicehost.api.schemas import RealtimeConfig, RouteRequest, SpeechRequest
+from voicehost.api.routes import CAPTIONED_PATH, Route, public_app
+from voicehost.api.schemas import (
+    CaptionedSpeechRequest,
+    RealtimeConfig,
+    RouteRequest,
+    SpeechRequest,
+)
 from voicehost.api.webrtc import open_session
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
@@ -272,13 +277,14 @@ def _retry_after(headers: Mapping[str, str]) -> int | None:
 
 
 async def _open_upstream(
-    gateway: Gateway, worker: WorkerInfo, body: bytes, headers: dict[str, str]
+    gateway: Gateway, worker: WorkerInfo, path: str, body: bytes, headers: dict[str, str]
 ) -> tuple[aiohttp.ClientResponse, bytes]:
-    """POST to the worker and read its first bytes; ``UpstreamFailed`` if that fails."""
+    """POST to the worker's ``path`` and read its first bytes; ``UpstreamFailed`` if that
+    fails."""
     assert gateway.client is not None
     try:
         upstream = await gateway.client.post(
-            f"{worker.url}/v1/audio/speech",
+            f"{worker.url}{path}",
             data=body,
             headers={"Content-Type": "application/json", **headers},
         )
@@ -373,10 +379,12 @@ def _worker_headers(
 
 
 async def proxy_speech(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/audio/speech``, checked here as a worker would, then relayed to one."""
+    """``POST /v1/audio/speech`` (or its captioned form, ``CAPTIONED_PATH``), checked here as
+    a worker would, then relayed to one."""
     gateway = request.app[GATEWAY]
-    body = await read_body(request, SpeechRequest)
-    check_speech_request(body, gateway.settings.max_input_chars)
+    captioned = request.path == CAPTIONED_PATH
+    body = await read_body(request, CaptionedSpeechRequest if captioned else SpeechRequest)
+    check_speech_request(body, gateway.settings.max_input_chars, captioned)
     principal = request_principal(request)
     # routed by the voice an alias names; the worker resolves the alias in the body again
     voice = await find_voice(gateway.voices, body.voice, principal, gateway.settings.voice_aliases)
@@ -384,10 +392,13 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     session_id = request.headers.get(SESSION_HEADER)
     opening = _on_a_worker(  # every version of a voice routes as the voice
-        gateway, voice.voice_id, session_id, lambda w: _open_upstream(gateway, w, raw, forwarded)
+        gateway,
+        voice.voice_id,
+        session_id,
+        lambda w: _open_upstream(gateway, w, request.path, raw, forwarded),
     )
     async with opening as (upstream, first):
-        return await _relay(request, upstream, first, body.stream_format == "sse")
+        return await _relay(request, upstream, first, body.stream_format == "sse" and not captioned)
 
 
 async def _relay(
@@ -587,6 +598,7 @@ def create_gateway_app(settings: Settings) -> web.Application:
         gateway,
         {
             "speech": proxy_speech,
+            "speech_captioned": proxy_speech,
             "speech_ws": proxy_speech_ws,
             "speech_webrtc": proxy_speech_webrtc,
             "healthz": healthz,

@@ -76,6 +76,7 @@ class SegmentAlignment(Protocol):
 
 class Aligner(Protocol):
     name: str
+    threaded: bool  # its work is slow enough to run off the event loop (a model's)
 
     def begin(self, text: str) -> SegmentAlignment:
         """The alignment of one segment whose spoken text is ``text``."""
@@ -373,6 +374,7 @@ class EstimatedAligner:
     rewrites and normalises before it is said)."""
 
     name = "estimated"
+    threaded = False
 
     def __init__(self, weigh: Callable[[str], float] = letters) -> None:
         self.weigh = weigh

@@ -255,6 +255,11 @@ class SpokenWord:
         )
 
 
+async def call_now(step: Callable[[Any], list[WordTiming]], samples: Any) -> list[WordTiming]:
+    """``step(samples)``, here (an aligner's step cheap enough for the event loop)."""
+    return step(samples)
+
+
 SpeechEvent = SegmentStarted | np.ndarray | SpokenWord | SegmentDone
 # Where a segment's audio comes from: a producer's queue, or (text, seed) to stream directly.
 Source = asyncio.Queue[Any] | tuple[str, int | None]
@@ -304,6 +309,8 @@ class Synthesizer:
                 samples = 0
                 aligner = options.aligner
                 alignment = aligner.begin(segment.text) if aligner is not None else None
+                threaded = aligner is not None and aligner.threaded  # a model's: off the loop
+                aligned = asyncio.to_thread if threaded else call_now
                 placed = partial(
                     SpokenWord.of,
                     index,
@@ -325,10 +332,10 @@ class Synthesizer:
                         playback.play(pcm.size)
                         yield pcm
                         if alignment is not None:
-                            for word in alignment.feed(pcm):
+                            for word in await aligned(alignment.feed, pcm):
                                 yield placed(word)
                 if alignment is not None:
-                    for word in alignment.finish():
+                    for word in await aligned(alignment.finish, None):
                         yield placed(word)
                 yield SegmentDone(index, segment, samples)
 

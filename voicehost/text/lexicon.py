@@ -205,14 +205,23 @@ class SpokenSegmenter:
     cut inside an alias has the replaced words in the span before it.
     """
 
-    def __init__(self, lexicon: Lexicon, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self, lexicon: Lexicon, max_chars: int = DEFAULT_MAX_CHARS, whole: bool = False
+    ) -> None:
+        """``whole``: the input is complete (``split_text``'s cuts: whole sentences packed up
+        to ``max_chars``, no early first segment)."""
         self.lexicon = lexicon
         self.max_chars = max_chars
+        self.whole = whole
         self._start()
 
     def _start(self) -> None:
         self._rewriter = Rewriter(self.lexicon)
-        self._segmenter = TextSegmenter(max_chars=self.max_chars)
+        self._segmenter = (
+            TextSegmenter(self.max_chars, first_min_words=None, target_chars=self.max_chars)
+            if self.whole
+            else TextSegmenter(max_chars=self.max_chars)
+        )
         self._input = ""  # the input from offset self._input_base on
         self._input_base = 0
 

@@ -44,7 +44,11 @@ class TextStage:
         said = self.lexicon.apply(text) if self.lexicon else text
         if limit is not None and len(said) > limit:
             raise TextTooLong(len(said), limit)
-        segments = split_text(said, self.max_chars)
+        if self.lexicon:  # cut in what is said; each segment keeps its span of the input
+            cutter = SpokenSegmenter(self.lexicon, self.max_chars, whole=True)
+            segments = cutter.push(text) + cutter.flush()
+        else:
+            segments = split_text(text, self.max_chars)
         return [piece for segment in segments for piece in self.finish(segment)]
 
     def streamed(self) -> StreamedText:
