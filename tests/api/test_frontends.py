@@ -34,6 +34,7 @@ from helpers import (
     is_frontend,
     process_tree,
     start_early,
+    tiny_ctc_model,
     wait_until,
 )
 
@@ -62,9 +63,13 @@ def start_frontends(tmp_path_factory) -> EarlyServer:
         }
         for name, key in KEYS.items()
     ]
+    root = tmp_path_factory.mktemp("frontends")
     return EarlyServer(
-        tmp_path_factory.mktemp("frontends"),
+        root,
         VOICEHOST_FRONTENDS="2",
+        # word timing by a forced aligner from a folder (a random-weight wav2vec2 CTC model the
+        # test builds): the setting loaded in each front end
+        VOICEHOST_ALIGNER_MODEL=str(tiny_ctc_model(root / "tiny-ctc")),
         VOICEHOST_API_KEYS=json.dumps(keys),
         VOICEHOST_INTERNAL_TOKEN=INTERNAL_TOKEN,
         VOICEHOST_WORKER_CAPACITY=str(CAPACITY),
@@ -140,6 +145,36 @@ async def test_both_front_ends_speak_from_one_engine_core(frontends):
     mp3 = lambda: speak(frontends.url, "Hi.", 1, fmt="mp3")  # noqa: E731
     samples = await from_both(mp3, least=4, parallel=QUOTA)
     assert all(count > 0 for count in samples), samples
+
+
+async def test_a_forced_aligner_from_a_folder_times_the_words_of_both_front_ends(frontends):
+    """``VOICEHOST_ALIGNER_MODEL``: SSE's words and the captioned endpoint's are the CTC
+    model's, from either front end; spans in the text, times within the audio, in order."""
+    text = "It costs $42.50, Dr. Smith said. Then he left."
+    body = {"input": text, "voice": "dev-a", "response_format": "pcm", "seed": 2}
+
+    async def sse() -> tuple[str, tuple[list[dict], int]]:
+        async with connection() as http:
+            timed = {**body, "stream_format": "sse", "timestamps": "word"}
+            async with http.post(url + SPEECH, json=timed, headers=auth("a")) as response:
+                assert response.status == 200, await response.text()
+                lines = (await response.read()).decode().splitlines()
+                events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+                words = [e for e in events if e["type"] == "speech.word"]
+                return response.headers[FRONTEND_HEADER], (words, events[-1]["samples"])
+
+    url = frontends.url
+    for words, samples in await from_both(sse, least=2, parallel=QUOTA):
+        assert {w["aligner"] for w in words} == {"ctc:tiny-ctc"}
+        assert [text[w["start"] : w["end"]] for w in words] == text.split()
+        ends = [w["audio_end"] for w in words]
+        assert ends == sorted(ends) and ends[-1] * 24000 <= samples + 24
+    async with connection() as http:
+        captioned = SPEECH + "/captioned"
+        async with http.post(url + captioned, json=body, headers=auth("a")) as response:
+            answer = await response.json()
+    assert answer["aligner"] == "ctc:tiny-ctc"
+    assert [text[w["start"] : w["end"]] for w in answer["words"]] == text.split()
 
 
 async def test_an_encoding_process_lost_mid_stream_ends_its_stream_then_is_replaced(frontends):

@@ -3,6 +3,7 @@ over real HTTP, with API keys (an admin's for most tests), a per-key stream quot
 capacity per worker. The tests run in order; the last ones kill and drain the workers."""
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -277,6 +278,31 @@ async def test_requests_land_on_the_voices_ring_owner(cluster, http):
         status, served_by, audio = await speak(http, cluster.gateway.url, voice, "Hi.")
         assert status == 200 and len(audio) > 0
         assert served_by == owner[voice], voice
+
+
+async def test_word_timing_through_the_gateway_comes_from_the_voices_owner(cluster, http):
+    """The captioned endpoint and SSE's ``speech.word`` events, relayed by the gateway from the
+    worker the voice routes to, checked at the gateway as at a worker."""
+    owner = await owners(http, cluster.gateway, VOICES)
+    voice = two_per_worker(owner)[-1]
+    text = "Through the gateway, word by word."
+    url = cluster.gateway.url + "/v1/audio/speech"
+    body = {"input": text, "voice": voice, "response_format": "pcm"}
+    async with http.post(url + "/captioned", json=body) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["X-Voicehost-Worker"] == owner[voice]
+        captioned = await response.json()
+    assert [text[w["start"] : w["end"]] for w in captioned["words"]] == text.split()
+    assert len(base64.b64decode(captioned["audio"])) == 2 * captioned["samples"]
+    timed = {**body, "stream_format": "sse", "timestamps": "word"}
+    async with http.post(url, json=timed) as response:
+        assert response.status == 200
+        lines = (await response.read()).decode().splitlines()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [e["text"] for e in events if e["type"] == "speech.word"] == text.split()
+    async with http.post(url, json={**body, "timestamps": "word"}) as response:
+        assert response.status == 400  # refused at the gateway: raw audio has no place for words
+        assert "X-Voicehost-Worker" not in response.headers
 
 
 async def test_a_session_stays_on_one_worker(cluster, http):
