@@ -58,11 +58,15 @@ def test_a_stream_gets_each_phrase_once_its_pause_is_heard_and_never_before_its_
     given_at += [(audio.size / SAMPLE_RATE, word) for word in alignment.finish()]
     words = [word for _, word in given_at]
     assert [TEXT[w.start : w.end] for w in words] == TEXT.split()
-    assert streamed >= 9  # the three phrases before the last, before the segment ended
+    assert streamed == len(words) - 1  # all but the segment's last word, as they were said
     for heard, word in given_at:
         assert word.audio_end <= heard + 1e-6  # never a word whose audio has not come
-    fox = next(heard for heard, w in given_at if w.text == "fox,")
-    assert fox - truth[TEXT.index("jumping")] < 0.6  # within a chunk or two of its pause
+    # a word is given in the chunk after the one it ended in (its end: the next word's start)
+    starts = sorted(truth.values())
+    ends = [*starts[1:], audio.size / SAMPLE_RATE]
+    deadlines = [(np.floor(end / 0.3) + 2) * 0.3 for end in ends]
+    on_time = [heard <= deadline + 1e-6 for (heard, _), deadline in zip(given_at, deadlines)]
+    assert sum(on_time) >= 0.8 * len(words), on_time
 
 
 def test_a_pad_moves_every_word_by_the_pad():

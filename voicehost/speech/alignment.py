@@ -47,8 +47,29 @@ PHRASE_END_WEIGHT = 1.5  # a phrase's last word is longer: speech slows before a
 PRIOR_LETTERS_PER_SECOND = 13.0  # the rate until a phrase has been measured
 DIP_REACH = 0.25  # of a word's average length: how far a boundary may move to a dip
 DIP_REWARD = 0.01  # per dB squared of a dip's depth, against the squared distance moved
-GUARD_SECONDS = 1.0  # a word of the phrase in progress is given once it ended this long ago
+PEAK_SIDE = 10  # windows either side a syllable's peak stands out from
+PEAK_PROMINENCE_DB = 4.0
+PEAK_GAP = 8  # windows: two peaks nearer than this are one syllable
 WORD = re.compile(r"\S+")
+VOWELS = re.compile(r"[aeiouy]+")
+HISSING_ES = re.compile(r"(?:[sxz]|[cs]h|[cg])es$")  # boxes, wishes, pages: -es said
+
+
+def silent_ending(part: str) -> bool:
+    """Whether a word's last vowel group is not said: a final e ("time", not "table" or
+    "see"), -ed but after t or d ("walked", not "wanted"), -es but after a hiss ("makes",
+    not "boxes")."""
+    if part.endswith("le") and len(part) > 2 and part[-3] not in "aeiouy":
+        return False
+    if part.endswith("e"):
+        return not part.endswith("ee") and part[-2:-1] not in ("", *"aeiouy")
+    if part.endswith("ed"):
+        return part[-3:-2] not in ("t", "d")
+    if part.endswith("es"):
+        return not HISSING_ES.search(part)
+    return False
+
+
 PAUSING = re.compile(r"[,;:.!?\u2026)\]\"\u2014\u2013-]+$")
 
 
@@ -90,6 +111,7 @@ class TextWord:
     end: int
     weight: float  # its expected length, in letters
     pause_after: bool  # punctuation follows it
+    syllables: int = 1  # of what it is said as
 
 
 def letters(word: str) -> float:
@@ -102,6 +124,19 @@ def spoken_letters(word: str) -> float:
     return max(letters(word), letters(normalize(word)))
 
 
+def syllables(word: str) -> int:
+    """About how many syllables ``word`` is said in: its vowel groups (a silent final e
+    left out), of what it is said as; at least one."""
+    spoken = re.sub(r"[^a-z]", " ", normalize(word).lower())
+    count = 0
+    for part in spoken.split():
+        groups = len(VOWELS.findall(part))
+        if groups > 1 and silent_ending(part):
+            groups -= 1
+        count += max(1, groups)
+    return max(1, count)
+
+
 def text_words(text: str, weigh: Callable[[str], float] = letters) -> list[TextWord]:
     """The words of ``text`` (runs of non-space with a letter or digit), each weighted by
     ``weigh``, and whether punctuation follows it."""
@@ -110,7 +145,8 @@ def text_words(text: str, weigh: Callable[[str], float] = letters) -> list[TextW
         word = match.group()
         if any(ch.isalnum() for ch in word):
             pause = bool(PAUSING.search(word))
-            words.append(TextWord(word, match.start(), match.end(), weigh(word), pause))
+            weight = weigh(word)
+            words.append(TextWord(word, match.start(), match.end(), weight, pause, syllables(word)))
     return words
 
 
@@ -195,6 +231,32 @@ def spread(
     return [(edges[k], edges[k + 1]) for k in range(len(indices))]
 
 
+def syllable_peaks(levels: np.ndarray, first: int, last: int) -> list[int]:
+    """The syllables' peaks in the level (5-window smoothed) within ``first`` .. ``last``: each
+    a maximum near the loud level that stands ``PEAK_PROMINENCE_DB`` above the lowest level
+    150 ms either side, ``PEAK_GAP`` windows at least from the one before. A peak is counted
+    once its falling side has been heard."""
+    last = min(last, levels.size - PEAK_SIDE // 2)
+    if last - first < 3:
+        return []
+    smooth = np.convolve(levels, np.ones(5) / 5, mode="same")
+    loud = float(np.percentile(levels, 95))
+    found: list[int] = []
+    for i in range(max(first, 1), last):
+        if smooth[i] < smooth[i - 1] or smooth[i] <= smooth[i + 1] or smooth[i] < loud - 25:
+            continue
+        left = smooth[max(0, i - PEAK_SIDE) : i].min()
+        right = smooth[i + 1 : i + 1 + PEAK_SIDE].min()
+        if smooth[i] - max(left, right) < PEAK_PROMINENCE_DB:
+            continue
+        if found and i - found[-1] < PEAK_GAP:
+            if smooth[i] > smooth[found[-1]]:
+                found[-1] = i
+            continue
+        found.append(i)
+    return found
+
+
 def level_dips(levels: np.ndarray, first: int, last: int) -> list[tuple[int, float]]:
     """Local minima of the (3-window smoothed) level within ``first`` .. ``last``, each with its
     depth: how far it lies below the lower of the highest levels 80 ms either side."""
@@ -222,6 +284,7 @@ class EstimatedAlignment:
         self.phrase_start: float | None = None  # its first window
         self.letters_heard = 0.0  # of the phrases done, and their speech (windows)
         self.windows_heard = 0.0
+        self.heard_before = 0  # windows heard at the feed before this one
 
     def feed(self, samples: np.ndarray) -> list[WordTiming]:
         self.audio.append(np.asarray(samples, dtype=np.float32))
@@ -252,6 +315,21 @@ class EstimatedAlignment:
                 self.placed += [(float(heard), float(heard))] * (len(self.words) - given)
             return self._timings(given)
         speech_end = int(loud[-1]) + 1
+        try:
+            return self._place(final, levels, quiet, loud, heard, speech_end, given)
+        finally:
+            self.heard_before = heard
+
+    def _place(
+        self,
+        final: bool,
+        levels: np.ndarray,
+        quiet: np.ndarray,
+        loud: np.ndarray,
+        heard: int,
+        speech_end: int,
+        given: int,
+    ) -> list[WordTiming]:
         while self.phrase < len(self.groups):
             group = self.groups[self.phrase]
             if self.phrase_start is None:
@@ -335,18 +413,30 @@ class EstimatedAlignment:
         levels: np.ndarray,
         heard: int,
     ) -> None:
-        """Words of the phrase in progress that ended, at the measured rate, a guard ago."""
-        if len(todo) < 2 or self.windows_heard * WINDOW_SECONDS < 2.0:
-            return  # until a rate has been measured, a phrase's words wait for its end
-        places = spread(group, self.words, start, start + expected, levels)
-        guard = GUARD_SECONDS / WINDOW_SECONDS
-        for index in todo[:-1]:  # the phrase's last word waits for its end
-            word_start, word_end = places[index - group[0]]
-            if word_end > heard - guard:
-                break
-            if self.placed:
-                word_start = max(word_start, self.placed[-1][1])
-            self.placed.append((word_start, max(word_start, word_end)))
+        """Words of the phrase in progress that have ended, found by counting syllables: a
+        word has ended once the first syllable of the next has been heard (its peak, and the
+        peak's falling side), and its end is the lowest level between its last syllable's
+        peak and that one. So a word is given in the chunk after the one it ended in, at
+        the latest. The phrase's last word waits for the phrase's end."""
+        if len(todo) < 2:
+            return
+        peaks = syllable_peaks(levels, int(start), heard)
+        smooth = np.convolve(levels, np.ones(3) / 3, mode="same")
+        by_rate = spread(group, self.words, start, start + expected, levels)
+        count = 0  # syllables of the phrase's words so far
+        for index in group[:-1]:
+            count += self.words[index].syllables
+            if index < len(self.placed):
+                continue
+            if count < len(peaks):
+                low, high = peaks[count - 1], peaks[count]  # its last syllable, the next's first
+                end = float(low + int(np.argmin(smooth[low : high + 1])))
+            elif by_rate[index - group[0]][1] <= self.heard_before:
+                end = by_rate[index - group[0]][1]  # a syllable missed: the rate says it ended
+            else:
+                break  # the next word's first syllable is not heard yet
+            begin = self.placed[-1][1] if len(self.placed) > group[0] else start
+            self.placed.append((begin, max(begin, end)))
 
     def _timings(self, given: int) -> list[WordTiming]:
         """The words placed from ``given`` on, in seconds, none past the audio fed (a 10 ms

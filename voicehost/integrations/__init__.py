@@ -1,0 +1,1 @@
+"""voicehost in other frameworks' terms (each needs that framework installed)."""
