@@ -1,6 +1,6 @@
 """The package's layout, pinned: packages follow the data and import only the ones below them
 (text, voices, model, audio, tenancy, speech, lora_training, cloning, serving, api, cluster,
-then the tools and entry points); lora_training and the serving side depend one way; the
+then the tools, the client, its integrations and the entry points); lora_training and the serving side depend one way; the
 benchmark client stays out of what serving imports, and the settings load no web framework."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ LAYERS = [
     "cluster",  # Redis, workers, gateways
     "tools",  # doctor, the dev server and corpus, the benchmark client
     "client",  # the public Python client
+    "integrations",  # the client in agent frameworks' terms (LiveKit Agents)
     "cli",  # the entry point
 ]
 # Shared by every layer; they import no package (config: only the value types of some rules).

@@ -1,6 +1,8 @@
 """The built-in aligner on real speech: espeak-ng's, whose C library says where each word
 starts (``devcorpus.spoken_words``)."""
 
+import itertools
+
 import numpy as np
 import pytest
 import soxr
@@ -59,13 +61,17 @@ def test_a_stream_gets_each_phrase_once_its_pause_is_heard_and_never_before_its_
     words = [word for _, word in given_at]
     assert [TEXT[w.start : w.end] for w in words] == TEXT.split()
     assert streamed == len(words) - 1  # all but the segment's last word, as they were said
+    for before, after in itertools.pairwise(words):  # in order, the last given at the end too
+        assert before.audio_start <= before.audio_end <= after.audio_start
     for heard, word in given_at:
         assert word.audio_end <= heard + 1e-6  # never a word whose audio has not come
     # a word is given in the chunk after the one it ended in (its end: the next word's start)
     starts = sorted(truth.values())
     ends = [*starts[1:], audio.size / SAMPLE_RATE]
     deadlines = [(np.floor(end / 0.3) + 2) * 0.3 for end in ends]
-    on_time = [heard <= deadline + 1e-6 for (heard, _), deadline in zip(given_at, deadlines)]
+    on_time = [
+        heard <= deadline + 1e-6 for (heard, _), deadline in zip(given_at, deadlines, strict=True)
+    ]
     assert sum(on_time) >= 0.8 * len(words), on_time
 
 

@@ -364,7 +364,13 @@ class EstimatedAlignment:
         """The phrases left, over windows ``start`` .. ``end``: each boundary between them at
         the pause nearest where their weights put it (within the shorter neighbour's share),
         else there; then each phrase's words spread over it."""
-        groups = self.groups[self.phrase :]
+        given = len(self.placed)  # words of the phrase in progress may have been given
+        groups = [
+            g for g in ([i for i in g if i >= given] for g in self.groups[self.phrase :]) if g
+        ]
+        if given:
+            start = max(start, self.placed[-1][1])
+            end = max(end, start + 1)
         weights = [sum(word_weights(self.words, g)) for g in groups]
         total = sum(weights)
         found = pauses_between(quiet, int(start) + 1, int(end))
@@ -383,10 +389,8 @@ class EstimatedAlignment:
                 at = expected
         bounds.append((at, end))
         for group, (first, last) in zip(groups, bounds, strict=True):
-            todo = [i for i in group if i >= len(self.placed)]
-            if todo:
-                begin = self.placed[-1][1] if len(self.placed) > group[0] else first
-                self.placed += spread(todo, self.words, begin, max(last, begin + 1), levels)
+            begin = max(first, self.placed[-1][1]) if self.placed else first
+            self.placed += spread(group, self.words, begin, max(last, begin + 1), levels)
         self.phrase = len(self.groups)
 
     def _phrase_end(
