@@ -84,7 +84,7 @@ def figures(errors: list[float], ordered: int, pairs: int, on_time: list[bool]) 
         "words": int(e.size),
     }
     if on_time:
-        row["on_time"] = round(sum(on_time) / len(on_time), 4)
+        row["on_time"] = round(float(np.mean(on_time)), 4)
     return row
 
 

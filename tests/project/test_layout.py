@@ -1,7 +1,8 @@
 """The package's layout, pinned: packages follow the data and import only the ones below them
 (text, voices, model, audio, tenancy, speech, lora_training, cloning, serving, api, cluster,
-then the tools, the client, its integrations and the entry points); lora_training and the serving side depend one way; the
-benchmark client stays out of what serving imports, and the settings load no web framework."""
+then the tools, the client, its integrations and the entry points); lora_training and the
+serving side depend one way; the benchmark client stays out of what serving imports, and the
+settings load no web framework."""
 
 from __future__ import annotations
 

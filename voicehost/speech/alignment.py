@@ -39,7 +39,7 @@ from voicehost.text.normalize import normalize
 
 WINDOW_SECONDS = 0.010  # the level's resolution
 PAUSE_WINDOWS = 6  # quiet windows in a row that make a pause (60 ms)
-LONG_PAUSE_WINDOWS = 12  # while streaming, a pause this long (120 ms) ends a phrase
+LONG_PAUSE_WINDOWS = 7  # while streaming, a pause this long (70 ms) ends a phrase
 EARLIEST = 0.4  # of a phrase's expected length: no pause before it ends the phrase
 LATEST = 2.0  # of a phrase's expected length: a phrase with no pause by then had none
 QUIET_BELOW_LOUD_DB = 30.0  # a window this far below the loud level (95th percentile) is quiet
