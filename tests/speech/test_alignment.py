@@ -31,7 +31,9 @@ def test_the_text_is_cut_into_weighted_words_and_phrases_at_punctuation():
         ("kg.", 25, 28),
         ("Ok", 29, 31),
     ]
-    assert [w.weight for w in words] == [5, 5, 3, 2, 2, 2]
+    # letters, and one per syllable of what is said ("3.5": three point five)
+    assert [w.syllables for w in words] == [2, 1, 1, 3, 1, 1]
+    assert [w.weight for w in words] == [7, 6, 4, 5, 3, 3]
     assert phrases(words) == [[0], [1, 2, 3, 4], [5]]
 
 

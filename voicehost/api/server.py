@@ -10,6 +10,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -63,6 +64,18 @@ async def each(segments: list[Segment]) -> AsyncIterator[Segment]:
 
 
 SpeechItem = np.ndarray | SpokenWord  # what a response sends: audio, and words (if timed)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What a speech response sends: its first item and the rest, encoded by ``encoder``,
+    each counted by ``tally`` once written; and the response's ``headers``."""
+
+    encoder: FormatStream
+    first: SpeechItem
+    rest: AsyncIterator[SpeechItem]
+    tally: UsageTally
+    headers: dict[str, str]
 
 
 async def spoken(
@@ -138,25 +151,24 @@ async def respond(
             log.exception("synthesis failed before the first audio")
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
+        out = Outgoing(encoder, first, items, tally, headers)
         if captioned:
-            return await send_captioned(serving, encoder, first, items, tally, headers)
+            return await send_captioned(serving, out)
         if body.stream_format == "sse":
-            return await send_sse(request, encoder, first, items, tally, headers)
-        return await send_audio(request, encoder, first, items, tally, headers)
+            return await send_sse(request, out)
+        return await send_audio(request, out)
 
 
 async def send_encoded(
-    encoder: FormatStream,
-    items: tuple[SpeechItem, AsyncIterator[SpeechItem]],
-    tally: UsageTally,
+    out: Outgoing,
     write: Callable[[bytes], Awaitable[None]],
     word: Callable[[SpokenWord], Awaitable[None]] | None = None,
 ) -> int | Exception:
-    """Encode and ``write`` the first item's audio and the rest's, each counted by ``tally``
+    """Encode and ``write`` the first item's audio and the rest's, each counted by the tally
     once written, then the encoder's end; each word to ``word`` once the audio that ends it
     has been written (``captions.WordClock``). The samples sent, or the exception of a
     synthesis that failed after the first byte."""
-    first, rest = items
+    encoder, tally = out.encoder, out.tally
     clock = WordClock(encoder)
     samples = 0
 
@@ -174,9 +186,9 @@ async def send_encoded(
             if word is not None:
                 await word(ready)
 
-    await send(first)
+    await send(out.first)
     try:
-        async for item in rest:
+        async for item in out.rest:
             await send(item)
         data = await encoder.finish()
         await write(data)
@@ -196,15 +208,10 @@ def broken(request: web.Request, response: web.StreamResponse, sse: bool, exc: E
     return partial(end_broken_stream, request, response, sse, *stream_failure(exc), exc)
 
 
-async def send_audio(
-    request: web.Request,
-    encoder: FormatStream,
-    first: SpeechItem,
-    rest: AsyncIterator[SpeechItem],
-    tally: UsageTally,
-    headers: dict[str, str],
-) -> tuple[web.StreamResponse, Ending]:
-    response = web.StreamResponse(headers={"Content-Type": content_type(encoder.fmt), **headers})
+async def send_audio(request: web.Request, out: Outgoing) -> tuple[web.StreamResponse, Ending]:
+    response = web.StreamResponse(
+        headers={"Content-Type": content_type(out.encoder.fmt), **out.headers}
+    )
     response.enable_chunked_encoding()
     await response.prepare(request)
 
@@ -212,24 +219,17 @@ async def send_audio(
         if data:
             await response.write(data)
 
-    sent = await send_encoded(encoder, (first, rest), tally, write)
+    sent = await send_encoded(out, write)
     if isinstance(sent, Exception):
         return response, broken(request, response, False, sent)
     return response, response.write_eof
 
 
-async def send_sse(
-    request: web.Request,
-    encoder: FormatStream,
-    first: SpeechItem,
-    rest: AsyncIterator[SpeechItem],
-    tally: UsageTally,
-    headers: dict[str, str],
-) -> tuple[web.StreamResponse, Ending]:
+async def send_sse(request: web.Request, out: Outgoing) -> tuple[web.StreamResponse, Ending]:
     """SSE: ``speech.audio.delta`` events, a ``speech.word`` after the audio that ends it (with
     word timing), then ``speech.audio.done``."""
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **out.headers}
     )
     await response.prepare(request)
 
@@ -249,22 +249,17 @@ async def send_sse(
         payload = {"type": "speech.word", **word_fields(spoken), "aligner": spoken.aligner}
         await response.write(event(payload))
 
-    sent = await send_encoded(encoder, (first, rest), tally, audio, word)
+    sent = await send_encoded(out, audio, word)
     if isinstance(sent, Exception):
         return response, broken(request, response, True, sent)
-    width = RAW_SAMPLE_BYTES.get(encoder.fmt)  # a raw format's samples are its bytes'
-    samples = written // width if width else encoder.output_samples(sent)
+    width = RAW_SAMPLE_BYTES.get(out.encoder.fmt)  # a raw format's samples are its bytes'
+    samples = written // width if width else out.encoder.output_samples(sent)
     done = event({"type": "speech.audio.done", "samples": samples})
     return response, partial(response.write_eof, done)
 
 
 async def send_captioned(
-    serving: ServingProcess,
-    encoder: FormatStream,
-    first: SpeechItem,
-    rest: AsyncIterator[SpeechItem],
-    tally: UsageTally,
-    headers: dict[str, str],
+    serving: ServingProcess, out: Outgoing
 ) -> tuple[web.StreamResponse, Ending]:
     """The whole audio, base64, and every word, as one JSON object (nothing is sent before
     the synthesis has ended, so a failure is a plain error answer)."""
@@ -277,7 +272,8 @@ async def send_captioned(
     async def word(spoken: SpokenWord) -> None:
         words.append(spoken)
 
-    sent = await send_encoded(encoder, (first, rest), tally, keep, word)
+    sent = await send_encoded(out, keep, word)
+    encoder = out.encoder
     if isinstance(sent, Exception):
         stage, (code, message) = stream_failure(sent)
         serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
@@ -294,7 +290,7 @@ async def send_captioned(
         aligner=words[0].aligner if words else serving.aligner.name,
         words=[TimedWord.model_validate(word_fields(w)) for w in words],
     ).model_dump()
-    return web.json_response(payload, headers=headers), finished
+    return web.json_response(payload, headers=out.headers), finished
 
 
 async def finished() -> None:

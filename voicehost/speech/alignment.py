@@ -5,20 +5,24 @@ An aligner follows one segment at a time (``begin``): its audio is fed as it is 
 rest once the segment's audio is whole. A word is given once and never revised.
 
 ``EstimatedAligner`` (``"estimated"``, built in, no model) places words from what is known: the
-text (each word's letters, and the punctuation after it, where a pause is likely), the pauses
-found in the audio itself (10 ms RMS windows far below the segment's loud level), and the speaking
-rate measured on the segment so far:
+text (each word's letters and syllables, and the punctuation after it, where a pause is
+likely), the pauses and syllable peaks found in the audio itself (10 ms RMS windows), and the
+speaking rate measured on the segment so far:
 
 1. Phrases: the text cut after each word that punctuation follows. A phrase ends at the first
-   pause heard after at least half the phrase's expected length (its letters at the measured
+   pause heard after ``EARLIEST`` of the phrase's expected length (its weight at the measured
    rate); the last phrase ends with the segment's speech.
-2. Words within a phrase: boundaries where the letters put them (a phrase's last word counts
-   half again: speech slows before a pause), each then moved to a dip in the level near it,
-   chosen for all boundaries at once (dynamic programming: closeness to the expected place
-   against the dip's depth).
-3. Streaming: a phrase is final once the pause after it has been heard; the words of the phrase
-   in progress are given as they end at the measured rate, ``GUARD_SECONDS`` behind the audio
-   heard. So a client that has played up to t holds every word that ended a little before t.
+2. Words within a phrase: boundaries where the words' weights put them (letters, and one per
+   syllable; a phrase's last word counts half again: speech slows before a pause), each then
+   moved to a dip in the level near it, chosen for all boundaries at once (dynamic programming:
+   closeness to the expected place against the dip's depth).
+3. Streaming: a phrase is final once the pause after it (``LONG_PAUSE_WINDOWS``) has been
+   heard. Inside the phrase in progress, a word has ended once the next word's first syllable
+   is heard: the syllables' peaks in the level are counted against the text's syllables, and
+   the word ends at the lowest level between its last peak and the next word's first (where a
+   syllable was missed, once the measured rate puts its end in audio heard before this feed).
+   So a word is given in the chunk after the one it ended in, as a rule, and never before its
+   audio: a client that has played up to t holds the words that ended by t.
 
 ``scripts/bench_alignment.py`` measures it against espeak-ng's own word positions.
 """
@@ -43,8 +47,9 @@ LONG_PAUSE_WINDOWS = 7  # while streaming, a pause this long (70 ms) ends a phra
 EARLIEST = 0.4  # of a phrase's expected length: no pause before it ends the phrase
 LATEST = 2.0  # of a phrase's expected length: a phrase with no pause by then had none
 QUIET_BELOW_LOUD_DB = 30.0  # a window this far below the loud level (95th percentile) is quiet
+SYLLABLE_LETTERS = 1.0  # a word's expected length: its letters, and this per syllable
 PHRASE_END_WEIGHT = 1.5  # a phrase's last word is longer: speech slows before a pause
-PRIOR_LETTERS_PER_SECOND = 13.0  # the rate until a phrase has been measured
+PRIOR_LETTERS_PER_SECOND = 16.5  # weight (letters and syllables) per second until measured
 DIP_REACH = 0.25  # of a word's average length: how far a boundary may move to a dip
 DIP_REWARD = 0.01  # per dB squared of a dip's depth, against the squared distance moved
 PEAK_SIDE = 10  # windows either side a syllable's peak stands out from
@@ -109,7 +114,7 @@ class TextWord:
     text: str
     start: int
     end: int
-    weight: float  # its expected length, in letters
+    weight: float  # its expected length, in letters (and ``SYLLABLE_LETTERS`` per syllable)
     pause_after: bool  # punctuation follows it
     syllables: int = 1  # of what it is said as
 
@@ -127,7 +132,7 @@ def spoken_letters(word: str) -> float:
 def syllables(word: str) -> int:
     """About how many syllables ``word`` is said in: its vowel groups (a silent final e
     left out), of what it is said as; at least one."""
-    spoken = re.sub(r"[^a-z]", " ", normalize(word).lower())
+    spoken = re.sub(r"[^a-z]", " ", re.sub(r"['\u2019]", "", normalize(word).lower()))
     count = 0
     for part in spoken.split():
         groups = len(VOWELS.findall(part))
@@ -145,8 +150,9 @@ def text_words(text: str, weigh: Callable[[str], float] = letters) -> list[TextW
         word = match.group()
         if any(ch.isalnum() for ch in word):
             pause = bool(PAUSING.search(word))
-            weight = weigh(word)
-            words.append(TextWord(word, match.start(), match.end(), weight, pause, syllables(word)))
+            said = syllables(word)
+            weight = weigh(word) + SYLLABLE_LETTERS * said
+            words.append(TextWord(word, match.start(), match.end(), weight, pause, said))
     return words
 
 
