@@ -291,6 +291,7 @@ class EstimatedAlignment:
         self.letters_heard = 0.0  # of the phrases done, and their speech (windows)
         self.windows_heard = 0.0
         self.heard_before = 0  # windows heard at the feed before this one
+        self.given_end = 0.0  # where the last word given ends (windows)
 
     def feed(self, samples: np.ndarray) -> list[WordTiming]:
         self.audio.append(np.asarray(samples, dtype=np.float32))
@@ -357,9 +358,9 @@ class EstimatedAlignment:
             if end is None:  # the phrase goes on: its words that ended a guard ago
                 self._give_ended(group, todo, start, expected, levels, heard)
                 break
-            if todo:
+            if todo:  # the words given inside the phrase may reach past the pause's start
                 begin = self.placed[-1][1] if len(self.placed) > group[0] else start
-                self.placed += spread(todo, self.words, begin, end, levels)
+                self.placed += spread(todo, self.words, begin, max(end, begin + 1), levels)
             self.letters_heard += weight
             self.windows_heard += end - start
             self.phrase += 1
@@ -450,12 +451,14 @@ class EstimatedAlignment:
 
     def _timings(self, given: int) -> list[WordTiming]:
         """The words placed from ``given`` on, in seconds, none past the audio fed (a 10 ms
-        window may end after it)."""
+        window may end after it) and each from the end of the one before."""
         fed = sum(chunk.size for chunk in self.audio) / SAMPLE_RATE / WINDOW_SECONDS
+        previous = self.given_end
         out = []
         for index in range(given, len(self.placed)):
             word, (start, end) = self.words[index], self.placed[index]
-            start, end = min(start, fed), min(end, fed)
+            start = min(max(start, previous), fed)
+            end = previous = self.given_end = min(max(end, start), fed)
             out.append(
                 WordTiming(
                     word.text,
