@@ -104,7 +104,7 @@ async def _error_of(response: aiohttp.ClientResponse) -> ApiError:
 class AsyncClient:
     """A voicehost server's API from asyncio code. ``options`` of the speech methods are the
     request's other fields (``sample_rate``, ``speed``, ``seed``, ``normalize``, ``continuity``,
-    ``trim_silence``, ``instructions``; see the README); ``None`` leaves one out."""
+    ``trim_silence``, ``instructions``; see docs/API.md); ``None`` leaves one out."""
 
     def __init__(
         self,

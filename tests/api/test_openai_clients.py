@@ -1,6 +1,6 @@
 """The official OpenAI Python SDK, unchanged, pointed at the dev server (``base_url``): what its
 users do (no format, an OpenAI voice, ``speed``, listing models) and exactly the calls that
-Pipecat's OpenAI TTS plugin makes, and LiveKit Agents' plugin itself (README, "OpenAI clients
+Pipecat's OpenAI TTS plugin makes, and LiveKit Agents' plugin itself (docs/API.md, "OpenAI clients
 and voice-agent frameworks")."""
 
 from __future__ import annotations

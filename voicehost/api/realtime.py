@@ -1,6 +1,6 @@
 """``/v1/audio/speech/ws``: text in as it comes (an LLM's output, word by word), audio out.
 
-The protocol (see the README): the client sends a ``config`` message, then ``text`` pieces,
+The protocol (see docs/API.md): the client sends a ``config`` message, then ``text`` pieces,
 ``flush``, ``cancel`` and finally ``end``; the server answers ``ready``, then for each segment of
 the text ``segment.started`` (with its span in the input), the audio as binary messages and
 ``segment.done``; after ``end``, ``done`` and a normal close. ``cancel`` (barge-in) stops the
