@@ -5,6 +5,7 @@ realtime sessions (text in as it comes, audio out, cancel on barge-in); async an
 
     with Client("http://127.0.0.1:8080", api_key=None) as client:
         client.speak_to_file("Hello there.", "tara", "hello.mp3")  # the format from the suffix
+        captioned = client.captioned("Hello there.", "tara")  # wav, and each word's timing
         for chunk in client.stream("Hello there.", "tara"):  # 24 kHz s16le pcm by default
             play(chunk)
         with client.realtime("tara") as session:
@@ -23,6 +24,7 @@ server's status, code and message.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 import time
@@ -75,6 +77,19 @@ class SpeechResult:
     bytes: int
     first_byte_seconds: float
     total_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Captioned:
+    """Speech with its words' timing (the captioned endpoint): the audio file's bytes, its
+    format and sample rate, what timed the words, and each word as ``{"text", "start", "end",
+    "audio_start", "audio_end"}`` (its span in the text, its seconds in the audio)."""
+
+    audio: bytes
+    response_format: str
+    sample_rate: int
+    aligner: str
+    words: list[dict[str, Any]]
 
 
 def format_for(path: Path | str) -> str:
@@ -187,6 +202,25 @@ class AsyncClient:
         if fmt == "wav":
             _fix_wav_sizes(path)
         return SpeechResult(path, fmt, written, first or 0.0, time.monotonic() - started)
+
+    async def captioned(
+        self, text: str, voice: str, *, response_format: str = "wav", **options: Any
+    ) -> Captioned:
+        """``POST /v1/audio/speech/captioned``: the whole audio of ``text`` and every word's
+        timing (its span in ``text``, its start and end in seconds of the audio)."""
+        body = _speech_body(text, voice, response_format, options)
+        url = f"{self.base_url}/v1/audio/speech/captioned"
+        async with self.session.post(url, json=body, headers=self._headers) as response:
+            if response.status != 200:
+                raise await _error_of(response)
+            answer = await response.json()
+        return Captioned(
+            base64.b64decode(answer["audio"]),
+            answer["response_format"],
+            answer["sample_rate"],
+            answer["aligner"],
+            answer["words"],
+        )
 
     async def voices(self) -> list[dict[str, Any]]:
         """``GET /v1/audio/voices``: every voice this key may use (id, name, kind, status,
@@ -491,6 +525,13 @@ class Client:
     ) -> SpeechResult:
         return self._run(
             self._async.speak_to_file(text, voice, path, response_format=response_format, **options)
+        )
+
+    def captioned(
+        self, text: str, voice: str, *, response_format: str = "wav", **options: Any
+    ) -> Captioned:
+        return self._run(
+            self._async.captioned(text, voice, response_format=response_format, **options)
         )
 
     def voices(self) -> list[dict[str, Any]]:

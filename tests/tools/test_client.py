@@ -27,13 +27,17 @@ def test_a_files_suffix_names_its_format():
         format_for("speech.txt")
 
 
-def test_the_sync_client_streams_chunks_and_raises_the_servers_refusal(server):
+def test_the_sync_client_streams_chunks_captions_and_raises_the_servers_refusal(server):
     """(``speak_to_file`` is ``voicehost say``'s: the test below.)"""
     with Client(server.url) as client:
         chunks = list(client.stream(TEXT, "tara", seed=1))
         with pytest.raises(ApiError) as refused:
             client.speak(TEXT, "nobody")
         assert "tts-1" in client.models()
+        captioned = client.captioned("Hello there, friend.", "tara", response_format="pcm")
+    assert captioned.aligner == "estimated" and captioned.sample_rate == 24000
+    assert [w["text"] for w in captioned.words] == ["Hello", "there,", "friend."]
+    assert captioned.words[-1]["audio_end"] <= len(captioned.audio) / 2 / 24000
     pcm = b"".join(chunks)
     assert len(chunks) >= 1 and len(pcm) % 2 == 0 and len(pcm) > 4800  # 24 kHz s16le
     assert (refused.value.status, refused.value.code) == (404, "voice_not_found")
