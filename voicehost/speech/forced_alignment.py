@@ -39,14 +39,13 @@ WORD_DELIMITER = "|"  # wav2vec2's space
 class CtcModel:
     """A CTC model and its processor from ``folder``: frame log-probabilities of audio."""
 
-    def __init__(self, folder: Path, threads: int = 1) -> None:
+    def __init__(self, folder: Path) -> None:
         import torch
         from transformers import AutoModelForCTC, AutoProcessor
 
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no CTC model in {folder} (config.json is missing)")
-        self.torch = torch
-        self.threads = threads
+        self.torch = torch  # its threads are the process's (the codec's setting), left as they are
         self.processor: Any = AutoProcessor.from_pretrained(folder, local_files_only=True)
         self.model: Any = AutoModelForCTC.from_pretrained(folder, local_files_only=True).eval()
         tokenizer = self.processor.tokenizer
@@ -72,7 +71,6 @@ class CtcModel:
             audio, sampling_rate=self.rate, return_tensors="pt"
         )
         torch = self.torch
-        torch.set_num_threads(self.threads)
         with torch.inference_mode():
             logits = self.model(inputs.input_values).logits[0]
         return torch.log_softmax(logits.float(), dim=-1).numpy()
