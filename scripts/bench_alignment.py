@@ -61,7 +61,7 @@ def transformed(samples: np.ndarray, effect: list[str], work: Path) -> np.ndarra
         return samples
     source, out = work / "in.wav", work / "out.wav"
     soundfile.write(source, samples, SAMPLE_RATE, subtype="PCM_16")
-    subprocess.run(["sox", str(source), str(out), *effect], check=True)
+    subprocess.run(["sox", "-D", str(source), str(out), *effect], check=True)  # -D: no dither
     audio, _ = soundfile.read(out, dtype="float32")
     return audio
 

@@ -14,9 +14,11 @@ import math
 from collections import deque
 
 from voicehost.audio.encoding import FormatStream
+from voicehost.audio.formats import wav_header
 from voicehost.speech.synthesis import SpokenWord
 
-RAW_SAMPLE_BYTES = {"pcm": 2, "mulaw": 1, "alaw": 1}  # formats whose bytes count their samples
+# formats whose bytes count their samples: (bytes per sample, header bytes before them)
+RAW_SAMPLES = {"pcm": (2, 0), "wav": (2, len(wav_header())), "mulaw": (1, 0), "alaw": (1, 0)}
 HELD_SLACK_SECONDS = 1e-3  # a word's end is floored to the millisecond when sent
 
 
@@ -25,16 +27,29 @@ class WordClock:
 
     def __init__(self, encoder: FormatStream) -> None:
         self.encoder = encoder
-        self.sent_seconds = 0.0  # of audio sent, at the stream's clock (after speed)
+        self.width, self.header = RAW_SAMPLES.get(encoder.fmt, (0, 0))
+        self.sent_bytes = 0
+        self.model_samples = 0  # encoded so far (24 kHz, before speed)
         self.run_start = 0.0  # where the current speaker's audio starts (after a cancel)
         self.pending: deque[SpokenWord] = deque()
 
     def sent(self, data: bytes, model_samples: int = 0) -> None:
-        """``data`` has been sent: the encoding of ``model_samples``. The clock moves on by its
-        samples (exact for the raw formats; a compressed one's by what was encoded)."""
-        width = RAW_SAMPLE_BYTES.get(self.encoder.fmt)
-        output = len(data) / width if width else self.encoder.output_samples(model_samples)
-        self.sent_seconds += output / self.encoder.sample_rate
+        """``data`` has been sent: the encoding of ``model_samples``."""
+        self.sent_bytes += len(data)
+        self.model_samples += model_samples
+
+    @property
+    def samples(self) -> int:
+        """The samples sent, at the stream's rate (after speed): exact for the raw formats
+        (their bytes), a compressed one's by what was encoded."""
+        if self.width:
+            return max(0, self.sent_bytes - self.header) // self.width
+        return self.encoder.output_samples(self.model_samples)
+
+    @property
+    def sent_seconds(self) -> float:
+        """The audio sent, in seconds of the stream's clock."""
+        return self.samples / self.encoder.sample_rate
 
     def hold(self, word: SpokenWord) -> None:
         """``word`` (the model's clock, from this run's start), until its audio has been sent."""

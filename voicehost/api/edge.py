@@ -23,7 +23,13 @@ from redis.exceptions import RedisError
 
 from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
 from voicehost.api.listeners import Listener
-from voicehost.api.schemas import ErrorDetail, ErrorResponse, SpeechOptions, SpeechRequest
+from voicehost.api.schemas import (
+    CaptionedSpeechRequest,
+    ErrorDetail,
+    ErrorResponse,
+    SpeechOptions,
+    SpeechRequest,
+)
 from voicehost.audio.encoding import EncodingFailed
 from voicehost.audio.formats import UnsupportedAudio, output_rate
 from voicehost.cloning.jobs import CloneJobs
@@ -330,10 +336,10 @@ def check_audio_options(body: SpeechOptions) -> int:
         raise ApiError(400, "unsupported_format", str(exc)) from exc
 
 
-def check_speech_request(body: SpeechRequest, max_chars: int, captioned: bool = False) -> None:
+def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
     """400 for input with nothing to say, an unservable format, or word timing where the
-    answer has no place for it (raw audio; the ``captioned`` endpoint times words always);
-    413 past ``max_chars``."""
+    answer has no place for it (raw audio; the captioned endpoint's JSON has one); 413 past
+    ``max_chars``."""
     if not any(ch.isalnum() for ch in body.input):
         raise ApiError(400, "empty_input", "input is empty or has nothing to say")
     if len(body.input) > max_chars:
@@ -342,7 +348,8 @@ def check_speech_request(body: SpeechRequest, max_chars: int, captioned: bool = 
             "input_too_long",
             f"input has {len(body.input)} characters; the limit is {max_chars}",
         )
-    if not captioned and body.timestamps == "word" and body.stream_format != "sse":
+    captioned = isinstance(body, CaptionedSpeechRequest)
+    if body.timestamps == "word" and body.stream_format != "sse" and not captioned:
         raise ApiError(
             400,
             "invalid_request",

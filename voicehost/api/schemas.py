@@ -146,14 +146,15 @@ class SpeechRequest(SpeechOptions):
 
 
 class CaptionedSpeechRequest(SpeechRequest):
-    """``POST /v1/audio/speech/captioned``: a speech request answered as JSON, its words timed
-    (``timestamps`` is implied)."""
+    """``POST /v1/audio/speech/captioned``: a speech request answered as JSON, its words
+    always timed."""
 
     model_config = ConfigDict(extra="ignore", json_schema_extra=TELEPHONE_RATE_RULE)
 
     stream_format: Literal["audio"] = Field(
         "audio", description="The audio comes whole, base64, in the JSON answer."
     )
+    timestamps: Literal["word"] = Field("word", description="Every word is timed here.")
 
 
 class RealtimeConfig(SpeechOptions):

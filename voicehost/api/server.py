@@ -18,7 +18,7 @@ from aiohttp import web
 
 from voicehost.api import lifecycle, realtime, webrtc
 from voicehost.api.auth import INTERNAL, request_principal
-from voicehost.api.captions import RAW_SAMPLE_BYTES, WordClock, word_fields
+from voicehost.api.captions import WordClock, word_fields
 from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
@@ -104,7 +104,7 @@ async def create_captioned_speech(request: web.Request) -> web.StreamResponse:
 async def speak(request: web.Request, captioned: bool) -> web.StreamResponse:
     serving = request.app[SERVING]
     body = await read_body(request, CaptionedSpeechRequest if captioned else SpeechRequest)
-    check_speech_request(body, serving.settings.max_input_chars, captioned)
+    check_speech_request(body, serving.settings.max_input_chars)
     synthesizer = serving.require_synthesizer()
     principal = request_principal(request)
     voice = await find_voice(serving.voices, body.voice, principal, serving.settings.voice_aliases)
@@ -114,14 +114,12 @@ async def speak(request: web.Request, captioned: bool) -> web.StreamResponse:
         segments = stage.whole(body.input, serving.settings.max_input_chars)
     except TextTooLong as exc:
         raise ApiError(413, "input_too_long", str(exc)) from exc
-    if captioned:
-        body = body.model_copy(update={"timestamps": "word"})
     options = speak_options(body, serving.settings, serving.aligner)
     tally = serving.usage.tally(principal, voice.voice_id)  # counts what is sent
     async with serving.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)
         version = {VERSION_HEADER: str(voice.version)}
-        response, ending = await respond(request, serving, body, events, tally, version, captioned)
+        response, ending = await respond(request, serving, body, events, tally, version)
     await ending()
     return response
 
@@ -133,12 +131,11 @@ async def respond(
     events: AsyncIterator[SpeechEvent],
     tally: UsageTally,
     headers: dict[str, str],
-    captioned: bool = False,
 ) -> tuple[web.StreamResponse, Ending]:
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
-    format, or SSE; all at once as JSON, ``captioned``), each chunk counted by ``tally`` once
-    written; and its ``Ending``, for the caller to write once the engine work is over and the
-    stream's slot given back."""
+    format, or SSE; all at once as JSON for a ``CaptionedSpeechRequest``), each chunk counted
+    by ``tally`` once written; and its ``Ending``, for the caller to write once the engine work
+    is over and the stream's slot given back."""
     async with aclosing(events), aclosing(spoken(events, tally)) as items:
         try:
             first = await anext(items)
@@ -152,7 +149,7 @@ async def respond(
             raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
         out = Outgoing(encoder, first, items, tally, headers)
-        if captioned:
+        if isinstance(body, CaptionedSpeechRequest):
             return await send_captioned(serving, out)
         if body.stream_format == "sse":
             return await send_sse(request, out)
@@ -166,14 +163,12 @@ async def send_encoded(
 ) -> int | Exception:
     """Encode and ``write`` the first item's audio and the rest's, each counted by the tally
     once written, then the encoder's end; each word to ``word`` once the audio that ends it
-    has been written (``captions.WordClock``). The samples sent, or the exception of a
-    synthesis that failed after the first byte."""
+    has been written (``captions.WordClock``). The samples sent (at the stream's rate: exact
+    for the raw formats), or the exception of a synthesis that failed after the first byte."""
     encoder, tally = out.encoder, out.tally
     clock = WordClock(encoder)
-    samples = 0
 
     async def send(item: SpeechItem) -> None:
-        nonlocal samples
         if isinstance(item, SpokenWord):
             clock.hold(item)
         else:
@@ -181,7 +176,6 @@ async def send_encoded(
             await write(data)
             clock.sent(data, item.size)
             tally.sent(item.size)
-            samples += item.size
         for ready in clock.ready():
             if word is not None:
                 await word(ready)
@@ -200,7 +194,7 @@ async def send_encoded(
         raise  # the client left
     except Exception as exc:
         return exc
-    return samples
+    return clock.samples
 
 
 def broken(request: web.Request, response: web.StreamResponse, sse: bool, exc: Exception) -> Ending:
@@ -236,14 +230,10 @@ async def send_sse(request: web.Request, out: Outgoing) -> tuple[web.StreamRespo
     def event(payload: dict[str, object]) -> bytes:
         return f"data: {json.dumps(payload)}\n\n".encode()
 
-    written = 0
-
     async def audio(data: bytes) -> None:
-        nonlocal written
         if data:
             delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
             await response.write(event(delta))
-            written += len(data)
 
     async def word(spoken: SpokenWord) -> None:
         payload = {"type": "speech.word", **word_fields(spoken), "aligner": spoken.aligner}
@@ -252,9 +242,7 @@ async def send_sse(request: web.Request, out: Outgoing) -> tuple[web.StreamRespo
     sent = await send_encoded(out, audio, word)
     if isinstance(sent, Exception):
         return response, broken(request, response, True, sent)
-    width = RAW_SAMPLE_BYTES.get(out.encoder.fmt)  # a raw format's samples are its bytes'
-    samples = written // width if width else out.encoder.output_samples(sent)
-    done = event({"type": "speech.audio.done", "samples": samples})
+    done = event({"type": "speech.audio.done", "samples": sent})
     return response, partial(response.write_eof, done)
 
 
@@ -273,20 +261,19 @@ async def send_captioned(
         words.append(spoken)
 
     sent = await send_encoded(out, keep, word)
-    encoder = out.encoder
     if isinstance(sent, Exception):
         stage, (code, message) = stream_failure(sent)
         serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
         log.error("captioned speech failed: %s: %s", type(sent).__name__, sent)
         raise ApiError(500, code, message)
-    samples = encoder.output_samples(sent)
+    encoder = out.encoder
     payload = CaptionedSpeech(
         audio=base64.b64encode(bytes(audio)).decode(),
         response_format=encoder.fmt,
         content_type=content_type(encoder.fmt),
         sample_rate=encoder.sample_rate,
-        samples=samples,
-        audio_seconds=round(samples / encoder.sample_rate, 4),
+        samples=sent,
+        audio_seconds=round(sent / encoder.sample_rate, 4),
         aligner=words[0].aligner if words else serving.aligner.name,
         words=[TimedWord.model_validate(word_fields(w)) for w in words],
     ).model_dump()

@@ -384,7 +384,7 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     captioned = request.path == CAPTIONED_PATH
     body = await read_body(request, CaptionedSpeechRequest if captioned else SpeechRequest)
-    check_speech_request(body, gateway.settings.max_input_chars, captioned)
+    check_speech_request(body, gateway.settings.max_input_chars)
     principal = request_principal(request)
     # routed by the voice an alias names; the worker resolves the alias in the body again
     voice = await find_voice(gateway.voices, body.voice, principal, gateway.settings.voice_aliases)
@@ -398,7 +398,7 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
         lambda w: _open_upstream(gateway, w, request.path, raw, forwarded),
     )
     async with opening as (upstream, first):
-        return await _relay(request, upstream, first, body.stream_format == "sse" and not captioned)
+        return await _relay(request, upstream, first, body.stream_format == "sse")
 
 
 async def _relay(

@@ -37,11 +37,12 @@ from typing import Protocol
 
 import numpy as np
 
-from voicehost.audio.speech_start import FLOOR_DB, window_levels_db
+from voicehost.audio.speech_start import FLOOR_DB, window_levels_db, window_samples
 from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.text.normalize import normalize
 
 WINDOW_SECONDS = 0.010  # the level's resolution
+WINDOW_SAMPLES = window_samples(SAMPLE_RATE)
 PAUSE_WINDOWS = 6  # quiet windows in a row that make a pause (60 ms)
 LONG_PAUSE_WINDOWS = 7  # while streaming, a pause this long (70 ms) ends a phrase
 EARLIEST = 0.4  # of a phrase's expected length: no pause before it ends the phrase
@@ -57,6 +58,7 @@ PEAK_PROMINENCE_DB = 4.0
 PEAK_GAP = 8  # windows: two peaks nearer than this are one syllable
 WORD = re.compile(r"\S+")
 VOWELS = re.compile(r"[aeiouy]+")
+PAUSING = re.compile(r"[,;:.!?\u2026)\]\"\u2014\u2013-]+$")
 HISSING_ES = re.compile(r"(?:[sxz]|[cs]h|[cg])es$")  # boxes, wishes, pages: -es said
 
 
@@ -73,9 +75,6 @@ def silent_ending(part: str) -> bool:
     if part.endswith("es"):
         return not HISSING_ES.search(part)
     return False
-
-
-PAUSING = re.compile(r"[,;:.!?\u2026)\]\"\u2014\u2013-]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,26 +283,39 @@ class EstimatedAlignment:
     def __init__(self, text: str, weigh: Callable[[str], float] = letters) -> None:
         self.words = text_words(text, weigh)
         self.groups = phrases(self.words)
-        self.audio: list[np.ndarray] = []
+        self.levels = np.zeros(0)  # of the complete windows fed
+        self.tail = np.zeros(0, dtype=np.float32)  # the samples past the last complete window
+        self.fed = 0  # samples
         self.placed: list[tuple[float, float]] = []  # windows, of the words given, in order
         self.phrase = 0  # the phrase in progress
         self.phrase_start: float | None = None  # its first window
-        self.letters_heard = 0.0  # of the phrases done, and their speech (windows)
+        self.letters_heard = 0.0  # weight of the phrases done, and their speech (windows)
         self.windows_heard = 0.0
         self.heard_before = 0  # windows heard at the feed before this one
         self.given_end = 0.0  # where the last word given ends (windows)
 
     def feed(self, samples: np.ndarray) -> list[WordTiming]:
-        self.audio.append(np.asarray(samples, dtype=np.float32))
+        self._hear(samples)
         return self._advance(final=False)
 
     def finish(self, samples: np.ndarray | None = None) -> list[WordTiming]:
         if samples is not None:
-            self.audio.append(np.asarray(samples, dtype=np.float32))
+            self._hear(samples)
         return self._advance(final=True)
 
+    def _hear(self, samples: np.ndarray) -> None:
+        """The level of each complete window of ``samples`` (with the tail before them), once:
+        a feed costs its own samples, not the segment's."""
+        audio = np.concatenate([self.tail, np.asarray(samples, dtype=np.float32)])
+        whole = audio.size // WINDOW_SAMPLES * WINDOW_SAMPLES
+        if whole:
+            self.levels = np.concatenate([self.levels, window_levels_db(audio[:whole])])
+        self.tail = audio[whole:]
+        self.fed += samples.size
+
     def _rate(self) -> float:
-        """Letters per window, as measured on the phrases done (the prior before a second)."""
+        """Weight (letters and syllables) per window, as measured on the phrases done (the
+        prior before a second)."""
         if self.windows_heard * WINDOW_SECONDS < 1.0:
             return PRIOR_LETTERS_PER_SECOND * WINDOW_SECONDS
         return self.letters_heard / self.windows_heard
@@ -312,8 +324,9 @@ class EstimatedAlignment:
         given = len(self.placed)
         if given == len(self.words):
             return []
-        audio = np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
-        levels = window_levels_db(audio, SAMPLE_RATE)
+        levels = self.levels  # and the short last window's, as ``window_levels_db`` has it
+        if self.tail.size:
+            levels = np.concatenate([levels, window_levels_db(self.tail)])
         quiet = quiet_windows(levels)
         loud = np.flatnonzero(~quiet)
         heard = levels.size
@@ -452,7 +465,7 @@ class EstimatedAlignment:
     def _timings(self, given: int) -> list[WordTiming]:
         """The words placed from ``given`` on, in seconds, none past the audio fed (a 10 ms
         window may end after it) and each from the end of the one before."""
-        fed = sum(chunk.size for chunk in self.audio) / SAMPLE_RATE / WINDOW_SECONDS
+        fed = self.fed / SAMPLE_RATE / WINDOW_SECONDS
         previous = self.given_end
         out = []
         for index in range(given, len(self.placed)):

@@ -208,15 +208,8 @@ class CtcAlignment:
         """The words not given, placed by the built-in estimate over the whole audio."""
         audio = np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
         estimate = EstimatedAlignment(self.text, spoken_letters).finish(audio)
-        previous = self.last_end
-        out = []
-        for timing in estimate[self.given :]:
-            start = max(timing.audio_start, previous)
-            end = max(timing.audio_end, start)
-            out.append(WordTiming(timing.text, timing.start, timing.end, start, end))
-            previous = end
-        self.given, self.last_end = len(self.words), previous
-        return out
+        spans: list[tuple[float, float] | None] = [(w.audio_start, w.audio_end) for w in estimate]
+        return self._words(spans, final=True)
 
 
 class CtcAligner:
