@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,20 @@ if TYPE_CHECKING:
     from voicehost.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
+
+# What a dev server lets a test change while it runs (``PATCH /internal/dev/settings``), so that
+# a test needs no server of its own for them: each is read per request (sampling, the text
+# stage, prefetch), or its admission is rebuilt when it changes.
+RUNTIME_DEV_SETTINGS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "realtime_tokens_per_second",
+        "realtime_margin",
+        "segment_prefetch",
+        "segment_max_chars",
+    }
+)
 
 
 class ClusterLink(Protocol):
@@ -251,6 +265,23 @@ class ServingProcess:
         status, reasons = await asyncio.to_thread(record_verdict, folder, report, s)
         manifest = await asyncio.to_thread(read_json_object, folder / MANIFEST)
         return Verdict(status, reasons, manifest["eval"])
+
+    def change_dev_settings(self, changes: Mapping[str, object]) -> dict[str, object]:
+        """Apply ``changes`` (names of ``RUNTIME_DEV_SETTINGS``) to a dev server's settings now:
+        every runtime setting's value after. ``ValueError`` off ``--dev``, for another name, or
+        for a value its field refuses (nothing is changed then)."""
+        if not self.settings.dev:
+            raise ValueError("settings change at run time only on a dev server (--dev)")
+        if unknown := sorted(set(changes) - RUNTIME_DEV_SETTINGS):
+            allowed = ", ".join(sorted(RUNTIME_DEV_SETTINGS))
+            raise ValueError(f"not a runtime setting: {', '.join(unknown)} (only {allowed})")
+        s = self.settings
+        checked = type(s).model_validate({**s.model_dump(), **changes})
+        for name in changes:
+            setattr(s, name, getattr(checked, name))
+        self.admission.realtime = Realtime(self.meter, s.realtime_rate(), s.realtime_margin)
+        log.info("dev settings changed at run time: %s", dict(changes))
+        return {name: getattr(s, name) for name in sorted(RUNTIME_DEV_SETTINGS)}
 
     @property
     def active_streams(self) -> int:

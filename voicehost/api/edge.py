@@ -314,14 +314,21 @@ def load_json(text: str) -> object:
     return value
 
 
-async def read_body(request: web.Request, model: type[Body]) -> Body:
-    """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
+async def read_json_object(request: web.Request) -> dict[str, object]:
+    """The JSON object a request's body holds: 400 ``invalid_json`` or ``invalid_request``
+    otherwise."""
     try:
         payload = load_json(await request.text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    return payload
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
+    payload = await read_json_object(request)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

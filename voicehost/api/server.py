@@ -15,6 +15,7 @@ from functools import partial
 
 import numpy as np
 from aiohttp import web
+from pydantic import ValidationError
 
 from voicehost.api import lifecycle, realtime, webrtc
 from voicehost.api.auth import INTERNAL, request_principal
@@ -29,9 +30,11 @@ from voicehost.api.edge import (
     error_response,
     find_voice,
     read_body,
+    read_json_object,
     registry_health,
     speak_options,
     stream_failure,
+    validation_message,
 )
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
@@ -320,11 +323,27 @@ async def drain(request: web.Request) -> web.Response:
     )
 
 
+async def change_dev_settings(request: web.Request) -> web.Response:
+    """``PATCH /internal/dev/settings`` (a dev server's only): a JSON object of runtime settings
+    (``serving.RUNTIME_DEV_SETTINGS``) changed now, answered with every runtime setting's value;
+    400 for another name or a value its field refuses."""
+    payload = await read_json_object(request)
+    try:
+        values = request.app[SERVING].change_dev_settings(payload)
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_request", validation_message(exc)) from exc
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from exc
+    return web.json_response(values)
+
+
 # a worker's load and drain, for its gateway (on serve too: a drain works the same)
 INTERNAL_ROUTES = (
     Route("GET", "/internal/load", worker_load, INTERNAL, None),
     Route("POST", "/internal/drain", drain, INTERNAL, None),
 )
+# a dev server's settings that a test changes while it runs, instead of booting its own server
+DEV_ROUTES = (Route("PATCH", "/internal/dev/settings", change_dev_settings, INTERNAL, None),)
 
 
 def create_app(
@@ -349,7 +368,7 @@ def create_app(
             "healthz": healthz,
             "readyz": readyz,
         },
-        own_routes=INTERNAL_ROUTES,
+        own_routes=(*INTERNAL_ROUTES, *(DEV_ROUTES if settings.dev else ())),
     )
     app[SERVING] = serving
     if frontend is not None:  # a session's DELETE or PATCH may reach another front end
