@@ -4,6 +4,7 @@ share are in helpers.py."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,12 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 SERVER_FIXTURES = frozenset(
     {
         "server",
-        "small_server",
-        "hot_server",
-        "keyed",
-        "keyed_server",
-        "frontends",
-        "dying_host",
+        "keyed_host",
         "gateway",
         "cluster",
         "redis_server",
@@ -92,8 +88,9 @@ def start_shared_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.Ear
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Unit tests first, so the dev servers boot while they run: the modules with unit tests
     only, then the others with each module's unit tests before the rest. Tests marked
-    ``paced`` come last, when no server is booting beside them. A module's tests stay together
-    (its module fixtures start once) and otherwise in the order they were written."""
+    ``paced`` come after them, when no server is booting beside them, and the one marked
+    ``last`` (it ends the shared server) after every other. A module's tests stay together (its
+    module fixtures start once) and otherwise in the order they were written."""
 
     def is_unit(item: pytest.Item) -> bool:
         return item.get_closest_marker("unit") is not None
@@ -102,7 +99,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     servers_in = {item.module for item in items if not is_unit(item)}
 
     def order(item: pytest.Item) -> tuple[int, int, bool]:
-        if item.get_closest_marker("paced") is not None:
+        if item.get_closest_marker("last") is not None:
+            group = 3
+        elif item.get_closest_marker("paced") is not None:
             group = 2
         else:
             group = 1 if item.module in servers_in else 0
@@ -131,42 +130,90 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         early.stop()
     for thread in helpers.stopping:  # every process stopped in the background has ended
         thread.join()
+    if not helpers.booted:
+        return
+    # the engine budget (tests/project/test_engine_budget.py): what this run booted
+    cores = sum(engines for _, engines in helpers.booted)
+    boots = ", ".join(f"{fixture} ({engines})" for fixture, engines in helpers.booted)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"engine cores booted: {cores} of {helpers.ENGINE_BOOTS}: {boots}")
+    if cores > helpers.ENGINE_BOOTS:
+        if reporter is not None:
+            reporter.write_line(f"FAILED: over the engine budget of {helpers.ENGINE_BOOTS}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# --- the hot server ------------------------------------------------------------------------------
-
-# A dev server sampling at temperature 1.5 (test_frame_constraint), that admits a stream only
-# while each keeps 1.2 x 45 audio tokens/s (test_admission): this CPU engine's dev streams make
-# about 95 tokens/s alone, 78 two at once, 63 three at once. One segment at a time per stream,
-# so that a stream is one engine request.
-HOT_ENV = {
-    "VOICEHOST_TEMPERATURE": "1.5",
-    "VOICEHOST_TOP_P": "1.0",
-    "VOICEHOST_REALTIME_TOKENS_PER_SECOND": "45",
-    "VOICEHOST_REALTIME_MARGIN": "1.2",
-    "VOICEHOST_SEGMENT_PREFETCH": "1",
-    "VOICEHOST_SEGMENT_MAX_CHARS": "120",
-}
+# --- the keyed host: keys, two front ends ------------------------------------------------------
 
 
-# Booted beside the cluster, before the cluster's tests (its first users, test_frame_constraint
-# and test_admission, come after them): not at collection, where it would hold an engine's
-# memory for twenty minutes and keep the servers booted before it from starting early.
-@helpers.start_early("hot_server", with_module="test_hostile_uploads")
-def start_hot_server(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
-    return helpers.EarlyServer(tmp_path_factory.mktemp("hot"), **HOT_ENV)
+# What test_auth (keys of two tenants, the playground's recorded clone), test_frontends (one
+# engine core, two front ends: what is one per host) and their admission tests need, in one
+# host: its keys (helpers.KEYED_KEYS, one in a keys file), an internal token, private metrics, 3
+# streams in all and 2 per key, one encoding process per front end, word timing by a forced
+# aligner from a folder (a random-weight wav2vec2 the test builds), cheap clones. Its own: the
+# shared server is open with one front end, and keys cannot be added to a running server. The
+# last test of test_frontends drains it and kills its engine core.
+@helpers.start_early("keyed_host")
+def start_keyed_host(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
+    root = tmp_path_factory.mktemp("keyed-host")
+    keys_file = root / "keys.json"
+    keys_file.write_text(json.dumps(helpers.key_entries(helpers.KEYED_FILE_KEYS)))
+    return helpers.EarlyServer(
+        root,
+        VOICEHOST_FRONTENDS="2",
+        VOICEHOST_API_KEYS=json.dumps(helpers.key_entries(helpers.KEYED_KEYS)),
+        VOICEHOST_API_KEYS_FILE=str(keys_file),
+        VOICEHOST_INTERNAL_TOKEN=helpers.KEYED_TOKEN,
+        VOICEHOST_METRICS_PUBLIC="false",
+        VOICEHOST_WORKER_CAPACITY=str(helpers.KEYED_HOST_CAPACITY),
+        VOICEHOST_KEY_MAX_STREAMS=str(helpers.KEYED_HOST_QUOTA),
+        VOICEHOST_USAGE_FLUSH_SECONDS="0.2",
+        VOICEHOST_ENCODE_PROCESSES="1",
+        VOICEHOST_ALIGNER_MODEL=str(helpers.tiny_ctc_model(root / "tiny-ctc")),
+        VOICEHOST_SEGMENT_MAX_CHARS="900",
+        # the playground's recorded clone (three short takes, one held out): the cheapest that
+        # still trains, measures and evaluates it (one sentence, no baseline voice)
+        VOICEHOST_MIN_SPEECH_SECONDS="1",
+        VOICEHOST_CLONE_EPOCHS="1",
+        VOICEHOST_EVAL_SENTENCES="1",
+        VOICEHOST_EVAL_BASELINES="0",
+    )
 
 
 @pytest.fixture(scope="session")
-def hot_server(
+def keyed_host(
     dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """``HOT_ENV``'s server. Its own: the temperature is a server setting, not a request option,
-    and at the shared server's 0.6 the dev model almost never samples a wrong position, so only
-    a hot engine shows that none gets through (unconstrained, this one drops about one frame in
-    five: docs/BENCHMARKS.md); and admission from measured capacity would refuse the streams
-    other tests open at once."""
-    with helpers.early_server("hot_server", tmp_path_factory) as server:
+    """The keyed host (``start_keyed_host``), ready; its root is ``adapters.parent``."""
+    with helpers.early_server("keyed_host", tmp_path_factory) as server:
+        yield server
+
+
+# --- the shared server, hot -------------------------------------------------------------------
+
+# The shared server sampling at temperature 1.5 (test_frame_constraint), admitting a stream only
+# while each keeps 1.2 x 45 audio tokens/s (test_admission): this CPU engine's dev streams make
+# about 95 tokens/s alone, 78 two at once, 63 three at once. One segment at a time per stream,
+# so that a stream is one engine request. Set at run time for the test alone, then set back.
+HOT_SETTINGS = {
+    "temperature": 1.5,
+    "top_p": 1.0,
+    "realtime_tokens_per_second": 45,
+    "realtime_margin": 1.2,
+    "segment_prefetch": 1,
+    "segment_max_chars": 120,
+}
+
+
+@pytest.fixture
+async def hot_server(server: Server) -> AsyncIterator[Server]:
+    """The shared server with ``HOT_SETTINGS`` while the test runs. At the shared settings'
+    temperature 0.6 the dev model almost never samples a wrong position, so only a hot engine
+    shows that none gets through (unconstrained, this one drops about one frame in five:
+    docs/BENCHMARKS.md); and admission from measured capacity would refuse the streams other
+    tests open at once, hence off but for this test."""
+    async with helpers.runtime_settings(server, **HOT_SETTINGS):
         yield server
 
 
@@ -246,3 +293,46 @@ async def chromium(chromium_executable: str, fake_microphone: Path):
             yield browser
         finally:
             await browser.close()
+
+
+# --- fixtures many modules share ---------------------------------------------------------------
+# Imported where they are used: a run that asks for none of these loads no torch or SNAC.
+
+
+@pytest.fixture(scope="session")
+def codec(dev_model: DevModelPaths):
+    """The dev SNAC on the CPU, without its noise blocks, so a decode depends only on the frames:
+    loaded once. Tests make their own ``SnacCodec`` around ``codec.model`` to change a setting."""
+    from voicehost.model.codec import SnacCodec
+
+    codec = SnacCodec.load(dev_model.codec, device="cpu", noise=False)
+    yield codec
+    codec.close()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory):
+    """16 espeak-ng clips, about 40 s of speech (a voice needs 30): 3 are held out as references
+    and 13 trained on. Read only: a test that changes it works on a copy of its folder."""
+    from voicehost.tools.devcorpus import build_corpus
+
+    return build_corpus(tmp_path_factory.mktemp("corpus"), count=16)
+
+
+@pytest.fixture(scope="session")
+def rules(dev_model: DevModelPaths):
+    """What the dev engine accepts: adapters for ``voicehost-dev`` up to rank 16, of its shape."""
+    from voicehost.voices.validation import AdapterRules, ModelShape
+
+    shape = ModelShape.from_config(dev_model.model / "config.json")
+    return AdapterRules("voicehost-dev", 16, shape)
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer):
+    """An asyncio client of the test's own Redis, answering in strings."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,11 @@ __all__ = [
     "CHROMIUM",
     "DEV_DIR",
     "EARLY_SERVERS",
+    "KEYED_FILE_KEYS",
+    "KEYED_HOST_CAPACITY",
+    "KEYED_HOST_QUOTA",
+    "KEYED_KEYS",
+    "KEYED_TOKEN",
     "EarlyServer",
     "PageWatch",
     "RedisServer",
@@ -58,6 +63,7 @@ __all__ = [
     "http_status",
     "is_frontend",
     "job_spec",
+    "key_entries",
     "launch",
     "manage_versions_as_a_tenant",
     "metric",
@@ -66,6 +72,7 @@ __all__ = [
     "process_tree",
     "random_frames",
     "read_socket",
+    "runtime_settings",
     "say_over_socket",
     "start_early",
     "stop",
@@ -152,6 +159,9 @@ class EarlyServer:
         except devserver.NotReady as error:
             self.failure = error
 
+    def running(self) -> bool:
+        return self.server.process.poll() is None
+
     def ready(self) -> Server:
         """The server once it is ready; fails the test with its log tail if it never is."""
         self.watch.join()
@@ -180,24 +190,46 @@ def stop_in_background(*processes: subprocess.Popen) -> None:
 
 class Early(Protocol):
     """Something started before its first test: ``ready`` waits for it, ``stop`` ends it (and
-    calls ``engines_stopped``); ``engines``: the dev engines it runs."""
+    calls ``engines_stopped``), ``running`` says whether its engine cores still run (a test may
+    kill them); ``engines``: the engine cores it boots."""
 
     engines: int
 
     def ready(self) -> object: ...
 
+    def running(self) -> bool: ...
+
     def stop(self) -> None: ...
 
 
-# Each dev engine holds about 3.7 GiB (API process, engine core with its worker, 1 GiB KV cache;
-# a host of two front ends about 5.6): this many fit beside the tests in the machine's 24 GiB
-# (5.7 GiB were left at the least in the suite). A deferred start waits until it fits.
-MAX_ENGINES = 4
+# The suite's engine budget (tests/project/test_engine_budget.py keeps it): each engine core
+# boot costs 40-50 CPU-seconds on this 2-core machine and holds 3.7 GiB (a host of two front
+# ends 5.6), so a run boots at most ENGINE_BOOTS, at most MAX_ENGINES at once; a start that
+# does not fit waits (deferred) or fails, naming what runs.
+MAX_ENGINES = 3
+ENGINE_BOOTS = 4
 _running: dict[int, Early] = {}  # by id(): each Early whose engines are up
+booted: list[tuple[str, int]] = []  # (fixture, engine cores) of every start of this run
 
 
 def engines_running() -> int:
-    return sum(e.engines for e in _running.values())
+    """Engine cores running now: those started and not stopped, less any a test has killed."""
+    return sum(e.engines for e in _running.values() if e.running())
+
+
+def record_start(fixture: str, started: Early) -> None:
+    """Count ``started``'s engine cores as running and booted; fail past the budget."""
+    now = engines_running() + started.engines
+    _running[id(started)] = started
+    booted.append((fixture, started.engines))
+    if now > MAX_ENGINES:
+        running = [name for name, e in taken.items() if e.running()]
+        running += [name for name, e in early_servers.items() if e.running()]
+        pytest.fail(
+            f"{fixture} started {started.engines} engine cores beside {running}: {now} at once, "
+            f"over the budget of {MAX_ENGINES}",
+            pytrace=False,
+        )
 
 
 def engines_stopped(early: Early) -> None:
@@ -234,6 +266,7 @@ def start_early(fixture: str, *, engines: int = 1, with_module: str | None = Non
 
 
 started_early: set[str] = set()
+modules_reached: set[str] = set()  # modules a test of which has run
 
 
 def start_early_servers(
@@ -243,21 +276,23 @@ def start_early_servers(
     deferred: bool,
     module: str | None = None,
 ) -> None:
-    """Start what ``fixtures`` serve that is registered with ``deferred`` and not yet started;
-    a deferred one only while its engines fit beside those running (``MAX_ENGINES``), and one
-    deferred to a module only once a test of ``module`` runs."""
+    """Start what ``fixtures`` serve that is registered with ``deferred`` and not yet started,
+    each only while its engines fit beside those running (``MAX_ENGINES``); one deferred to a
+    module only once a test of that module has run (``module``: the running test's)."""
+    if module is not None:
+        modules_reached.add(module)
     for fixture in fixtures:
         early = EARLY_SERVERS.get(fixture)
         if early is None or early.deferred != deferred or fixture in started_early:
             continue
-        if early.with_module is not None and early.with_module != module:
+        if early.with_module is not None and early.with_module not in modules_reached:
             continue
-        if deferred and engines_running() + early.engines > MAX_ENGINES:
-            continue
+        if engines_running() + early.engines > MAX_ENGINES:
+            continue  # started once the engines before it have stopped, or by its fixture
         started = early.start(tmp_path_factory)
         started_early.add(fixture)
         early_servers[fixture] = started
-        _running[id(started)] = started
+        record_start(fixture, started)
 
 
 @contextlib.contextmanager
@@ -269,7 +304,7 @@ def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     if early is None:  # not started early: now
         early = EARLY_SERVERS[fixture].start(tmp_path_factory)
         started_early.add(fixture)
-        _running[id(early)] = early
+        record_start(fixture, early)
     taken[fixture] = early
     try:
         yield early.ready()
@@ -284,6 +319,35 @@ taken: dict[str, Early] = {}  # taken by their fixture, not yet stopped
 def started(fixture: str) -> Early | None:
     """What ``fixture`` serves, if it has been started and not stopped."""
     return early_servers.get(fixture) or taken.get(fixture)
+
+
+# --- the keyed host ----------------------------------------------------------------------------
+
+# The keyed host's internal token and keys (conftest's ``keyed_host``): key -> (id, tenant,
+# scopes). Tenants A and B are test_auth's (and the playground's with keys), acme and globex
+# test_frontends' (its capacity and quota tests); one admin for both.
+KEYED_TOKEN = "internal-token-for-tests-0123456789"
+KEYED_HOST_CAPACITY, KEYED_HOST_QUOTA = 3, 2  # streams it admits in all, and per key
+KEYED_KEYS = {
+    "key-a": ("a", "A", ["synthesize", "voices"]),
+    "key-a-speak": ("a-speak", "A", ["synthesize"]),
+    "key-a-manage": ("a-manage", "A", ["voices"]),
+    "key-b": ("b", "B", ["synthesize", "voices"]),
+    "key-admin": ("ops", "ops", ["admin"]),
+    "key-acme-1": ("acme-1", "acme", ["synthesize"]),
+    "key-acme-2": ("acme-2", "acme", ["synthesize"]),
+    "key-globex": ("globex", "globex", ["synthesize"]),
+}
+KEYED_FILE_KEYS = {"key-b-file": ("b-file", "B", ["synthesize", "voices"])}  # from its keys file
+
+
+def key_entries(keys: dict[str, tuple[str, str, list[str]]]) -> list[dict[str, object]]:
+    """``VOICEHOST_API_KEYS`` entries of ``keys`` (key -> (id, tenant, scopes))."""
+    from voicehost.tenancy.keys import hash_key
+
+    return [
+        {"id": i, "tenant": t, "scopes": s, "sha256": hash_key(k)} for k, (i, t, s) in keys.items()
+    ]
 
 
 # --- Redis -----------------------------------------------------------------------------------
@@ -474,6 +538,28 @@ async def read_socket(ws: aiohttp.ClientWebSocketResponse) -> tuple[list[str], i
         else:
             events.append(json.loads(message.data)["type"])
     return events, audio
+
+
+@contextlib.asynccontextmanager
+async def runtime_settings(server: Server, **values: object) -> AsyncIterator[dict[str, object]]:
+    """``values`` set on the dev server ``server`` at run time (``PATCH /internal/dev/settings``)
+    while the block runs, then set back: what a test would otherwise boot a server of its own
+    for. Yields every runtime setting's value."""
+    url = server.url + "/internal/dev/settings"
+    async with aiohttp.ClientSession() as http:
+        async with http.patch(url, json={}) as response:
+            assert response.status == 200, await response.text()
+            before = await response.json()
+        async with http.patch(url, json=values) as response:
+            assert response.status == 200, await response.text()
+            now = await response.json()
+    try:
+        yield now
+    finally:
+        async with aiohttp.ClientSession() as http:
+            restore = {name: before[name] for name in values}
+            async with http.patch(url, json=restore) as response:
+                assert response.status == 200, await response.text()
 
 
 async def metric(http: aiohttp.ClientSession, server: Server, name: str) -> float:

@@ -11,7 +11,7 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
-from helpers import metric, say_over_socket
+from helpers import metric, runtime_settings, say_over_socket
 from safetensors.torch import load_file, save_file
 
 SPEECH = "/v1/audio/speech"
@@ -339,3 +339,40 @@ async def test_hostile_json_is_a_400_over_http_and_an_event_on_the_socket(http, 
         await ws.send_json({"type": "end"})  # the socket goes on
         kinds = [json.loads(m.data)["type"] async for m in ws if m.type == aiohttp.WSMsgType.TEXT]
     assert kinds == ["done"]
+
+
+async def test_a_dev_servers_runtime_settings_change_at_once_and_nothing_else_does(http, server):
+    """``PATCH /internal/dev/settings`` (what the hot tests use instead of a server of their
+    own): a runtime setting changes for the next request (its input is cut into segments of
+    the new length) and is set back; another setting, a value its field refuses or a body
+    that is no object is a 400 that changes nothing."""
+    url = server.url + "/internal/dev/settings"
+    async with http.patch(url, json={}) as response:
+        assert response.status == 200, await response.text()
+        before = await response.json()
+    assert before["segment_max_chars"] == 900 and before["temperature"] == 0.6
+    refusals = [
+        ({"max_num_seqs": 4}, "not a runtime setting: max_num_seqs"),
+        ({"segment_max_chars": 10, "temperature": 2.0}, "greater than or equal to 80"),
+        ([1], "must be a JSON object"),
+    ]
+    for body, said in refusals:
+        async with http.patch(url, json=body) as response:
+            assert response.status == 400, body
+            assert said in (await response.json())["error"]["message"], body
+    text = "One sentence that runs on for a while, and on, and on again. " * 4  # 248 characters
+
+    async def segments() -> float:
+        """The segments one request of ``text`` is spoken in."""
+        before = await metric(http, server, "voicehost_segments_total")
+        body = {"input": text, "voice": "tara", "response_format": "pcm"}
+        async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+            assert response.status == 200 and await response.read()
+        return await metric(http, server, "voicehost_segments_total") - before
+
+    assert await segments() == 1
+    async with runtime_settings(server, segment_max_chars=120) as now:
+        assert now["segment_max_chars"] == 120 and now["temperature"] == 0.6
+        assert await segments() >= 3
+    async with http.patch(url, json={}) as response:
+        assert await response.json() == before  # set back, and the refusals changed nothing

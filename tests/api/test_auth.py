@@ -4,9 +4,7 @@ the gateway's word, and a real ``voicehost serve --dev`` with keys of two tenant
 import asyncio
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,25 +14,23 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from helpers import (
-    EarlyServer,
+    KEYED_FILE_KEYS,
+    KEYED_KEYS,
+    KEYED_TOKEN,
     RedisServer,
     adapter_form,
-    alive,
     dev_env,
-    early_server,
     eventually,
     free_port,
     job_spec,
+    key_entries,
     launch,
     manage_versions_as_a_tenant,
     no_registry,
     open_playground,
-    process_tree,
     say_over_socket,
-    start_early,
     stop,
     wait_ready,
-    wait_until,
 )
 from playwright.async_api import expect
 
@@ -76,21 +72,8 @@ from voicehost.tenancy.keys import (
 from voicehost.voices.folders import FolderVoiceDirectory
 from voicehost.voices.validation import AdapterRules, assign_tenant
 
-TOKEN = "internal-token-for-tests-0123456789"
-KEYS = {  # key -> (id, tenant, scopes)
-    "key-a": ("a", "A", ["synthesize", "voices"]),
-    "key-a-speak": ("a-speak", "A", ["synthesize"]),
-    "key-a-manage": ("a-manage", "A", ["voices"]),
-    "key-b": ("b", "B", ["synthesize", "voices"]),
-    "key-admin": ("ops", "ops", ["admin"]),
-}
-FILE_KEYS = {"key-b-file": ("b-file", "B", ["synthesize", "voices"])}  # from the keys file
-
-
-def entries(keys):
-    return [
-        {"id": i, "tenant": t, "scopes": s, "sha256": hash_key(k)} for k, (i, t, s) in keys.items()
-    ]
+# the keyed host's (conftest): key -> (id, tenant, scopes); tenants A and B are this module's
+TOKEN, KEYS, FILE_KEYS, entries = KEYED_TOKEN, KEYED_KEYS, KEYED_FILE_KEYS, key_entries
 
 
 def bearer(key):
@@ -118,7 +101,8 @@ def test_keys_come_from_the_env_list_and_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps(entries(KEYS)))
     monkeypatch.setenv("VOICEHOST_API_KEYS_FILE", str(keys_file))
     auth = Authenticator.from_settings(Settings())
-    assert {k.id for k in auth.keys} == {"a", "a-speak", "a-manage", "b", "ops", "b-file"}
+    assert {k.id for k in auth.keys} == {i for i, _, _ in KEYS.values()} | {"b-file"}
+    assert {"a", "a-speak", "a-manage", "b", "ops", "b-file"} <= {k.id for k in auth.keys}
     assert auth.authenticate("key-b-file").tenant == "B"
 
 
@@ -686,41 +670,10 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 
 
 @pytest.fixture(scope="module")
-def keyed_server(dev_model, tmp_path_factory):
-    """``voicehost serve --dev`` with keys (env and file), an internal token, private metrics,
-    and cheap clones (the playground records one). Its own: the shared server is open, and
-    keys cannot be added to a running server. The last
-    test here kills it (stopping a dead server at the module's end is a no-op)."""
-    with early_server("keyed", tmp_path_factory) as server:  # /readyz answers without a key
-        yield server
-
-
-@pytest.fixture(scope="module")
-def keyed(keyed_server):
-    """The keyed server's URL and root folder."""
-    return keyed_server.url, keyed_server.adapters.parent
-
-
-@start_early("keyed")
-def start_keyed(tmp_path_factory) -> EarlyServer:
-    root = tmp_path_factory.mktemp("auth-server")
-    keys_file = root / "keys.json"
-    keys_file.write_text(json.dumps(entries(FILE_KEYS)))
-    return EarlyServer(
-        root,
-        VOICEHOST_API_KEYS=json.dumps(entries(KEYS)),
-        VOICEHOST_API_KEYS_FILE=str(keys_file),
-        VOICEHOST_INTERNAL_TOKEN=TOKEN,
-        VOICEHOST_METRICS_PUBLIC="false",
-        VOICEHOST_SEGMENT_MAX_CHARS="900",
-        # the playground's recorded clone (three short takes, one held out): the cheapest that
-        # still trains, measures and evaluates it (one sentence, no baseline voice)
-        VOICEHOST_MIN_SPEECH_SECONDS="1",
-        VOICEHOST_CLONE_EPOCHS="1",
-        VOICEHOST_EVAL_SENTENCES="1",
-        VOICEHOST_EVAL_BASELINES="0",
-        VOICEHOST_ENCODE_PROCESSES="1",  # kill -9 below leaves no encoding process either
-    )
+def keyed(keyed_host):
+    """The keyed host's URL and root folder (conftest: keys of tenants A and B in the
+    environment and in a keys file, an internal token, private metrics, cheap clones)."""
+    return keyed_host.url, keyed_host.adapters.parent
 
 
 HTTP_TIMEOUT = 120  # conftest's `http` session
@@ -941,14 +894,23 @@ async def test_a_tenant_reads_its_own_voices_events_and_a_damaged_log_is_found(k
     check = ["audit", "verify", "--url", url, "--api-key", "key-admin"]
     assert await asyncio.to_thread(main, check) == 0
     assert await asyncio.to_thread(main, ["audit", "verify", "--path", str(log)]) == 0
-    lines = log.read_text().splitlines()
+    whole = log.read_text()
+    lines = whole.splitlines()
     edited = {**json.loads(lines[1]), "details": {"edited": True}}
     lines[1] = canonical(edited)  # valid JSON, canonical: only line 3's prev can tell
     log.write_text("\n".join(lines) + "\n")
     capsys.readouterr()
-    for where in (["--url", url, "--api-key", "key-admin"], ["--path", str(log)]):
-        assert await asyncio.to_thread(main, ["audit", "verify", *where]) == 1
-        assert "BROKEN at line 3: prev is not the SHA-256 of line 2" in capsys.readouterr().out
+    try:
+        for where in (["--url", url, "--api-key", "key-admin"], ["--path", str(log)]):
+            assert await asyncio.to_thread(main, ["audit", "verify", *where]) == 1
+            assert "BROKEN at line 3: prev is not the SHA-256 of line 2" in capsys.readouterr().out
+    finally:  # the host's log whole again: test_frontends verifies the chain its tests add to
+        with log.open("r+") as file:
+            rest = file.read()[len("\n".join(lines) + "\n") :]  # what was added meanwhile
+            file.seek(0)
+            file.write(whole + rest)
+            file.truncate()
+    assert await asyncio.to_thread(main, ["audit", "verify", "--path", str(log)]) == 0
 
 
 async def usage_of(http, url, key, **params):
@@ -1198,20 +1160,3 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     assert consent["statement"].startswith("I agree to have my voice cloned")
     async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
         assert response.status == 204
-
-
-# --- last: it kills the keyed server -----------------------------------------------------------
-
-
-def test_kill_9_of_serve_alone_leaves_no_process_of_its_tree(keyed_server):
-    """vLLM's EngineCore (on CPU its worker runs inside it), the encoding process and the
-    reaper end with ``voicehost serve`` even when SIGKILL (to the server's pid, not its process
-    group) gave it no chance to shut them down."""
-    process = keyed_server.process
-    tree = process_tree(process.pid)
-    assert any("EngineCore" in p.name() for p in tree), tree  # and the server, the reaper
-    assert any("voicehost.audio.encoding" in " ".join(p.cmdline()) for p in tree), tree
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    gone = wait_until(lambda: not alive(tree), 15)
-    print(f"{len(tree)} processes of serve's tree were gone {gone:.2f} s after kill -9")

@@ -6,16 +6,15 @@ chain stays one chain when both write to it at once. Each front end encodes in a
 process of its own (``VOICEHOST_ENCODE_PROCESSES=1``): its loss ends only its streams, and
 SIGTERM and kill -9 leave none behind.
 
-Its own server: the shared one has one front end, and these tests need a capacity of 3 streams
-and a quota of 2 per key. The last test here drains it with SIGTERM; one more test has a host
-of its own (booted before the module) to kill its engine core mid-stream. A host's kill -9 is
-the cluster's (``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
+On the keyed host (conftest's ``keyed_host``, which test_auth shares): a capacity of 3 streams
+and a quota of 2 per key, whose refusals are tested here too. The last test here drains it,
+SIGTERMs it and kills its engine core mid-stream. A host's kill -9 is the cluster's
+(``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -28,13 +27,12 @@ import aiohttp
 import av
 import pytest
 from helpers import (
-    EarlyServer,
+    KEYED_HOST_CAPACITY,
+    KEYED_HOST_QUOTA,
+    KEYED_TOKEN,
     alive,
-    early_server,
     is_frontend,
     process_tree,
-    start_early,
-    tiny_ctc_model,
     wait_until,
 )
 
@@ -43,46 +41,18 @@ from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
 from voicehost.tenancy.audit import Head, verify_events
 
 SPEECH = "/v1/audio/speech"
-CAPACITY, QUOTA = 3, 2  # streams the host admits, and one key
-KEYS = {name: f"vh_frontends_test_key_{name}_0123456789" for name in ("a", "b", "c", "admin")}
-TENANTS = {"a": "acme", "b": "acme", "c": "globex", "admin": "ops"}
-INTERNAL_TOKEN = "vh_frontends_internal_token_0123456789"
+# the keyed host's (conftest): streams it admits in all and per key, its keys by the name each
+# test calls them (a and b: tenant acme; c: globex; admin) and its internal token
+CAPACITY, QUOTA = KEYED_HOST_CAPACITY, KEYED_HOST_QUOTA
+KEYS = {"a": "key-acme-1", "b": "key-acme-2", "c": "key-globex", "admin": "key-admin"}
+INTERNAL_TOKEN = KEYED_TOKEN
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 
-# Booted while test_auth runs (before this module), not at collection beside every other
-# server: its three processes each load vLLM, and under the start's crowd that took over 300 s.
-@start_early("frontends", engines=2, with_module="test_auth")
-def start_frontends(tmp_path_factory) -> EarlyServer:
-    keys = [
-        {
-            "id": name,
-            "tenant": TENANTS[name],
-            "scopes": ["admin"] if name == "admin" else ["synthesize"],
-            "sha256": hashlib.sha256(key.encode()).hexdigest(),
-        }
-        for name, key in KEYS.items()
-    ]
-    root = tmp_path_factory.mktemp("frontends")
-    return EarlyServer(
-        root,
-        VOICEHOST_FRONTENDS="2",
-        # word timing by a forced aligner from a folder (a random-weight wav2vec2 CTC model the
-        # test builds): the setting loaded in each front end
-        VOICEHOST_ALIGNER_MODEL=str(tiny_ctc_model(root / "tiny-ctc")),
-        VOICEHOST_API_KEYS=json.dumps(keys),
-        VOICEHOST_INTERNAL_TOKEN=INTERNAL_TOKEN,
-        VOICEHOST_WORKER_CAPACITY=str(CAPACITY),
-        VOICEHOST_KEY_MAX_STREAMS=str(QUOTA),
-        VOICEHOST_USAGE_FLUSH_SECONDS="0.2",
-        VOICEHOST_ENCODE_PROCESSES="1",
-    )
-
-
 @pytest.fixture(scope="module")
-def frontends(dev_model, tmp_path_factory):
-    with early_server("frontends", tmp_path_factory) as server:
-        yield server
+def frontends(keyed_host):
+    """The keyed host: one engine core, two front ends (conftest)."""
+    return keyed_host
 
 
 def auth(name: str) -> dict[str, str]:
@@ -228,9 +198,10 @@ async def attempt(url: str, key: str) -> tuple[str, tuple[int, str]]:
 
 
 async def host_metric(url: str, name: str) -> tuple[str, float]:
-    """A metric as one front end renders it: the front end, and the sum of its series."""
+    """A metric as one front end renders it (to the admin: metrics are private here): the
+    front end, and the sum of its series."""
     async with connection() as http:
-        async with http.get(url + "/metrics") as response:
+        async with http.get(url + "/metrics", headers=auth("admin")) as response:
             text = await response.text()
             frontend = response.headers[FRONTEND_HEADER]
     values = [
@@ -401,90 +372,129 @@ async def readiness(url: str) -> tuple[str, int, str]:
             return response.headers[FRONTEND_HEADER], response.status, message
 
 
-async def test_draining_one_front_end_drains_the_host_then_sigterm_ends_them_all(frontends):
-    """The last test of the module. Streams run on the host; one front end is drained
+async def refused(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int, str]:
+    """Status and error code of a speech request expected to be refused at once."""
+    body = {"input": "Hello there.", "voice": "dev-b"}
+    async with http.post(url + SPEECH, json=body, headers=auth(key)) as response:
+        error = (await response.json())["error"]
+        assert int(response.headers["Retry-After"]) >= 1
+        return response.status, error["code"]
+
+
+async def refused_webrtc(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int, str]:
+    """Status and error code of a WebRTC offer expected to be refused: a session holds a
+    stream slot as a socket does."""
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("voicehost")
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    headers = {**auth(key), "Content-Type": "application/sdp"}
+    try:
+        offer = pc.localDescription.sdp
+        async with http.post(url + "/v1/audio/speech/webrtc", data=offer, headers=headers) as r:
+            body = await r.json()
+            assert int(r.headers["Retry-After"]) >= 1
+            return r.status, body["error"]["code"]
+    finally:
+        await pc.close()
+
+
+async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(frontends):
+    """Key a holds its quota (2): its third stream is 429 by HTTP and by WebRTC, though the
+    host has room; key b's stream fills the host (3): key c is 503 by HTTP, WebRTC and the
+    socket's handshake, answered while the admitted streams play (no queue). A stream whose
+    client leaves gives its slot back, and the others play to their end meanwhile."""
+    url = frontends.url
+    async with aiohttp.ClientSession() as http:
+        first = await open_stream(http, url, "a")
+        second = await open_stream(http, url, "a")
+        assert await refused(http, url, "a") == (429, "quota_exceeded")
+        assert await refused_webrtc(http, url, "a") == (429, "quota_exceeded")
+        third = await open_stream(http, url, "b")
+        assert await refused(http, url, "c") == (503, "at_capacity")
+        assert (await host_metric(url, "voicehost_active_streams"))[1] == CAPACITY
+        assert await refused_webrtc(http, url, "c") == (503, "at_capacity")
+        with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
+            await http.ws_connect(url + "/v1/audio/speech/ws", headers=auth("c"))
+        assert handshake.value.status == 503
+        first.close()
+        deadline = time.monotonic() + 2
+        while True:
+            body = {"input": "Hi.", "voice": "dev-b", "response_format": "pcm"}
+            async with http.post(url + SPEECH, json=body, headers=auth("c")) as response:
+                if response.status == 200:
+                    assert await response.read()
+                    break
+                assert response.status == 503 and time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        for admitted in (second, third):  # played to their end meanwhile
+            assert await admitted.read() and admitted.status == 200
+
+
+async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
+    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through
+    the encoding processes) and a socket play: the host's capacity. One front end is drained
     (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
-    every front end at once, every front end drains itself within a second (its streams
-    refused with 503 ``not_ready``), and ``/internal/load`` on either counts the host's
-    streams. Then SIGTERM to the host: each stream (mp3, through the encoding processes) is
-    spoken to its end, and every process exits, the encoding processes too."""
+    every front end at once, every front end drains itself within a second (new streams 503
+    ``not_ready``), and ``/internal/load`` on either counts the host's streams. SIGTERM to the
+    host reaches its front ends, which keep their streams playing. Then the engine core is
+    killed: a front end's engine client does not watch a core it did not start, so the host
+    does. It tells its front ends, which fail their engine requests: every stream ends as a
+    failure after the first byte does (before, they waited for tokens for ever, then were cut
+    by the front end's end), the SSE stream and the socket with an error event. The host exits
+    by itself, not cleanly, leaving no process: front ends, encoding processes, core. (A
+    SIGTERM that drains a host to a clean exit is the cluster's last test, on w2.)"""
     url = frontends.url
     tree = process_tree(frontends.process.pid)
     assert len(encoding_processes(frontends.process.pid)) == 2
-    streams = aiohttp.ClientSession()
-    held = [await open_stream(streams, url, key, "mp3") for key in ("a", "a", "b")]  # capacity
-    internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
-    async with connection() as http:
-        async with http.post(url + "/internal/drain", headers=internal) as response:
-            assert response.status == 200
-            drained = response.headers[FRONTEND_HEADER]
-    answers = [await readiness(url) for _ in range(12)]
-    assert all(status == 503 for _, status, _ in answers), answers
-    others = [message for frontend, _, message in answers if frontend != drained]
-    assert others, answers  # the kernel spread 12 connections over both
-    assert all(f"[{drained}]" in m or "draining" in m for m in others), others
-    await asyncio.sleep(1.0)  # each front end looks for a drain of its host every 0.5 s
-    refusals = await from_both(lambda: attempt(url, "c"))
-    assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
-
-    async def load() -> tuple[str, int]:
-        async with connection() as http:
-            async with http.get(url + "/internal/load", headers=internal) as response:
-                body = await response.json()
-                assert body["draining"] is True
-                return response.headers[FRONTEND_HEADER], body["active_streams"]
-
-    assert set(await from_both(load, least=2)) == {CAPACITY}  # the host's, on either
-    os.kill(frontends.process.pid, signal.SIGTERM)
-    async with streams:
-        for response in held:  # each spoken to its end: a whole mp3 stream
-            assert decoded(await response.read()) > 0
-            assert response.content.is_eof()
-    await asyncio.to_thread(frontends.process.wait, 60)
-    gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)
-    print(f"{len(tree)} processes of the host were gone {gone:.2f} s after the drain")
-
-
-# Booted while test_bodies runs, once test_auth's server has stopped (helpers.MAX_ENGINES).
-@start_early("dying_host", with_module="test_bodies")
-def start_dying_host(tmp_path_factory) -> EarlyServer:
-    return EarlyServer(tmp_path_factory.mktemp("dying-host"), VOICEHOST_FRONTENDS="2")
-
-
-@pytest.fixture
-def dying_host(dev_model, tmp_path_factory):
-    """A host of two front ends for the one test that kills its engine core."""
-    with early_server("dying_host", tmp_path_factory) as server:
-        yield server
-
-
-async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_host(dying_host):
-    """A host of its own, warm. A raw stream, an SSE stream and a socket are playing when the
-    engine core is killed: a front end's engine client does not watch a core it did not start,
-    so the host does. It tells its front ends, which fail their engine requests: every stream
-    ends as a failure after the first byte does (before, they waited for tokens for ever, then
-    were cut by the front end's end): the SSE stream and the socket with an error event. The
-    host exits by itself, leaving no process, for its supervisor to restart it."""
-    url = dying_host.url
-    body = {"input": LONG_TEXT, "voice": "dev-a", "response_format": "pcm"}
-    timeout = aiohttp.ClientTimeout(total=60)
+    body = {"input": LONG_TEXT * 8, "voice": "dev-a", "response_format": "pcm", "seed": 7}
+    timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        raw = await http.post(url + SPEECH, json=body)
-        sse = await http.post(url + SPEECH, json={**body, "stream_format": "sse"})
+        raw = await http.post(url + SPEECH, json=body, headers=auth("a"))
+        mp3 = {**body, "response_format": "mp3", "stream_format": "sse"}
+        sse = await http.post(url + SPEECH, json=mp3, headers=auth("a"))
         for response in (raw, sse):
-            assert response.status == 200 and await response.content.readany()
-        ws = await http.ws_connect(url + "/v1/audio/speech/ws")
+            assert response.status == 200, await response.text()
+            assert await response.content.readany()
+        ws = await http.ws_connect(url + "/v1/audio/speech/ws", headers=auth("b"))
         await ws.send_json({"type": "config", "voice": "dev-a", "response_format": "pcm"})
         await ws.send_json({"type": "text", "text": LONG_TEXT})
-        await ws.send_json({"type": "end"})
         while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
             pass  # ready, segment.started: then audio
-        tree = process_tree(dying_host.process.pid)
+        internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
+        async with connection() as client:
+            async with client.post(url + "/internal/drain", headers=internal) as response:
+                assert response.status == 200
+                drained = response.headers[FRONTEND_HEADER]
+        answers = [await readiness(url) for _ in range(12)]
+        assert all(status == 503 for _, status, _ in answers), answers
+        others = [message for frontend, _, message in answers if frontend != drained]
+        assert others, answers  # the kernel spread 12 connections over both
+        assert all(f"[{drained}]" in m or "draining" in m for m in others), others
+        await asyncio.sleep(1.0)  # each front end looks for a drain of its host every 0.5 s
+        refusals = await from_both(lambda: attempt(url, "c"))
+        assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
+
+        async def load() -> tuple[str, int]:
+            async with connection() as client:
+                async with client.get(url + "/internal/load", headers=internal) as response:
+                    answer = await response.json()
+                    assert answer["draining"] is True
+                    return response.headers[FRONTEND_HEADER], answer["active_streams"]
+
+        assert set(await from_both(load, least=2)) == {CAPACITY}  # the host's, on either
+        os.kill(frontends.process.pid, signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert await raw.content.readany()  # draining: the streams play on
+        assert frontends.process.poll() is None
+        await ws.send_json({"type": "text", "text": LONG_TEXT})  # more for the socket to say
+        await ws.send_json({"type": "end"})
         (core,) = [p for p in tree if "EngineCore" in p.name()]
         core.kill()
         # each ends within the session's timeout (a TimeoutError fails the test): with the
-        # error, or whole if the dev model's speech had already ended (it may stop after 3
-        # frames); never cut without a word
+        # error, or whole if its speech had already ended; never cut without a word
         with contextlib.suppress(aiohttp.ClientPayloadError):
             await raw.read()
         events = [
@@ -503,8 +513,10 @@ async def test_an_engine_core_that_dies_mid_stream_ends_every_stream_and_the_hos
         ):
             if message.type == aiohttp.WSMsgType.TEXT:
                 said.append(json.loads(message.data))
-        assert said and said[-1]["type"] in ("error", "done"), said[-3:]
+        # the socket's last text was sent after the drain, before the core died: never spoken
+        assert said and said[-1]["type"] == "error", said[-3:]
         print(f"after the core's death: SSE ended with {last}, the socket with {said[-1]}")
-    code = await asyncio.to_thread(dying_host.process.wait, 60)
+    code = await asyncio.to_thread(frontends.process.wait, 60)
     assert code != 0  # a host without its engine core is not a clean exit
-    await asyncio.to_thread(wait_until, lambda: not alive(tree), 15)
+    gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)
+    print(f"{len(tree)} processes of the host were gone {gone:.2f} s after its core died")

@@ -32,7 +32,7 @@ from lora_training.ingest import (
     sniff,
 )
 from voicehost.ids import child, is_job_id, is_voice_id
-from voicehost.voices.validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
+from voicehost.voices.validation import InvalidAdapter, validate_adapter
 
 ANSWER_SECONDS = 30.0  # a hang guard, not a speed target: a refusal never waits on work
 MAX_GROWTH = 300 * 2**20
@@ -218,13 +218,6 @@ def test_ids_are_checked_whole_and_children_stay_under_their_root(tmp_path):
     for bad in ("..", ".", "a/b", "/abs", "a\0b", "", "out"):
         with pytest.raises(ValueError):
             child(root, bad)
-
-
-@pytest.fixture
-def rules(dev_model):
-    return AdapterRules(
-        "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
-    )
 
 
 @pytest.mark.unit

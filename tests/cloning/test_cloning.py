@@ -16,13 +16,6 @@ from voicehost.cloning.jobs import CloneJobs
 from voicehost.tools.devcorpus import build_corpus
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """16 clips, about 40 s of speech: 3 are held out as references, and the 13 left (32 s) are
-    above the 30 s a clone needs (test_training's voice takes the whole 36)."""
-    return build_corpus(tmp_path_factory.mktemp("clone-corpus"), count=16)
-
-
 async def error_code(response):
     body = await response.json()
     return body["error"]["code"]

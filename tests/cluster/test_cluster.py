@@ -150,7 +150,10 @@ def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
         return {w["id"] for w in json.loads(response.read())["workers"]}
 
 
-W1_FRONTENDS = "2"  # w1 is one engine core with two front ends: one ring member all the same
+# w1 is one engine core with two front ends: one ring member all the same. w2 is a worker alone
+# (one front end) with an encoding process: the last test here kills it with SIGKILL.
+W1_ENV = {"VOICEHOST_FRONTENDS": "2"}
+W2_ENV = {"VOICEHOST_FRONTENDS": "1", "VOICEHOST_ENCODE_PROCESSES": "1"}
 
 
 class EarlyCluster:
@@ -172,11 +175,14 @@ class EarlyCluster:
             log = root / f"{name}.log"
             command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
             command += ["--worker-id", name]
-            frontends = {"VOICEHOST_FRONTENDS": W1_FRONTENDS if name == "w1" else "1"}
-            process = launch(command, {**self.env, **frontends}, log)
+            own = W1_ENV if name == "w1" else W2_ENV
+            process = launch(command, {**self.env, **own}, log)
             self.workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
         self.gateway = start_gateway(root, self.env, "gateway", "1")
         self.engines = 2
+
+    def running(self) -> bool:
+        return any(w.process.poll() is None for w in self.workers.values())
 
     def ready(self) -> Cluster:
         for worker in self.workers.values():
@@ -1174,6 +1180,21 @@ async def test_a_socket_routed_to_a_draining_worker_gets_its_code_and_when_to_re
         client.delete("vh:member:w2")
         client.zrem("vh:members", "w2")
     wait_until(lambda: members(cluster) == set(), POLL + SLACK)
+
+
+def test_kill_9_of_a_worker_alone_leaves_no_process_of_its_tree(cluster):
+    """The cluster's last test on w2, drained by the tests before. vLLM's EngineCore (on CPU
+    its worker runs inside it), the encoding process and the reaper end with the worker (a
+    ``voicehost serve`` of one front end, and its place in the cluster) even when SIGKILL (to
+    its pid, not its process group) gave it no chance to shut them down."""
+    process = cluster.workers["w2"].process
+    tree = process_tree(process.pid)
+    assert any("EngineCore" in p.name() for p in tree), tree  # and the server, the reaper
+    assert any("voicehost.audio.encoding" in " ".join(p.cmdline()) for p in tree), tree
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    gone = wait_until(lambda: not alive(tree), 15)
+    print(f"{len(tree)} processes of the worker's tree were gone {gone:.2f} s after kill -9")
 
 
 async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command(redis_server):

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-import redis.asyncio
-
 from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.tenancy.usage import Amount, UsageKey, UsageLedger, minute_of
 
@@ -16,15 +13,8 @@ A = UsageKey("key-a", "acme", "tara")
 B = UsageKey("key-b", "globex", "dev-a")
 
 
-@pytest.fixture
-async def client(redis_server):
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-def store(client, tmp_path, name: str) -> ClusterUsageStore:
-    return ClusterUsageStore(client, tmp_path / "usage", name, retention_days=400)
+def store(redis_client, tmp_path, name: str) -> ClusterUsageStore:
+    return ClusterUsageStore(redis_client, tmp_path / "usage", name, retention_days=400)
 
 
 async def count(ledger: UsageLedger, key: UsageKey, characters: int, seconds: float) -> None:
@@ -37,14 +27,14 @@ def figures(totals: dict[UsageKey, Amount]) -> dict[UsageKey, tuple[int, float]]
 
 
 async def test_two_workers_flushes_are_summed_once_and_refilled_after_redis_lost_them(
-    client, tmp_path
+    redis_client, tmp_path
 ):
-    w1, w2 = (UsageLedger(store(client, tmp_path, w), None) for w in ("w1", "w2"))
+    w1, w2 = (UsageLedger(store(redis_client, tmp_path, w), None) for w in ("w1", "w2"))
     for _ in range(3):
         await count(w1, A, 10, 0.5)
         await count(w2, A, 1, 0.25)
         await count(w2, B, 7, 1.5)
-    gateway = UsageLedger(store(client, tmp_path, "gateway"), None)
+    gateway = UsageLedger(store(redis_client, tmp_path, "gateway"), None)
     expected = {A: (33, 2.25), B: (21, 4.5)}
     assert figures(await gateway.totals(0, None)) == expected
     assert figures(await gateway.totals(0, "globex")) == {B: (21, 4.5)}
@@ -53,29 +43,29 @@ async def test_two_workers_flushes_are_summed_once_and_refilled_after_redis_lost
     assert [f.name.split("-")[0] for f in files] == ["w1", "w2"]
     assert [len(f.read_text().splitlines()) for f in files] == [3, 6]
 
-    await client.flushall()  # Redis restarted without its data
-    again = UsageLedger(store(client, tmp_path, "gateway"), None)
+    await redis_client.flushall()  # Redis restarted without its data
+    again = UsageLedger(store(redis_client, tmp_path, "gateway"), None)
     first, second = await asyncio.gather(again.totals(0, None), gateway.totals(0, None))
     assert figures(first) == figures(second) == expected  # two refills at once: counted once
     await count(w1, A, 10, 0.5)  # and the workers go on counting, each flush once
     assert figures(await gateway.totals(0, None)) == {A: (43, 2.75), B: (21, 4.5)}
 
 
-async def test_a_workers_next_flush_refills_redis_and_counts_itself_once(client, tmp_path):
-    w1, w2 = (UsageLedger(store(client, tmp_path, w), None) for w in ("w1", "w2"))
+async def test_a_workers_next_flush_refills_redis_and_counts_itself_once(redis_client, tmp_path):
+    w1, w2 = (UsageLedger(store(redis_client, tmp_path, w), None) for w in ("w1", "w2"))
     await count(w1, A, 5, 1.0)
     await count(w2, B, 3, 2.0)
-    await client.flushall()
+    await redis_client.flushall()
     await count(w1, A, 5, 1.0)  # w1 finds Redis lacking its first flush: all is refilled
-    assert await client.hlen("vh:usage:applied") == 2
-    reader = store(client, tmp_path, "gateway")
+    assert await redis_client.hlen("vh:usage:applied") == 2
+    reader = store(redis_client, tmp_path, "gateway")
     assert figures(await reader.totals(0, None)) == {A: (10, 2.0), B: (3, 2.0)}
 
 
 async def test_flushes_redis_refused_wait_in_the_mirror_and_count_once_it_is_back(
-    client, redis_server, tmp_path, caplog
+    redis_client, redis_server, tmp_path, caplog
 ):
-    w1 = UsageLedger(store(client, tmp_path, "w1"), None)
+    w1 = UsageLedger(store(redis_client, tmp_path, "w1"), None)
     await count(w1, A, 1, 0.5)
     redis_server.stop()  # away, its data kept (append-only file)
     await count(w1, A, 2, 0.5)  # mirrored; Redis refused: no error for the ledger
@@ -89,20 +79,20 @@ async def test_flushes_redis_refused_wait_in_the_mirror_and_count_once_it_is_bac
     assert figures(await w1.totals(0, None)) == {A: (7, 1.5)}
 
 
-async def test_a_line_cut_by_a_crash_is_skipped_and_the_rest_is_refilled(client, tmp_path):
-    w1 = UsageLedger(store(client, tmp_path, "w1"), None)
+async def test_a_line_cut_by_a_crash_is_skipped_and_the_rest_is_refilled(redis_client, tmp_path):
+    w1 = UsageLedger(store(redis_client, tmp_path, "w1"), None)
     await count(w1, A, 1, 0.5)
     await count(w1, A, 2, 0.5)
     mirror = w1.store.mirror
     with mirror.open("a") as file:  # a worker killed half-way through a line
         file.write(json.dumps({"flush": 3, "buckets": [[str(minute_of(0)), "x|y|z"]]})[:20])
-    await client.flushall()
-    reader = store(client, tmp_path, "gateway")
+    await redis_client.flushall()
+    reader = store(redis_client, tmp_path, "gateway")
     assert figures(await reader.totals(0, None)) == {A: (3, 1.0)}
 
 
-async def test_buckets_older_than_the_retention_are_not_refilled(client, tmp_path):
-    kept = ClusterUsageStore(client, tmp_path / "usage", "w1", retention_days=1)
+async def test_buckets_older_than_the_retention_are_not_refilled(redis_client, tmp_path):
+    kept = ClusterUsageStore(redis_client, tmp_path / "usage", "w1", retention_days=1)
     old = minute_of(0)  # 1970: long past any retention
     await kept.add({(old, A): Amount(9, 9.0)})
     assert figures(await kept.totals(0, None)) == {}
@@ -110,12 +100,12 @@ async def test_buckets_older_than_the_retention_are_not_refilled(client, tmp_pat
 
 
 async def test_a_new_workers_first_flush_after_the_loss_does_not_hide_what_was_lost(
-    client, tmp_path
+    redis_client, tmp_path
 ):
-    w1 = UsageLedger(store(client, tmp_path, "w1"), None)
+    w1 = UsageLedger(store(redis_client, tmp_path, "w1"), None)
     await count(w1, A, 5, 1.0)
-    await client.flushall()
-    newcomer = UsageLedger(store(client, tmp_path, "w2"), None)  # started after the loss
+    await redis_client.flushall()
+    newcomer = UsageLedger(store(redis_client, tmp_path, "w2"), None)  # started after the loss
     await count(newcomer, B, 1, 0.5)  # its flush 1 has no flush before it: Redis is refilled
-    reader = store(client, tmp_path, "gateway")
+    reader = store(redis_client, tmp_path, "gateway")
     assert figures(await reader.totals(0, None)) == {A: (5, 1.0), B: (1, 0.5)}

@@ -8,7 +8,6 @@ import json
 import shutil
 
 import pytest
-import redis.asyncio
 
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.state import voice_key
@@ -18,12 +17,11 @@ from voicehost.voices.voice import NotHeld, RegistryRebuilding
 
 
 @pytest.fixture
-async def directory(redis_server, tmp_path):
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+async def redis_directory(redis_client, tmp_path):
+    """The cluster's voice directory: records in the test's own Redis, files in a shared store."""
     store = SharedDirStore(tmp_path / "shared")
     rules = AdapterRules("voicehost-dev", 16)
-    yield RedisVoiceDirectory(client, store, ["tara"], rules, owner="test")
-    await client.aclose()
+    return RedisVoiceDirectory(redis_client, store, ["tara"], rules, owner="test")
 
 
 async def register(directory, dev_model, tmp_path, voice_id, tenant=None, version=1, **extra):
@@ -35,94 +33,100 @@ async def register(directory, dev_model, tmp_path, voice_id, tenant=None, versio
     return await directory.add(voice_id, staged)
 
 
-async def test_records_lost_with_redis_are_rebuilt_from_the_store(directory, dev_model, tmp_path):
+async def test_records_lost_with_redis_are_rebuilt_from_the_store(
+    redis_directory, dev_model, tmp_path
+):
     """Every version's record, and which one is live, come back from the store."""
-    await register(directory, dev_model, tmp_path, "acme-voice", tenant="acme")
+    await register(redis_directory, dev_model, tmp_path, "acme-voice", tenant="acme")
     second = tmp_path / "staging" / "acme-voice-2"
     shutil.copytree(dev_model.adapters / "dev-c", second)
-    await directory.add_version("acme-voice", second, promote=True)
-    await directory.promote("acme-voice", 1)
-    await directory.promote("acme-voice", 2)  # the store's live pointer moved twice
-    await register(directory, dev_model, tmp_path, "shared-voice")
-    before = await directory.redis.hgetall(voice_key("acme-voice"))
-    await directory.redis.flushall()
+    await redis_directory.add_version("acme-voice", second, promote=True)
+    await redis_directory.promote("acme-voice", 1)
+    await redis_directory.promote("acme-voice", 2)  # the store's live pointer moved twice
+    await register(redis_directory, dev_model, tmp_path, "shared-voice")
+    before = await redis_directory.redis.hgetall(voice_key("acme-voice"))
+    await redis_directory.redis.flushall()
     with pytest.raises(RegistryRebuilding):  # a 503 to retry, not a 404: the voice exists
-        await directory.find("acme-voice")
-    assert directory.missing() == 1  # health says so before the next reconcile
-    assert await directory.find("never-was") is None  # a voice the store lacks: 404
-    assert await directory.reconcile() == 0
-    assert directory.missing() == 0
-    after = await directory.redis.hgetall(voice_key("acme-voice"))
+        await redis_directory.find("acme-voice")
+    assert redis_directory.missing() == 1  # health says so before the next reconcile
+    assert await redis_directory.find("never-was") is None  # a voice the store lacks: 404
+    assert await redis_directory.reconcile() == 0
+    assert redis_directory.missing() == 0
+    after = await redis_directory.redis.hgetall(voice_key("acme-voice"))
     for field in ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "version"):
         assert after[field] == before[field], field
     assert after["tenant"] == "acme" and after["version"] == "2" and after["newest"] == "2"
-    assert (await directory.find("acme-voice")).tenant == "acme"
-    first = await directory.find("acme-voice", 1)
+    assert (await redis_directory.find("acme-voice")).tenant == "acme"
+    first = await redis_directory.find("acme-voice", 1)
     assert first.version == 1 and first.checksum != after["checksum"]
-    listed = [(v.version, v.status) for v in await directory.versions("acme-voice")]
+    listed = [(v.version, v.status) for v in await redis_directory.versions("acme-voice")]
     assert listed == [(1, "retired"), (2, "ready")]
-    assert (await directory.find("shared-voice")).tenant is None
-    usable, _ = await directory.list_voices()
+    assert (await redis_directory.find("shared-voice")).tenant is None
+    usable, _ = await redis_directory.list_voices()
     assert {v.voice_id for v in usable} == {"tara", "acme-voice", "shared-voice"}
-    assert await directory.reconcile() == 0  # idempotent: nothing to do the second time
+    assert await redis_directory.reconcile() == 0  # idempotent: nothing to do the second time
 
 
-async def test_a_version_replaced_by_a_new_live_one_is_retired(directory, dev_model, tmp_path):
+async def test_a_version_replaced_by_a_new_live_one_is_retired(
+    redis_directory, dev_model, tmp_path
+):
     """Version 1 was live from its registration: once version 2 is added live, 1 is listed
     ``retired`` (it was live), not ``candidate`` (never was), as on one server."""
-    await register(directory, dev_model, tmp_path, "replaced")
+    await register(redis_directory, dev_model, tmp_path, "replaced")
     second = tmp_path / "staging" / "replaced-2"
     shutil.copytree(dev_model.adapters / "dev-c", second)
-    await directory.add_version("replaced", second, promote=True)
-    listed = [(v.version, v.status) for v in await directory.versions("replaced")]
+    await redis_directory.add_version("replaced", second, promote=True)
+    listed = [(v.version, v.status) for v in await redis_directory.versions("replaced")]
     assert listed == [(1, "retired"), (2, "ready")]
 
 
-async def test_a_deleted_voice_does_not_come_back(directory, dev_model, tmp_path):
-    await register(directory, dev_model, tmp_path, "gone")
-    await register(directory, dev_model, tmp_path, "kept")
-    assert await directory.remove("gone")
-    await directory.redis.flushall()
-    assert await directory.find("gone") is None  # its files went first: never "rebuilding"
-    await directory.reconcile()
-    assert await directory.find("gone") is None
-    assert await directory.find("kept") is not None
+async def test_a_deleted_voice_does_not_come_back(redis_directory, dev_model, tmp_path):
+    await register(redis_directory, dev_model, tmp_path, "gone")
+    await register(redis_directory, dev_model, tmp_path, "kept")
+    assert await redis_directory.remove("gone")
+    await redis_directory.redis.flushall()
+    assert await redis_directory.find("gone") is None  # its files went first: never "rebuilding"
+    await redis_directory.reconcile()
+    assert await redis_directory.find("gone") is None
+    assert await redis_directory.find("kept") is not None
 
 
-async def test_a_voice_that_cannot_be_restored_is_counted_missing(directory, dev_model, tmp_path):
-    await register(directory, dev_model, tmp_path, "broken")
+async def test_a_voice_that_cannot_be_restored_is_counted_missing(
+    redis_directory, dev_model, tmp_path
+):
+    await register(redis_directory, dev_model, tmp_path, "broken")
     (published,) = (tmp_path / "shared" / "adapters" / "broken").iterdir()
     (published / "adapter_config.json").write_text("{not json")
-    await directory.redis.flushall()
-    assert await directory.reconcile() == 1
-    assert directory.missing() == 1
-    assert await directory.find("broken") is None
+    await redis_directory.redis.flushall()
+    assert await redis_directory.reconcile() == 1
+    assert redis_directory.missing() == 1
+    assert await redis_directory.find("broken") is None
 
 
 async def test_a_held_voice_is_held_in_its_record_and_published_once_for_every_process(
-    directory, dev_model, tmp_path
+    redis_directory, dev_model, tmp_path
 ):
     """The record carries the status: a worker whose cached copy of the files still says held
     serves the voice as ready once it is published, and a rebuilt record has the store's."""
     worker = RedisVoiceDirectory(
-        directory.redis,
-        directory.store,
+        redis_directory.redis,
+        redis_directory.store,
         ["tara"],
-        directory.rules,
-        cache=AdapterCache(tmp_path / "cache", 1 << 30, directory.store),
+        redis_directory.rules,
+        cache=AdapterCache(tmp_path / "cache", 1 << 30, redis_directory.store),
         owner="worker",
     )
-    await register(directory, dev_model, tmp_path, "held-voice", tenant="A", status="held")
-    await register(directory, dev_model, tmp_path, "still-held", status="held")
-    assert (await directory.redis.hgetall(voice_key("held-voice")))["status"] == "held"
+    await register(redis_directory, dev_model, tmp_path, "held-voice", tenant="A", status="held")
+    await register(redis_directory, dev_model, tmp_path, "still-held", status="held")
+    assert (await redis_directory.redis.hgetall(voice_key("held-voice")))["status"] == "held"
     assert (await worker.find("held-voice")).status == "held"  # cached: its files say held
-    usable, _ = await directory.list_voices()
+    usable, _ = await redis_directory.list_voices()
     assert {v.voice_id: v.status for v in usable}["held-voice"] == "held"
 
     published = {"reason": "heard it", "by": "key-a", "at": "2026-12-01T10:00:00+00:00"}
-    voice = await directory.publish("held-voice", published)
+    voice = await redis_directory.publish("held-voice", published)
     assert voice.status == "ready" and voice.tenant == "A"
-    record = await directory.redis.hgetall(voice_key("held-voice"))
+    record = await redis_directory.redis.hgetall(voice_key("held-voice"))
     assert record["status"] == "ready" and record["checksum"] == voice.checksum
     assert json.loads(record["manifest"])["published"] == published
     assert (await worker.find("held-voice")).status == "ready"
@@ -131,10 +135,10 @@ async def test_a_held_voice_is_held_in_its_record_and_published_once_for_every_p
     with pytest.raises(NotHeld):
         await worker.publish("held-voice", published)
     with pytest.raises(NotHeld):
-        await directory.publish("tara", published)
-    assert await directory.publish("nobody", published) is None
+        await redis_directory.publish("tara", published)
+    assert await redis_directory.publish("nobody", published) is None
 
-    await directory.redis.flushall()
-    assert await directory.reconcile() == 0
-    assert (await directory.find("held-voice")).status == "ready"
-    assert (await directory.find("still-held")).status == "held"
+    await redis_directory.redis.flushall()
+    assert await redis_directory.reconcile() == 0
+    assert (await redis_directory.find("held-voice")).status == "ready"
+    assert (await redis_directory.find("still-held")).status == "held"

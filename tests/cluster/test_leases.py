@@ -12,15 +12,8 @@ from voicehost.cluster.leases import KeyLeases
 from voicehost.speech.admission import Refused
 
 
-@pytest.fixture
-async def client(redis_server):
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-async def test_a_key_holds_its_limit_across_workers_and_each_end_gives_one_back(client):
-    w1, w2 = KeyLeases(client, "w1"), KeyLeases(client, "w2")
+async def test_a_key_holds_its_limit_across_workers_and_each_end_gives_one_back(redis_client):
+    w1, w2 = KeyLeases(redis_client, "w1"), KeyLeases(redis_client, "w2")
     async with w1.hold("app", 2), w2.hold("app", 2):
         for worker in (w1, w2):  # per worker it would be 1 of 2: the cluster says 2 of 2
             with pytest.raises(Refused) as refused:
@@ -32,13 +25,13 @@ async def test_a_key_holds_its_limit_across_workers_and_each_end_gives_one_back(
             pass
     async with w2.hold("app", 2), w2.hold("app", 2):  # both given back
         pass
-    assert await client.zcard("vh:lease:app") == 0
+    assert await redis_client.zcard("vh:lease:app") == 0
 
 
-async def test_a_crashed_workers_leases_expire_and_a_live_ones_are_kept(client):
-    crashed = KeyLeases(client, "crashed", lease_seconds=0.5)
+async def test_a_crashed_workers_leases_expire_and_a_live_ones_are_kept(redis_client):
+    crashed = KeyLeases(redis_client, "crashed", lease_seconds=0.5)
     await crashed.hold("app", 1).__aenter__()  # never released, never refreshed
-    live = KeyLeases(client, "live", lease_seconds=0.5)
+    live = KeyLeases(redis_client, "live", lease_seconds=0.5)
     with pytest.raises(Refused):
         async with live.hold("app", 1):
             pass
@@ -48,7 +41,7 @@ async def test_a_crashed_workers_leases_expire_and_a_live_ones_are_kept(client):
         try:
             await asyncio.sleep(1.0)  # twice the lease: kept alive by the refreshes
             with pytest.raises(Refused):
-                async with KeyLeases(client, "third").hold("app", 1):
+                async with KeyLeases(redis_client, "third").hold("app", 1):
                     pass
         finally:
             refresher.cancel()

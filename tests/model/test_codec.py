@@ -24,11 +24,6 @@ from voicehost.model.codec import (
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(scope="module")
-def codec(dev_model):
-    return SnacCodec.load(dev_model.codec, device="cpu", noise=False)
-
-
 def stream(codec, frames, lookahead, chunk_sizes, max_chunk=1):
     """Push ``frames`` in chunks; returns the audio and after how many frames it first came."""
 

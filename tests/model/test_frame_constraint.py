@@ -147,7 +147,7 @@ def test_it_is_on_by_default_and_the_setting_switches_it_off(monkeypatch):
     assert not engine.sampling("Hello there.", 1, 20).constrained
 
 
-# --- the engine at a high temperature, behind a dev server of its own (conftest) ---------------
+# --- the engine at a high temperature: the shared server, hot (conftest) ------------------------
 
 
 def counter(metrics: str, name: str) -> float:
@@ -158,10 +158,23 @@ def counter(metrics: str, name: str) -> float:
     return sum(values)
 
 
+COUNTED = (
+    "voicehost_audio_tokens_total",
+    'voicehost_errors_total{kind="malformed_frame"}',
+    'voicehost_errors_total{kind="stray_token"}',
+)
+
+
 async def test_at_a_high_temperature_every_stream_is_whole_well_formed_frames(hot_server):
     voices = ["tara", "dev-a", "dev-b", "dev-c", "leo", "dev-a"]
     text = "Hot sampling still makes whole frames."
+    logged = len(hot_server.log_text())  # the shared server's log so far: only what follows counts
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+
+        async def counted() -> dict[str, float]:
+            async with http.get(hot_server.url + "/metrics") as response:
+                metrics = await response.text()
+            return {name: counter(metrics, name) for name in COUNTED}
 
         async def speak(voice: str, seed: int) -> bytes:
             body = {"input": text, "voice": voice, "response_format": "pcm", "seed": seed}
@@ -174,16 +187,17 @@ async def test_at_a_high_temperature_every_stream_is_whole_well_formed_frames(ho
                     return await response.read()
             raise AssertionError("refused for a minute")
 
+        before = await counted()
         audio = await asyncio.gather(*(speak(v, seed) for seed, v in enumerate(voices)))
-        async with http.get(hot_server.url + "/metrics") as response:
-            metrics = await response.text()
-    tokens = counter(metrics, "voicehost_audio_tokens_total")
+        after = await counted()
+    tokens, malformed, stray = (after[name] - before[name] for name in COUNTED)
     assert tokens >= 7 * 100, f"only {tokens} audio tokens: too few to show anything"
     assert all(audio)
-    assert counter(metrics, 'voicehost_errors_total{kind="malformed_frame"}') == 0
-    assert counter(metrics, 'voicehost_errors_total{kind="stray_token"}') == 0
+    assert malformed == 0
+    assert stray == 0
     log = hot_server.log_text()
-    assert "malformed frames and" not in log  # logged for every stream that lost one
+    assert "malformed frames and" not in log[logged:]  # logged for every stream that lost one
+    assert "dev settings changed at run time" in log[:logged]  # it was hot
     # the prompts go to vLLM rendered (the raw-prompt path is deprecated in 0.32)
     assert "Passing raw prompts to InputProcessor is deprecated" not in log
     assert "kv_cache_dtype=auto" in log  # shown at start-up: the model's dtype on this CPU

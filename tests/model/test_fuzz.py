@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from voicehost.metrics import SpeechMetrics
 from voicehost.model import orpheus
-from voicehost.model.codec import DecodeScheduler, FrameDecoder, SnacCodec
+from voicehost.model.codec import DecodeScheduler, FrameDecoder
 from voicehost.model.orpheus import (
     AUDIO_TOKEN_BASE,
     BEGIN_OF_TEXT,
@@ -296,11 +296,6 @@ def test_max_tokens_is_whole_frames_plus_stop_and_never_below_what_the_text_need
 
 
 # --- the frame decoder (real dev SNAC) ----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def codec(dev_model):
-    return SnacCodec.load(dev_model.codec, device="cpu", noise=False)
 
 
 DECODER_SETTINGS = settings(

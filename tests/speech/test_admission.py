@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import signal
 import time
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from aiortc import RTCPeerConnection
-from helpers import EarlyServer, Server, early_server, metric, start_early
+from helpers import Server, metric
 
 from voicehost.metrics import series
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
@@ -198,127 +194,7 @@ def test_the_host_board_publishes_each_front_ends_engine_requests(tmp_path):
     assert second.generating(now=102.0) == first.generating(now=102.0)
 
 
-# --- a real server: capacity 2 streams, 1 per key --------------------------------------------
-
-KEYS = {name: f"vh_admission_test_key_{name}_0123456789" for name in ("a", "b", "c")}
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
-
-
-# Booted while the modules before this one run, from test_cluster_voices on (once the
-# cluster has stopped), not at collection: see conftest's hot server.
-@start_early("small_server", with_module="test_cluster_voices")
-def start_small_server(tmp_path_factory) -> EarlyServer:
-    keys = [
-        {
-            "id": name,
-            "tenant": "acme",
-            "scopes": ["synthesize"],
-            "sha256": hashlib.sha256(key.encode()).hexdigest(),
-        }
-        for name, key in KEYS.items()
-    ]
-    return EarlyServer(
-        tmp_path_factory.mktemp("admission"),
-        VOICEHOST_API_KEYS=json.dumps(keys),
-        VOICEHOST_WORKER_CAPACITY="2",
-        VOICEHOST_KEY_MAX_STREAMS="1",
-        VOICEHOST_DRAIN_TIMEOUT_SECONDS="120",
-    )
-
-
-@pytest.fixture(scope="module")
-def small_server(dev_model, tmp_path_factory) -> Iterator[Server]:
-    """A dev server that admits 2 streams, 1 per API key (three keys of one tenant). Its own:
-    no other test wants that capacity and those quotas, and the last test here SIGTERMs it."""
-    with early_server("small_server", tmp_path_factory) as server:
-        yield server
-
-
-def auth(name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEYS[name]}"}
-
-
-async def open_stream(
-    http: aiohttp.ClientSession, server: Server, key: str
-) -> aiohttp.ClientResponse:
-    """A speech stream that has started playing (its first bytes are in)."""
-    response = await http.post(
-        server.url + "/v1/audio/speech",
-        json={"input": LONG_TEXT, "voice": "dev-b", "response_format": "pcm", "seed": 7},
-        headers=auth(key),
-    )
-    assert response.status == 200, await response.text()
-    assert await response.content.readany()
-    return response
-
-
-async def refused(http: aiohttp.ClientSession, server: Server, key: str) -> tuple[int, str]:
-    """Status and error code of a speech request expected to be refused."""
-    async with http.post(
-        server.url + "/v1/audio/speech",
-        json={"input": "Hello there.", "voice": "dev-b"},
-        headers=auth(key),
-    ) as response:
-        body = await response.json()
-        assert int(response.headers["Retry-After"]) >= 1
-        return response.status, body["error"]["code"]
-
-
-async def refused_webrtc(http: aiohttp.ClientSession, server: Server, key: str) -> tuple[int, str]:
-    """Status and error code of a WebRTC offer expected to be refused: a session holds a
-    stream slot as a socket does."""
-    pc = RTCPeerConnection()
-    pc.createDataChannel("voicehost")
-    pc.addTransceiver("audio", direction="recvonly")
-    await pc.setLocalDescription(await pc.createOffer())
-    try:
-        async with http.post(
-            server.url + "/v1/audio/speech/webrtc",
-            data=pc.localDescription.sdp,
-            headers={**auth(key), "Content-Type": "application/sdp"},
-        ) as response:
-            body = await response.json()
-            assert int(response.headers["Retry-After"]) >= 1
-            return response.status, body["error"]["code"]
-    finally:
-        await pc.close()
-
-
-async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(
-    small_server,
-):
-    async with aiohttp.ClientSession() as http:
-        first = await open_stream(http, small_server, "a")
-        # key a holds its one stream: 429, although the server has room
-        assert await refused(http, small_server, "a") == (429, "quota_exceeded")
-        assert await refused_webrtc(http, small_server, "a") == (429, "quota_exceeded")
-        second = await open_stream(http, small_server, "b")
-        # two streams in flight: the server is full for every key
-        assert await refused(http, small_server, "c") == (503, "at_capacity")
-        # "at once": both refusals were answered while the admitted streams still played,
-        # so neither waited in a queue for a slot to free (how fast is bench_admission's job)
-        assert await metric(http, small_server, "voicehost_active_streams") == 2
-        assert await refused_webrtc(http, small_server, "c") == (503, "at_capacity")
-        with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
-            await http.ws_connect(small_server.url + "/v1/audio/speech/ws", headers=auth("c"))
-        assert handshake.value.status == 503
-        # a stream whose client leaves gives its slot back
-        first.close()
-        deadline = time.monotonic() + 2
-        while True:
-            async with http.post(
-                small_server.url + "/v1/audio/speech",
-                json={"input": "Hi.", "voice": "dev-b", "response_format": "pcm"},
-                headers=auth("c"),
-            ) as response:
-                if response.status == 200:
-                    assert await response.read()
-                    break
-                assert response.status == 503 and time.monotonic() < deadline
-            await asyncio.sleep(0.1)
-        # the admitted stream played to its end meanwhile
-        rest = await second.read()
-        assert rest and second.status == 200
 
 
 # --- admission from measured capacity, on the hot server (conftest) ----------------------------
@@ -348,6 +224,7 @@ async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at
             pass
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        underruns = await metric(http, hot_server, "voicehost_stream_underruns_total")
         try:
             for batch in range(1, 64):
                 body = {"input": ENDLESS, "voice": "dev-a", "response_format": "pcm"}
@@ -385,7 +262,7 @@ async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at
                 assert after[admitted] >= 0.75 * needed, after
             # at 45-100 tokens/s these streams are slower than Orpheus' real 82 for some of the
             # time: their listeners hear gaps, and the server counts them
-            assert await metric(http, hot_server, "voicehost_stream_underruns_total") > 0
+            assert await metric(http, hot_server, "voicehost_stream_underruns_total") > underruns
         finally:
             for reader in readers:
                 reader.cancel()
@@ -393,26 +270,47 @@ async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at
                 stream.close()
 
 
-async def test_sigterm_drains_streams_in_flight_refuses_new_ones_and_exits(small_server):
-    """Last in this module: the server exits."""
+async def speech_stream(http: aiohttp.ClientSession, server: Server) -> aiohttp.ClientResponse:
+    """A speech stream that has started playing (its first bytes are in), left open."""
+    body = {"input": LONG_TEXT, "voice": "dev-b", "response_format": "pcm", "seed": 7}
+    response = await http.post(server.url + "/v1/audio/speech", json=body)
+    assert response.status == 200, await response.text()
+    assert await response.content.readany()
+    return response
+
+
+# The capacity and per-key quota refusals are test_frontends' (the keyed host's 3 and 2).
+
+
+@pytest.mark.last
+async def test_sigterm_drains_streams_in_flight_refuses_new_ones_and_exits(server):
+    """The last test of the run: it ends the shared server (one front end). A stream plays
+    when SIGTERM comes: ``/readyz`` says 503 within a second, a new stream is refused 503
+    ``not_ready``, the stream plays to its end, and then the server exits cleanly."""
     async with aiohttp.ClientSession() as http:
-        stream = await open_stream(http, small_server, "a")
+        stream = await speech_stream(http, server)
         received = 0
-        small_server.process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         while True:  # not ready within a second
-            async with http.get(small_server.url + "/readyz") as response:
+            async with http.get(server.url + "/readyz") as response:
                 if response.status == 503:
                     assert response.headers["Retry-After"] == "1"
                     break
             assert time.monotonic() - signalled < 1, "still ready after SIGTERM"
             await asyncio.sleep(0.05)
-        assert await refused(http, small_server, "b") == (503, "not_ready")
-        assert small_server.process.poll() is None  # still serving the stream in flight
+        body = {"input": "Hello there.", "voice": "dev-b"}
+        async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+            assert int(response.headers["Retry-After"]) >= 1
+            assert (response.status, (await response.json())["error"]["code"]) == (
+                503,
+                "not_ready",
+            )
+        assert server.process.poll() is None  # still serving the stream in flight
         async for chunk in stream.content.iter_any():
             received += len(chunk)
         assert received > 0 and stream.content.at_eof()
     # the whole stream came (whole samples) and then the process exited by itself
     assert received % 2 == 0
-    assert small_server.process.wait(timeout=60) == 0
-    assert "drained: shutting down" in small_server.log_text()
+    assert server.process.wait(timeout=60) == 0
+    assert "drained: shutting down" in server.log_text()

@@ -8,15 +8,10 @@ from helpers import random_frames
 
 from voicehost.metrics import SpeechMetrics
 from voicehost.model import orpheus
-from voicehost.model.codec import DecodeScheduler, SnacCodec
+from voicehost.model.codec import DecodeScheduler
 from voicehost.speech.synthesis import Synthesizer
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def codec(dev_model):
-    return SnacCodec.load(dev_model.codec, device="cpu", noise=False)
 
 
 async def stalling_engine(frames, stall_after: int, stall_seconds: float, speed: float):

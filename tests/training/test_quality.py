@@ -3,7 +3,9 @@ clips of another speaker left out, the warnings, and ``voicehost check-data``.""
 
 import asyncio
 import json
+import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from voicehost.audio.speaker import (
     similarity,
 )
 from voicehost.cli import main
-from voicehost.tools.devcorpus import SENTENCES, build_corpus, speak
+from voicehost.tools.devcorpus import SENTENCES, speak
 
 pytestmark = pytest.mark.unit
 
@@ -34,23 +36,32 @@ def encoder():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """16 clips of one speaker (about 40 s), three of another mixed in, saying other things."""
-    corpus = build_corpus(tmp_path_factory.mktemp("mixed"), count=16)
-    corpus.others = []
+def mixed_corpus(corpus, tmp_path_factory):
+    """A copy of the shared corpus (16 clips of one speaker, about 40 s) with three clips of
+    another speaker mixed in, saying other things."""
+    folder = tmp_path_factory.mktemp("mixed") / "corpus"
+    shutil.copytree(corpus.folder, folder)
+    mixed = replace(
+        corpus,
+        folder=folder,
+        good=[folder / path.name for path in corpus.good],
+        corrupt=folder / corpus.corrupt.name,
+        not_audio=folder / corpus.not_audio.name,
+    )
+    mixed.others = []
     for index, text in enumerate(SENTENCES[20:23]):
-        path = corpus.folder / f"visitor{index}.wav"
+        path = folder / f"visitor{index}.wav"
         speak(text, path, 0.4, "wav", voice=OTHER_VOICE)
-        corpus.others.append(path)
-    lines = [f"{p.stem}|{t}" for p, t in zip(corpus.others, SENTENCES[20:23], strict=True)]
-    with (corpus.folder / "metadata.csv").open("a") as table:
+        mixed.others.append(path)
+    lines = [f"{p.stem}|{t}" for p, t in zip(mixed.others, SENTENCES[20:23], strict=True)]
+    with (folder / "metadata.csv").open("a") as table:
         table.write("\n".join(lines) + "\n")
-    return corpus
+    return mixed
 
 
 @pytest.fixture(scope="module")
-def clips(corpus):
-    recordings, _ = ingest(corpus.good + corpus.others)
+def clips(mixed_corpus):
+    recordings, _ = ingest(mixed_corpus.good + mixed_corpus.others)
     return {r.source.name: r.samples for r in recordings}
 
 
@@ -107,9 +118,9 @@ def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
             load_embedder(spec)
 
 
-def test_clips_of_another_speaker_are_left_out_of_training_and_named(corpus, tmp_path):
+def test_clips_of_another_speaker_are_left_out_of_training_and_named(mixed_corpus, tmp_path):
     job = VoiceJob(
-        audio=[corpus.folder],
+        audio=[mixed_corpus.folder],
         voice_id="mixed",
         base_model="unused",
         base_model_name="unused",
@@ -119,7 +130,7 @@ def test_clips_of_another_speaker_are_left_out_of_training_and_named(corpus, tmp
     )
     prepared = prepare(job)
     report = prepared.report
-    visitors = {p.name for p in corpus.others}
+    visitors = {p.name for p in mixed_corpus.others}
     assert {c.file for c in report.excluded} == visitors
     for clip in report.excluded:
         assert clip.excluded.startswith("another speaker") and clip.similarity < 0.9
@@ -127,7 +138,8 @@ def test_clips_of_another_speaker_are_left_out_of_training_and_named(corpus, tmp
     [mixed] = [w for w in report.warnings if w.startswith("Mixed speakers")]
     assert all(name in mixed for name in visitors)
     trained = {u.text for u in prepared.utterances} | {r.text for r in prepared.references}
-    assert trained == {corpus.texts[p.stem] for p in corpus.good}  # every genuine clip, no other
+    # every genuine clip, no other
+    assert trained == {mixed_corpus.texts[p.stem] for p in mixed_corpus.good}
     assert len(prepared.references) == 3 and len(prepared.utterances) == 13
     assert report.encoder == "resemblyzer-ge2e"
     assert report.to_json()["excluded"] == [
@@ -227,14 +239,14 @@ def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, encoder):
         assert 8 < loud.loudness_lufs - plain.loudness_lufs < 12.5
 
 
-def test_check_data_command_writes_its_json(corpus, tmp_path, capsys):
+def test_check_data_command_writes_its_json(mixed_corpus, tmp_path, capsys):
     out = tmp_path / "report.json"
-    command = ["check-data", "--audio", str(corpus.folder), "--json", str(out)]
+    command = ["check-data", "--audio", str(mixed_corpus.folder), "--json", str(out)]
     assert main(command) == 0  # the command, run in this process (its encoder is loaded)
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert {c["file"] for c in report["excluded"]} == {p.name for p in corpus.others}
-    assert len(report["clips"]) == len(corpus.good) + len(corpus.others)
+    assert {c["file"] for c in report["excluded"]} == {p.name for p in mixed_corpus.others}
+    assert len(report["clips"]) == len(mixed_corpus.good) + len(mixed_corpus.others)
     assert {r["file"] for r in report["rejected"]} == {"broken.wav", "notes.mp3"}
     assert report["encoder"] == "resemblyzer-ge2e" and "Mixed speakers" in printed
 

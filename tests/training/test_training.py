@@ -22,24 +22,18 @@ from voicehost.audio.speech_start import leading_silence_ms, relative_threshold_
 from voicehost.model import orpheus
 from voicehost.model.codec import SnacCodec
 from voicehost.tools.devcorpus import build_corpus, speak
-from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapter
+from voicehost.voices.validation import validate_adapter
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return build_corpus(tmp_path_factory.mktemp("corpus"))
+def full_corpus(tmp_path_factory):
+    """One clip of each of the 36 sentences (the shared ``corpus`` is the first 16 of them)."""
+    return build_corpus(tmp_path_factory.mktemp("full-corpus"))
 
 
 def training_lead_ms(samples: np.ndarray) -> float:
     """A clip's leading silence as the training trim measures it (against the clip's level)."""
     return leading_silence_ms(samples, relative_threshold_db(samples))
-
-
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory):
-    """16 clips, about 40 s of speech (a voice needs 30): for the command line, which trains
-    its own voice from scratch."""
-    return build_corpus(tmp_path_factory.mktemp("small-corpus"), count=16)
 
 
 def job(corpus, dev_model, tmp_path, **changes):
@@ -57,12 +51,12 @@ def job(corpus, dev_model, tmp_path, **changes):
 
 
 @pytest.mark.unit
-def test_ingest_decodes_by_content_and_reports_bad_files(corpus, tmp_path):
+def test_ingest_decodes_by_content_and_reports_bad_files(full_corpus, tmp_path):
     disguised = tmp_path / "really_a_wav.ogg"
-    shutil.copy(corpus.good[0], disguised)
-    recordings, rejected = ingest([corpus.folder, disguised])
-    assert {r.source for r in recordings} == {*corpus.good, disguised}
-    assert {r.source for r in rejected} == {corpus.corrupt, corpus.not_audio}
+    shutil.copy(full_corpus.good[0], disguised)
+    recordings, rejected = ingest([full_corpus.folder, disguised])
+    assert {r.source for r in recordings} == {*full_corpus.good, disguised}
+    assert {r.source for r in rejected} == {full_corpus.corrupt, full_corpus.not_audio}
     assert all(r.reason for r in rejected)
     for recording in recordings:
         assert recording.samples.dtype == np.float32 and recording.samples.ndim == 1
@@ -70,14 +64,14 @@ def test_ingest_decodes_by_content_and_reports_bad_files(corpus, tmp_path):
 
 
 @pytest.mark.unit
-def test_decode_refuses_audio_over_the_duration_cap(corpus):
+def test_decode_refuses_audio_over_the_duration_cap(full_corpus):
     with pytest.raises(ValueError, match="limit"):
-        decode(corpus.good[0], max_seconds=0.5)
+        decode(full_corpus.good[0], max_seconds=0.5)
 
 
 @pytest.mark.unit
-def test_trim_cuts_leading_silence_to_the_pad(corpus):
-    recordings, _ = ingest(corpus.good)
+def test_trim_cuts_leading_silence_to_the_pad(full_corpus):
+    recordings, _ = ingest(full_corpus.good)
     settings = TrimSettings(lead_pad_ms=40)
     before, after = [], []
     for recording in recordings:
@@ -88,7 +82,7 @@ def test_trim_cuts_leading_silence_to_the_pad(corpus):
     assert np.percentile(after, 95) <= 40 + 20
     # the detector against the truth: the silence sox added, to its 10 ms windows (espeak adds
     # up to tens of ms of its own)
-    added = [corpus.lead_silence_s[r.source.stem] * 1000 for r in recordings]
+    added = [full_corpus.lead_silence_s[r.source.stem] * 1000 for r in recordings]
     assert all(-10 <= b - a <= 80 for a, b in zip(added, before, strict=True)), (added, before)
 
 
@@ -98,29 +92,29 @@ def test_trim_finds_no_speech_in_silence():
 
 
 @pytest.mark.unit
-def test_transcripts_come_from_metadata_or_sidecars(corpus, tmp_path):
-    texts = find_transcripts(corpus.good)
-    assert len(texts) == len(corpus.good)
+def test_transcripts_come_from_metadata_or_sidecars(full_corpus, tmp_path):
+    texts = find_transcripts(full_corpus.good)
+    assert len(texts) == len(full_corpus.good)
     lone = tmp_path / "lone.wav"
-    shutil.copy(corpus.good[0], lone)
+    shutil.copy(full_corpus.good[0], lone)
     (tmp_path / "lone.lab").write_text("Hello sidecar.")
     assert find_transcripts([lone]) == {lone: "Hello sidecar."}
 
 
 @pytest.mark.unit
-def test_missing_transcripts_say_what_to_provide(corpus, dev_model, tmp_path):
+def test_missing_transcripts_say_what_to_provide(full_corpus, dev_model, tmp_path):
     folder = tmp_path / "untranscribed"
     folder.mkdir()
-    for path in corpus.good[:3]:
+    for path in full_corpus.good[:3]:
         shutil.copy(path, folder / path.name)
     with pytest.raises(MissingTranscripts, match=r"metadata\.csv"):
-        prepare(job(corpus, dev_model, tmp_path, audio=[folder]))
+        prepare(job(full_corpus, dev_model, tmp_path, audio=[folder]))
 
 
 @pytest.mark.unit
-def test_too_little_speech_says_how_much_was_found(corpus, dev_model, tmp_path):
+def test_too_little_speech_says_how_much_was_found(full_corpus, dev_model, tmp_path):
     with pytest.raises(NotEnoughSpeech, match=r"found \d+\.\d s"):
-        prepare(job(corpus, dev_model, tmp_path, min_speech_seconds=10_000))
+        prepare(job(full_corpus, dev_model, tmp_path, min_speech_seconds=10_000))
 
 
 @pytest.mark.unit
@@ -145,9 +139,8 @@ def test_speech_regions_group_into_two_to_fifteen_second_utterances():
 
 
 @pytest.mark.unit
-def test_dataset_holds_orpheus_sequences_and_is_reused(corpus, dev_model, tmp_path):
-    prepared = prepare(job(corpus, dev_model, tmp_path))
-    codec = SnacCodec.load(dev_model.codec, device="cpu")
+def test_dataset_holds_orpheus_sequences_and_is_reused(full_corpus, dev_model, codec, tmp_path):
+    prepared = prepare(job(full_corpus, dev_model, tmp_path))
     tokenize = lambda text: [ord(c) % 256 for c in text]  # noqa: E731
     dataset, path = build_dataset(prepared.utterances[:4], codec, tokenize, tmp_path / "cache")
     row = dataset[0]
@@ -169,14 +162,14 @@ def test_repeated_frames_are_dropped_by_their_layer_zero_code():
 
 
 @pytest.fixture(scope="module")
-def trained_voice(small_corpus, dev_model, tmp_path_factory):
-    """A voice trained in this process (2 epochs) on the small corpus: 16 clips, 3 held out."""
+def trained_voice(corpus, dev_model, tmp_path_factory):
+    """A voice trained in this process (2 epochs) on the shared corpus: 16 clips, 3 held out."""
     tmp_path = tmp_path_factory.mktemp("trained")
-    folder = train_voice(job(small_corpus, dev_model, tmp_path), progress=False)
+    folder = train_voice(job(corpus, dev_model, tmp_path), progress=False)
     return folder
 
 
-def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, dev_model):
+def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, rules):
     manifest = json.loads((trained_voice / "voice.json").read_text())
     losses = manifest["train"]["eval_loss"]
     assert len(losses) == 3 and losses[-1] < losses[0]
@@ -188,14 +181,10 @@ def test_training_lowers_eval_loss_and_exports_a_valid_voice(trained_voice, dev_
     assert data["leading_silence_ms"]["after"]["p95"] <= 60
     assert {"created", "version", "prompt_style", "name"} <= set(manifest)
     assert (trained_voice / "loss.png").stat().st_size > 1000
-    rules = AdapterRules(
-        "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
-    )
     assert validate_adapter(trained_voice, rules).voice_id == "espeak"
 
 
-def test_the_exported_voice_holds_its_references_and_data_report(trained_voice, small_corpus):
-    corpus = small_corpus
+def test_the_exported_voice_holds_its_references_and_data_report(trained_voice, corpus):
     data = json.loads((trained_voice / "voice.json").read_text())["data"]
     references = data["references"]
     assert len(references) == 3
@@ -214,8 +203,7 @@ def test_the_exported_voice_holds_its_references_and_data_report(trained_voice, 
     }
 
 
-def test_train_command_writes_a_voice(small_corpus, dev_model, tmp_path):
-    corpus = small_corpus
+def test_train_command_writes_a_voice(corpus, dev_model, tmp_path):
     command = [sys.executable, "-m", "voicehost", "train", "--dev", "--audio", str(corpus.folder)]
     command += ["--voice", "cli-voice", "--out", str(tmp_path), "--epochs", "1"]
     command += ["--work-dir", str(tmp_path / "work"), "--name", "CLI voice"]
@@ -233,8 +221,16 @@ def test_train_command_writes_a_voice(small_corpus, dev_model, tmp_path):
     }.items() <= made[-1].items()
 
 
-def test_train_command_reports_too_little_speech(corpus, tmp_path):
-    command = [sys.executable, "-m", "voicehost", "train", "--dev", "--audio", str(corpus.good[0])]
+def test_train_command_reports_too_little_speech(full_corpus, tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "voicehost",
+        "train",
+        "--dev",
+        "--audio",
+        str(full_corpus.good[0]),
+    ]
     command += ["--voice", "tiny", "--out", str(tmp_path), "--work-dir", str(tmp_path / "w")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
@@ -252,10 +248,12 @@ async def test_a_trained_voice_streams_from_the_running_server(trained_voice, se
 
 
 @pytest.mark.unit
-def test_any_rate_and_channel_count_becomes_24k_mono(corpus, tmp_path):
+def test_any_rate_and_channel_count_becomes_24k_mono(full_corpus, tmp_path):
     stereo = tmp_path / "stereo.flac"
-    subprocess.run(["sox", str(corpus.good[0]), "-r", "44100", "-c", "2", str(stereo)], check=True)
-    (original,), _ = ingest([corpus.good[0]])
+    subprocess.run(
+        ["sox", str(full_corpus.good[0]), "-r", "44100", "-c", "2", str(stereo)], check=True
+    )
+    (original,), _ = ingest([full_corpus.good[0]])
     (converted,), _ = ingest([stereo])
     assert converted.samples.ndim == 1
     assert abs(converted.seconds - original.seconds) < 0.01
@@ -316,8 +314,8 @@ class FixedTextRecognizer:
 
 
 @pytest.mark.unit
-def test_a_long_recording_is_split_at_pauses_with_silero_vad(corpus):
-    recordings, _ = ingest(corpus.good[:12])
+def test_a_long_recording_is_split_at_pauses_with_silero_vad(full_corpus):
+    recordings, _ = ingest(full_corpus.good[:12])
     pause = np.zeros(orpheus.SAMPLE_RATE // 2, dtype=np.float32)
     long = np.concatenate([piece for r in recordings for piece in (r.samples, pause)])
     assert long.size / orpheus.SAMPLE_RATE > 30

@@ -20,7 +20,6 @@ from voicehost.voices.validation import (
     MANIFEST,
     AdapterRules,
     InvalidAdapter,
-    ModelShape,
     assign_tenant,
     validate_adapter,
     weights_checksum,
@@ -44,14 +43,13 @@ def make_voice(root: Path, source: Path, voice_id: str, tenant: str | None, **ma
 
 
 @pytest.fixture
-def directory(dev_model, tmp_path):
-    """A's held voice, a held shared voice, A's ready voice, and the built-in ``tara``."""
+def folder_directory(dev_model, rules, tmp_path):
+    """A folder voice directory of A's held voice, a held shared voice, A's ready voice, and the
+    built-in ``tara``."""
     source = dev_model.adapters / "dev-a"
     make_voice(tmp_path, source, "a-held", "A", **HELD)
     make_voice(tmp_path, source, "shared-held", None, **HELD)
     make_voice(tmp_path, source, "a-ready", "A")
-    shape = ModelShape.from_config(dev_model.model / "config.json")
-    rules = AdapterRules("voicehost-dev", 16, shape)
     found = FolderVoiceDirectory([tmp_path], ["tara"], rules)
     found.scan()
     return found
@@ -76,12 +74,12 @@ def test_a_held_voice_is_seen_only_by_those_who_may_manage_it():
 
 
 @pytest.mark.unit
-async def test_a_held_voice_is_listed_and_spoken_for_its_tenant_and_admins_only(directory):
-    assert directory.get("a-held").status == "held"
-    assert directory.get("a-ready").status == "ready"
+async def test_a_held_voice_is_listed_and_spoken_for_its_tenant_and_admins_only(folder_directory):
+    assert folder_directory.get("a-held").status == "held"
+    assert folder_directory.get("a-ready").status == "ready"
     listed = {}
     for name, principal in (("A", A), ("B", B), ("admin", ADMIN), ("open", None)):
-        listed[name] = {v.id: v.status for v in await voice_infos(directory, principal)}
+        listed[name] = {v.id: v.status for v in await voice_infos(folder_directory, principal)}
     assert listed["A"] == {"a-held": "held", "a-ready": "ready", "tara": "ready"}
     assert listed["B"] == {"tara": "ready"}
     everything = {"a-held": "held", "shared-held": "held", "a-ready": "ready", "tara": "ready"}
@@ -92,29 +90,32 @@ async def test_a_held_voice_is_listed_and_spoken_for_its_tenant_and_admins_only(
         ("a-ready", {"A", "admin", "open"}),
     ):
         for name, principal in (("A", A), ("B", B), ("admin", ADMIN), ("open", None)):
-            assert await usable(directory, principal, voice_id) == (name in who), (voice_id, name)
+            assert await usable(folder_directory, principal, voice_id) == (name in who), (
+                voice_id,
+                name,
+            )
 
 
 @pytest.mark.unit
-async def test_publishing_makes_a_held_voice_ready_once_and_keeps_its_adapter(directory):
-    folder = directory.get("a-held").adapter_path
+async def test_publishing_makes_a_held_voice_ready_once_and_keeps_its_adapter(folder_directory):
+    folder = folder_directory.get("a-held").adapter_path
     checksum, files = weights_checksum(folder), sorted(p.name for p in folder.iterdir())
     published = {"reason": "It sounds like her.", "by": "key-a", "at": "2026-12-01T10:00:00+00:00"}
-    voice = await directory.publish("a-held", published)
+    voice = await folder_directory.publish("a-held", published)
     assert voice.status == "ready" and voice.checksum == checksum == weights_checksum(folder)
-    assert directory.get("a-held").status == "ready"  # at once, not at the next scan
+    assert folder_directory.get("a-held").status == "ready"  # at once, not at the next scan
     manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["status"] == "ready" and manifest["published"] == published
     assert manifest["held_reason"] == HELD["held_reason"] and manifest["tenant"] == "A"
     assert sorted(p.name for p in folder.iterdir()) == files  # replaced whole: no temp file left
-    assert await usable(directory, B, "a-held") is False  # A's still; ready now for A only
+    assert await usable(folder_directory, B, "a-held") is False  # A's still; ready now for A only
     with pytest.raises(NotHeld):
-        await directory.publish("a-held", published)
+        await folder_directory.publish("a-held", published)
     with pytest.raises(NotHeld):
-        await directory.publish("a-ready", published)
+        await folder_directory.publish("a-ready", published)
     with pytest.raises(NotHeld):
-        await directory.publish("tara", published)
-    assert await directory.publish("nobody", published) is None
+        await folder_directory.publish("tara", published)
+    assert await folder_directory.publish("nobody", published) is None
 
 
 @pytest.mark.unit

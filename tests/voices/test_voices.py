@@ -8,16 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from voicehost.voices.folders import FolderVoiceDirectory
-from voicehost.voices.validation import AdapterRules, InvalidAdapter, ModelShape, validate_adapter
+from voicehost.voices.validation import InvalidAdapter, validate_adapter
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def rules(dev_model):
-    return AdapterRules(
-        "voicehost-dev", 16, ModelShape.from_config(dev_model.model / "config.json")
-    )
 
 
 @pytest.fixture
