@@ -48,7 +48,7 @@ async def clone(server, corpus) -> tuple[aiohttp.ClientResponse, dict, list[dict
 
 class EarlyClone:
     """The REST clone, uploaded to the shared server with test_auth's first test: its job
-    trains and is evaluated (30 s) while test_auth's tests use a server of their own (its
+    trains and is evaluated (30 s) while test_auth's tests use the keyed host (its
     shared-server tests would see the job's engine requests), and this module's test checks
     it. Without a shared server then (this module alone), the test clones itself."""
 
@@ -69,6 +69,9 @@ class EarlyClone:
                     self.outcome = asyncio.run(clone(self.shared.server, self.corpus))
         except BaseException as exc:  # raised in the test that takes it
             self.outcome = exc
+
+    def running(self) -> bool:
+        return False  # it boots no engine core: it speaks through the shared server's
 
     def ready(self) -> "EarlyClone":
         self.thread.join()

@@ -167,6 +167,19 @@ def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model
     assert registry.get("late") is None
 
 
+async def test_a_listing_holds_what_another_process_added_or_removed_since_the_scan(
+    dev_model, tmp_path, rules
+):
+    """A host's front ends share the adapters folder: the one that did not take an upload
+    lists it at once, and stops listing a voice the other deleted."""
+    registry = FolderVoiceDirectory([tmp_path], [], rules)
+    registry.scan()
+    shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "added")
+    assert [v.voice_id for v in (await registry.list_voices())[0]] == ["added"]
+    shutil.rmtree(tmp_path / "added")
+    assert (await registry.list_voices())[0] == []
+
+
 def test_registry_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "v")
     registry = FolderVoiceDirectory([tmp_path], [], rules)

@@ -175,7 +175,8 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
     ends get ``CORE_LOST_SIGNAL`` (each fails its engine requests, so every stream ends as a
     failure after its first byte does: an SSE or socket error event, raw audio cut), then
     SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL; the host exits for its supervisor to
-    restart it.
+    restart it. A core lost while the host drains after SIGTERM is a failure too: the streams
+    it was draining end with the error, not at the drain timeout.
     Returns whether it stopped for a failure (not for SIGTERM or SIGINT)."""
     from multiprocessing.connection import wait
 
@@ -187,8 +188,10 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
         wait(watched, timeout=None if core_lost_at is None else 0.5)
         ended = [p for p in alive if not p.is_alive()]
         alive = [p for p in alive if p.is_alive()]
-        if core_lost_at is None and any(not c.is_alive() for c in cores) and not stopping():
-            log.error("the engine core exited: stopping the host")
+        if core_lost_at is None and any(not c.is_alive() for c in cores):
+            # draining or not: streams in flight would wait for tokens until the drain timeout
+            during = " while the host drained" if stopping() else ""
+            log.error("the engine core exited%s: stopping the host", during)
             failed = True
             core_lost_at = time.monotonic()
             cores = []

@@ -237,6 +237,9 @@ class FolderVoiceDirectory:
         return unusable.error if unusable else None
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
+        """What the folders hold now: a listing rescans first (unchanged folders cost a stat),
+        so a host's front end lists the voice another front end added a moment ago."""
+        await asyncio.to_thread(self.scan)
         return self.voices(), self.broken_adapters()
 
     def missing(self) -> int:
