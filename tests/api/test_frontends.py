@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import av
+import psutil
 import pytest
 from helpers import (
     KEYED_HOST_CAPACITY,
@@ -433,6 +434,15 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
             assert await admitted.read() and admitted.status == 200
 
 
+def named(process: psutil.Process, name: str) -> bool:
+    """Whether ``process`` is called ``name``: False once it has gone (a process of the tree
+    may have ended since the tree was read, as a replaced encoding process does)."""
+    try:
+        return name in process.name()
+    except psutil.NoSuchProcess:
+        return False
+
+
 async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
     """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through
     the encoding processes) and a socket play: the host's capacity. One front end is drained
@@ -491,7 +501,7 @@ async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_st
         assert frontends.process.poll() is None
         await ws.send_json({"type": "text", "text": LONG_TEXT})  # more for the socket to say
         await ws.send_json({"type": "end"})
-        (core,) = [p for p in tree if "EngineCore" in p.name()]
+        (core,) = [p for p in tree if named(p, "EngineCore")]
         core.kill()
         # each ends within the session's timeout (a TimeoutError fails the test): with the
         # error, or whole if its speech had already ended; never cut without a word
