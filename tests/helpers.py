@@ -611,6 +611,15 @@ def is_frontend(process: psutil.Process) -> bool:
         return False
 
 
+def is_engine_core(process: psutil.Process) -> bool:
+    """Whether ``process`` is vLLM's engine core: False once it has gone (a process of a tree
+    may end after the tree was read, as a replaced encoding process does)."""
+    try:
+        return "EngineCore" in process.name()
+    except psutil.NoSuchProcess:
+        return False
+
+
 def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
     """Those of ``processes`` still running (a zombie, dead but not yet reaped, is not)."""
     running = []

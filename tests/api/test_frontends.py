@@ -17,28 +17,32 @@ import asyncio
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import av
-import psutil
 import pytest
 from helpers import (
     KEYED_HOST_CAPACITY,
     KEYED_HOST_QUOTA,
     KEYED_TOKEN,
     alive,
+    is_engine_core,
     is_frontend,
     process_tree,
     wait_until,
 )
 
+from voicehost.api import host
 from voicehost.api.auth import INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
+from voicehost.serving import CORE_LOST_SIGNAL
 from voicehost.tenancy.audit import Head, verify_events
 
 SPEECH = "/v1/audio/speech"
@@ -102,6 +106,43 @@ async def from_both(
             break
     assert {frontend for frontend, _ in answers} == {"0", "1"}, answers
     return [answer for _, answer in answers]
+
+
+def draining_front_end(ready: str, told: str) -> None:
+    """A front end draining after SIGTERM (which it ignores): it ends once told its core is
+    lost, touching ``told``, or after 10 s if no one tells it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(CORE_LOST_SIGNAL, lambda *_: (Path(told).touch(), os._exit(0)))
+    Path(ready).touch()
+    time.sleep(10)
+
+
+def core_that_ends(how: str) -> None:
+    """An engine core that ends as vLLM's does on the stop's own signal (exit 0), or killed."""
+    if how == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("how", "failure"), [("killed", True), ("stopped", False)])
+def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a_failure(
+    tmp_path, how, failure
+):
+    """The host's watch (``host._wait``), stopping after SIGTERM, over real processes: a
+    draining front end is told its core is lost at once (its streams end with the error, not
+    at the drain timeout); the host fails if the core was killed, not if it ended on the stop's
+    own signal (Ctrl-C and a supervisor's SIGTERM reach the whole process group)."""
+    context = multiprocessing.get_context("fork")
+    ready, told = tmp_path / "ready", tmp_path / "told"
+    front_end = context.Process(target=draining_front_end, args=(str(ready), str(told)))
+    front_end.start()
+    wait_until(ready.exists, 10)
+    core = context.Process(target=core_that_ends, args=(how,))
+    core.start()
+    started = time.monotonic()
+    assert host._wait([front_end], [core], lambda: True) is failure
+    assert told.exists() and time.monotonic() - started < 5
+    assert core.exitcode == (-signal.SIGKILL if how == "killed" else 0)
 
 
 async def test_both_front_ends_speak_from_one_engine_core(frontends):
@@ -434,15 +475,6 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
             assert await admitted.read() and admitted.status == 200
 
 
-def named(process: psutil.Process, name: str) -> bool:
-    """Whether ``process`` is called ``name``: False once it has gone (a process of the tree
-    may have ended since the tree was read, as a replaced encoding process does)."""
-    try:
-        return name in process.name()
-    except psutil.NoSuchProcess:
-        return False
-
-
 async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
     """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through
     the encoding processes) and a socket play: the host's capacity. One front end is drained
@@ -501,7 +533,7 @@ async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_st
         assert frontends.process.poll() is None
         await ws.send_json({"type": "text", "text": LONG_TEXT})  # more for the socket to say
         await ws.send_json({"type": "end"})
-        (core,) = [p for p in tree if named(p, "EngineCore")]
+        (core,) = [p for p in tree if is_engine_core(p)]
         core.kill()
         # each ends within the session's timeout (a TimeoutError fails the test): with the
         # error, or whole if its speech had already ended; never cut without a word

@@ -175,8 +175,9 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
     ends get ``CORE_LOST_SIGNAL`` (each fails its engine requests, so every stream ends as a
     failure after its first byte does: an SSE or socket error event, raw audio cut), then
     SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL; the host exits for its supervisor to
-    restart it. A core lost while the host drains after SIGTERM is a failure too: the streams
-    it was draining end with the error, not at the drain timeout.
+    restart it. A core lost while the host drains after SIGTERM ends the drained streams the
+    same way, not at the drain timeout; it is a failure unless the core ended on the stop's
+    own signal (exit code 0).
     Returns whether it stopped for a failure (not for SIGTERM or SIGINT)."""
     from multiprocessing.connection import wait
 
@@ -188,11 +189,16 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
         wait(watched, timeout=None if core_lost_at is None else 0.5)
         ended = [p for p in alive if not p.is_alive()]
         alive = [p for p in alive if p.is_alive()]
-        if core_lost_at is None and any(not c.is_alive() for c in cores):
-            # draining or not: streams in flight would wait for tokens until the drain timeout
-            during = " while the host drained" if stopping() else ""
-            log.error("the engine core exited%s: stopping the host", during)
-            failed = True
+        lost = [c for c in cores if not c.is_alive()]
+        if core_lost_at is None and lost:
+            # draining or not, streams in flight would wait for tokens that never come. A core
+            # that ended on the stop's own signal (Ctrl-C or a supervisor's SIGTERM reach the
+            # whole group: vLLM's core exits 0 on either) is the stop, not a failure.
+            if stopping() and all(c.exitcode == 0 for c in lost):
+                log.warning("the engine core stopped with the host: its streams end now")
+            else:
+                log.error("the engine core exited (code %s): stopping the host", lost[0].exitcode)
+                failed = True
             core_lost_at = time.monotonic()
             cores = []
             _signal(alive, CORE_LOST_SIGNAL)  # their streams end with an error at once
