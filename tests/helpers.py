@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import numpy as np
 import psutil
 import pytest
 import redis
@@ -73,6 +74,7 @@ __all__ = [
     "random_frames",
     "read_socket",
     "runtime_settings",
+    "same_audio",
     "say_over_socket",
     "start_early",
     "stop",
@@ -87,13 +89,16 @@ Server = DevServer
 DEV_DIR = Settings().dev_dir
 
 # Every dev process of the tests: the shared dev model; codec noise off, so audio depends only
-# on tokens; nucleus sampling off unless a test sets it (vLLM's CPU sampler sorts the 157k-token
-# vocabulary for top-p at every step of every request, which made the dev engine 2.4x slower;
-# serving's defaults are checked in test_engine and measured by the benchmarks).
+# on tokens; nucleus sampling and the repetition penalty off unless a test sets them (vLLM's CPU
+# sampler sorts the 157k-token vocabulary for top-p at every step of every request, which made
+# the dev engine 2.4x slower, and counts every token of it for the penalty, a quarter of a
+# step; serving's defaults are checked in test_engine, the penalty is on in the hot tests
+# (conftest's HOT_SETTINGS), and both are measured by the benchmarks).
 TEST_ENV = {
     "VOICEHOST_DEV_DIR": str(DEV_DIR),
     "VOICEHOST_CODEC_NOISE": "false",
     "VOICEHOST_TOP_P": "1.0",
+    "VOICEHOST_REPETITION_PENALTY": "1.0",
 }
 
 
@@ -208,6 +213,9 @@ class Early(Protocol):
 # does not fit waits (deferred) or fails, naming what runs.
 MAX_ENGINES = 3
 ENGINE_BOOTS = 4
+# the engine cores this process may run at once: MAX_ENGINES, or its lane's share when the
+# suite runs as lanes side by side (tests/lanes.py; conftest sets it)
+engine_cap = MAX_ENGINES
 _running: dict[int, Early] = {}  # by id(): each Early whose engines are up
 booted: list[tuple[str, int]] = []  # (fixture, engine cores) of every start of this run
 
@@ -222,12 +230,12 @@ def record_start(fixture: str, started: Early) -> None:
     now = engines_running() + started.engines
     _running[id(started)] = started
     booted.append((fixture, started.engines))
-    if now > MAX_ENGINES:
+    if now > engine_cap:
         running = [name for name, e in taken.items() if e.running()]
         running += [name for name, e in early_servers.items() if e.running()]
         pytest.fail(
             f"{fixture} started {started.engines} engine cores beside {running}: {now} at once, "
-            f"over the budget of {MAX_ENGINES}",
+            f"over this process's budget of {engine_cap}",
             pytrace=False,
         )
 
@@ -287,7 +295,7 @@ def start_early_servers(
             continue
         if early.with_module is not None and early.with_module not in modules_reached:
             continue
-        if engines_running() + early.engines > MAX_ENGINES:
+        if engines_running() + early.engines > engine_cap:
             continue  # started once the engines before it have stopped, or by its fixture
         started = early.start(tmp_path_factory)
         started_early.add(fixture)
@@ -413,6 +421,16 @@ async def eventually(condition: Callable[[], object], within: float, step: float
 
 
 # --- requests and answers --------------------------------------------------------------------
+
+
+def same_audio(a: bytes | np.ndarray, b: bytes | np.ndarray) -> bool:
+    """Equal up to the float rounding of different decode windows (noise is off): 16-bit PCM
+    as bytes or as samples."""
+    x, y = (
+        (np.frombuffer(v, dtype="<i2") if isinstance(v, bytes) else v).astype(np.int32)
+        for v in (a, b)
+    )
+    return x.size == y.size and (x.size == 0 or np.abs(x - y).max() <= 64)
 
 
 def audio_form(paths: Sequence[Path], metadata: Path | None = None, **fields: str):
