@@ -50,6 +50,7 @@ RUNTIME_DEV_SETTINGS = frozenset(
     {
         "temperature",
         "top_p",
+        "repetition_penalty",
         "realtime_tokens_per_second",
         "realtime_margin",
         "segment_prefetch",

@@ -11,7 +11,7 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
-from helpers import metric, runtime_settings, say_over_socket
+from helpers import metric, runtime_settings, same_audio, say_over_socket
 from safetensors.torch import load_file, save_file
 
 SPEECH = "/v1/audio/speech"
@@ -86,11 +86,6 @@ def zero_voice(server, dev_model):
 
 def pcm(data):
     return np.frombuffer(data, dtype="<i2").astype(np.int32)
-
-
-def same_audio(a, b):
-    """Equal up to the float rounding of different decode windows (noise is off)."""
-    return a.size == b.size and np.abs(a - b).max() <= 64
 
 
 async def test_a_voice_differs_from_the_base_model_and_repeats_alone_or_batched(

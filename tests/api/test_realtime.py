@@ -6,9 +6,8 @@ import random
 import time
 
 import aiohttp
-import numpy as np
 import pytest
-from helpers import metric
+from helpers import metric, same_audio
 
 WS = "/v1/audio/speech/ws"
 WORDS = (
@@ -233,12 +232,6 @@ def segment_audio(received) -> list[bytes]:
         elif kind == "audio":
             out[-1] += payload
     return out
-
-
-def same_audio(a: bytes, b: bytes) -> bool:
-    """Equal up to the float rounding of different decode windows (noise is off)."""
-    x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))
-    return x.size == y.size and (x.size == 0 or np.abs(x - y).max() <= 64)
 
 
 async def test_the_next_segment_hears_the_one_before_only_with_continuity(http, server):

@@ -13,6 +13,7 @@ import pytest
 from helpers import Server, metric
 
 from voicehost.metrics import series
+from voicehost.model import orpheus
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
 from voicehost.speech.board import HostBoard
 
@@ -260,9 +261,13 @@ async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at
             assert after[admitted] >= 0.85 * before, (before, after)
             if admitted > 1:  # admitted by prediction (a first stream always is: it slows nobody)
                 assert after[admitted] >= 0.75 * needed, after
-            # at 45-100 tokens/s these streams are slower than Orpheus' real 82 for some of the
-            # time: their listeners hear gaps, and the server counts them
-            assert await metric(http, hot_server, "voicehost_stream_underruns_total") > underruns
+            # admitted down to 1.2 x 45 tokens/s, streams slower than Orpheus' real 82 leave their
+            # listeners gaps, and the server counts them (the dev engine may keep a small batch
+            # above real time: then there is nothing to hear)
+            slowest = min(before, after[admitted])
+            if slowest < 0.9 * orpheus.AUDIO_TOKENS_PER_SECOND:
+                gaps = await metric(http, hot_server, "voicehost_stream_underruns_total")
+                assert gaps > underruns, (slowest, after)
         finally:
             for reader in readers:
                 reader.cancel()

@@ -32,13 +32,13 @@ log = logging.getLogger(__name__)
 DEV_SEED = 1234
 DEV_VOICES = ("dev-a", "dev-b", "dev-c")
 LORA_RANK = 16
-FORMAT_VERSION = 3  # bump when the built files change, so old caches are rebuilt
+FORMAT_VERSION = 6  # bump when the built files change, so old caches are rebuilt
 
-HIDDEN = 256
+HIDDEN = 64
 LAYERS = 2
-HEADS = 4
-KV_HEADS = 2
-INTERMEDIATE = 512
+HEADS = 2
+KV_HEADS = 1
+INTERMEDIATE = 128
 MAX_POSITIONS = 8192
 
 # The 24 kHz SNAC's rates and codebooks, with narrow convolutions.
@@ -52,8 +52,17 @@ SNAC_ENCODER_GAIN = 32.0
 # Structure of the dev model's residual stream: one coordinate per "last token was position k".
 _START_COORD = orpheus.TOKENS_PER_FRAME  # start_of_speech
 _STRUCTURE_GAIN = 6.0  # embedding size of the structural coordinate
-_NEXT_POSITION_LOGIT = 0.75  # head weight that, after the final norm, gives the next position ~12
-_STOP_LOGIT = 0.9  # with 4096 rival codes, the stop token ends a frame a few percent of the time
+_NEXT_POSITION_LOGIT = 1.37  # head weight that, after the final norm, gives the next position ~12
+_STOP_LOGIT = 1.5  # with 4096 rival codes, the stop token ends a frame a few percent of the time
+# the random head's spread: code entropy about 7.75 nats of 8.32 within a position
+_HEAD_GAIN = 4.0
+# the layers' weights (0.02 x this) and the voices' LoRA weights: at 64 wide, these keep what
+# the layers add (the text, the segment before, a voice) as large in the logits as at 256
+_LAYER_GAIN = 3.0
+_ADAPTER_SCALE = 0.04
+# the stop token's random head row, this many times the others': what a voice or a text adds
+# moves where it stops, so seeded speech of two voices differs in length as it would in life
+_STOP_SPREAD = 8.0
 MAX_AUDIO_FRAMES = 48  # 4 s: the most one dev-model request says (as many as continuity carries)
 
 
@@ -190,11 +199,12 @@ def build_llama(out: Path, seed: int) -> None:
         for name, param in model.named_parameters():
             if "norm" in name:
                 continue
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+            gain = _LAYER_GAIN if ".layers." in name else 1.0
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.02 * gain)
         embed = model.model.embed_tokens.weight
         head = model.lm_head.weight
         embed.mul_(10.0)  # token identity, at about a third of the structure's size
-        head.mul_(2.0)
+        head.mul_(_HEAD_GAIN)
         audio = torch.arange(orpheus.AUDIO_TOKEN_BASE, orpheus.AUDIO_TOKEN_BASE + 7 * 4096)
         positions = (audio - orpheus.AUDIO_TOKEN_BASE) // orpheus.CODEBOOK_SIZE
         embed[audio, positions] += _STRUCTURE_GAIN
@@ -202,6 +212,7 @@ def build_llama(out: Path, seed: int) -> None:
         previous = (positions - 1) % orpheus.TOKENS_PER_FRAME
         head[audio, previous] += _NEXT_POSITION_LOGIT
         head[audio[positions == 0], _START_COORD] += _NEXT_POSITION_LOGIT
+        head[orpheus.END_OF_SPEECH].mul_(_STOP_SPREAD)
         head[orpheus.END_OF_SPEECH, orpheus.TOKENS_PER_FRAME - 1] += _STOP_LOGIT
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
 
@@ -233,7 +244,7 @@ def build_voice_adapter(model_dir: Path, out: Path, voice_id: str, seed: int) ->
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.03)
+                param.copy_(torch.randn(param.shape, generator=generator) * _ADAPTER_SCALE)
     peft_model.save_pretrained(out, safe_serialization=True)
     config_path = out / "adapter_config.json"
     adapter_config = json.loads(config_path.read_text())
