@@ -16,6 +16,8 @@ from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port
 
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 
+pytest_plugins = ["lanes"]  # --lane K/N: make test runs the suite as lanes side by side
+
 # A test that means a Redis of its own must never reach the machine's: no URL from the
 # environment (Settings() has none by default, and connect() refuses to run without one).
 os.environ.pop("VOICEHOST_REDIS_URL", None)
@@ -69,10 +71,6 @@ SERVER_ENV = {
     # the dev model says at most 48 frames whatever the text: few, long segments keep tests short
     "VOICEHOST_SEGMENT_MAX_CHARS": "900",
     "VOICEHOST_SEGMENT_PREFETCH": "8",
-    # a clone is heard on 2 sentences against 1 built-in voice: the evaluation's every figure,
-    # at a third of its cost
-    "VOICEHOST_EVAL_SENTENCES": "2",
-    "VOICEHOST_EVAL_BASELINES": "1",
     "VOICEHOST_MAX_UPLOAD_MB": "20",
     # a WebRTC peer that vanishes, or never connects, is found out in seconds (test_webrtc)
     "VOICEHOST_WEBRTC_CONSENT_SECONDS": "6",
@@ -117,6 +115,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the dev servers the selected tests will ask for (the shared one and the modules'
     own), so that they boot side by side and while the tests before their first user run; those
     registered as deferred start with the first test that is not a unit test."""
+    if session.config.option.collectonly:
+        return
     first_use: dict[str, int] = {}
     for index, item in enumerate(session.items):
         for name in getattr(item, "fixturenames", ()):
@@ -172,12 +172,13 @@ def start_keyed_host(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyS
         VOICEHOST_ENCODE_PROCESSES="1",
         VOICEHOST_ALIGNER_MODEL=str(helpers.tiny_ctc_model(root / "tiny-ctc")),
         VOICEHOST_SEGMENT_MAX_CHARS="900",
-        # the playground's recorded clone (three short takes, one held out): the cheapest that
-        # still trains, measures and evaluates it (one sentence, no baseline voice)
+        # the playground's recorded clone (three short takes, one held out), the suite's one
+        # clone through the API end to end: the cheapest that still trains, measures and
+        # evaluates it against a built-in voice (one sentence each)
         VOICEHOST_MIN_SPEECH_SECONDS="1",
         VOICEHOST_CLONE_EPOCHS="1",
         VOICEHOST_EVAL_SENTENCES="1",
-        VOICEHOST_EVAL_BASELINES="0",
+        VOICEHOST_EVAL_BASELINES="1",
     )
 
 
@@ -195,10 +196,12 @@ def keyed_host(
 # The shared server sampling at temperature 1.5 (test_frame_constraint), admitting a stream only
 # while each keeps 1.2 x 45 audio tokens/s (test_admission): this CPU engine's dev streams make
 # about 95 tokens/s alone, 78 two at once, 63 three at once. One segment at a time per stream,
-# so that a stream is one engine request. Set at run time for the test alone, then set back.
+# so that a stream is one engine request; with serving's repetition penalty (TEST_ENV turns it
+# off elsewhere). Set at run time for the test alone, then set back.
 HOT_SETTINGS = {
     "temperature": 1.5,
     "top_p": 1.0,
+    "repetition_penalty": 1.1,
     "realtime_tokens_per_second": 45,
     "realtime_margin": 1.2,
     "segment_prefetch": 1,

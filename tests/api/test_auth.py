@@ -1111,10 +1111,64 @@ async def test_in_the_playground_a_wrong_key_is_a_401_in_words_and_a_right_one_w
     assert not [u for u in watch.urls if "key-a" in u or "not-a-key" in u]
 
 
+async def job_states(http, url: str, job_id: str, key: str) -> list[dict]:
+    """Each state of a clone job seen by polling it to its end (at most 300 s)."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + 300
+    while not seen or seen[-1]["status"] not in ("done", "held", "failed", "cancelled"):
+        assert time.monotonic() < deadline, seen[-1]
+        async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer(key)) as response:
+            seen.append((await response.json())["job"])
+        await asyncio.sleep(0.25)
+    return seen
+
+
+async def the_clone_was_evaluated_and_speaks(http, url: str, root, job: dict) -> None:
+    """What the service did with a finished clone: measured through its engine against the
+    held-out take before it went live, its samples kept, spoken on request, and on the audit
+    trail (the job by its tenant's key, the voice and the job's end by the runner)."""
+    a = bearer("key-a")
+    async with http.get(f"{url}/v1/voices/recorded", headers=a) as response:
+        voice = (await response.json())["voice"]
+    assert voice["name"] == "Recorded" and voice["manifest"]["status"] == "ready"
+    assert voice["manifest"]["data"]["clips"] == 2  # one of the three takes held out
+    evaluation = job["eval"]
+    assert evaluation == voice["manifest"]["eval"]
+    assert evaluation["report_only"] is True and job["held_reason"] is None
+    assert evaluation["encoder"] == "resemblyzer-ge2e" and evaluation["references"] == 1
+    assert len(evaluation["similarity"]["values"]) == 1  # the keyed host's VOICEHOST_EVAL_SENTENCES
+    assert evaluation["baseline_voice"] == "tara"  # the first built-in (VOICEHOST_EVAL_BASELINES=1)
+    assert evaluation["intelligibility"]["measured"] is False
+    below = evaluation["similarity"]["mean"] < 0.75  # VOICEHOST_EVAL_MIN_SIMILARITY's default
+    assert any("speaker similarity" in f for f in evaluation["findings"]) == below
+    assert len(evaluation["samples"]) == 1
+    for sample in evaluation["samples"]:
+        assert (root / "adapters" / "recorded" / sample).stat().st_size > 1000
+    body = {"input": "Hello there.", "voice": "recorded", "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=a) as response:
+        assert response.status == 200
+        audio = await response.read()
+    assert len(audio) > 0 and len(audio) % 4096 == 0
+    deadline = time.monotonic() + 10  # a runner records a job's end just after job.json says so
+    while True:
+        async with http.get(url + "/v1/audit", params={"limit": 1000}, headers=a) as response:
+            events = [e for e in (await response.json())["events"] if e["job"] == job["id"]]
+        if events and events[-1]["action"] == "job.done":
+            break
+        assert time.monotonic() < deadline, events
+        await asyncio.sleep(0.2)
+    assert events[0]["action"] == "job.created"
+    assert events[0]["actor"] == {"kind": "key", "key_id": "a", "tenant": "A"}
+    by_runner = {e["action"]: e for e in events if e["actor"].get("runner") == "local"}
+    assert {"voice.created", "job.done"} <= set(by_runner)  # the runner's, kind "service"
+    made = by_runner["voice.created"]
+    assert made["details"]["source"] == "clone" and made["voice"] == "recorded"
+
+
 async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_end(
     keyed, keyed_page, http
 ):
-    url, _ = keyed
+    url, root = keyed
     page, watch = keyed_page  # key A is in the tab's session storage (the test above)
     await page.locator("#tab-clone").click()
     await page.locator("#clone-name").fill("Recorded")
@@ -1135,14 +1189,21 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     await page.locator("#clone-submit").click()
     status = page.locator("#clone-job-status")
     await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
-    await expect(status).to_have_text(re.compile("^(done|held|failed|cancelled)$"), timeout=300_000)
+    # every state the job passes through, as the API tells its tenant (the page follows it)
+    job_id = await page.locator("#clone-job-id").text_content()
+    seen = await job_states(http, url, job_id, "key-a")
+    await expect(status).to_have_text(re.compile("^(done|held|failed|cancelled)$"), timeout=30_000)
     followed = time.monotonic() - started - recorded
     print(f"3 takes recorded in {recorded:.1f} s; the job followed to its end {followed:.1f} s")
     assert await status.text_content() == "done", await page.locator("#clone-status").text_content()
-    job_id = await page.locator("#clone-job-id").text_content()
-    async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-a")) as response:
-        job = (await response.json())["job"]
+    job = seen[-1]
+    assert job["status"] == "done", job  # the dev model's gate only reports
     assert job["voice_id"] == "recorded" and len(job["data"]["clips"]) == 3
+    # the data report is in the job from the end of prepare on, before training starts
+    training = next(s for s in seen if s["status"] == "training")
+    assert job["data"] == training["data"]
+    assert len(job["eval_loss"]) == 2  # before training and after its one epoch
+    await the_clone_was_evaluated_and_speaks(http, url, root, job)
     # the page shows the data report and the evaluation the job holds
     report = page.locator("#clone-report-figures")
     await expect(report.locator("div").first).to_have_text("Clips3")

@@ -1,7 +1,7 @@
 """A clone job's lease: two runners over one jobs folder (as a cluster's workers share one on
 the shared store), with a short lease. Who may run a job, what a caller sees when its runner
 stops, and that a runner that lost its job writes nothing of it. (The training itself, a
-runner killed mid-training and Redis losing the queue: tests/cluster/test_clone_runners.py.)"""
+runner killed mid-training and Redis losing the queue: tests/cluster/test_cluster.py's clone.)"""
 
 import asyncio
 import json

@@ -1,8 +1,9 @@
-"""A cluster worker's clone-job runner on its own, for test_clone_runners: the worker's own
-parts (``WorkerCluster``: the Redis job queue, the voice registry in Redis and the shared store,
-the audit trail) and ``CloneJobs`` over the shared jobs folder, as ``voicehost worker`` builds
-them, without an engine (so without the evaluation stage, which needs one: the cluster test's
-clone covers it). Settings come from the environment (``VOICEHOST_*``).
+"""A cluster worker's clone-job runner on its own, for test_cluster's clone test (the runner
+that takes the job and is killed mid-training): the worker's own parts (``WorkerCluster``: the
+Redis job queue, the voice registry in Redis and the shared store, the audit trail) and
+``CloneJobs`` over the shared jobs folder, as ``voicehost worker`` builds them, without an engine
+(it starts in seconds, where a worker's engine takes a minute). Settings come from the
+environment (``VOICEHOST_*``).
 
     python tests/cluster/clone_runner.py
 """

@@ -1,0 +1,102 @@
+"""Lanes: the suite as two pytest processes side by side (``make test``, through
+``scripts/test_lanes.py``), each running the modules of its lane.
+
+One pytest process runs one test at a time: while a test waits on an engine (most of a server
+test's time) the other core idles, and while the unit tests run the engines boot beside one
+pytest process only. Two lanes keep both cores busy. Each engine fixture belongs to one lane,
+so each still boots once in a run (the engine budget: ``helpers.ENGINE_BOOTS``), and each lane
+runs at most its share of ``helpers.MAX_ENGINES`` at once.
+
+    pytest --lane 1/2    # the shared server's modules and their share of the rest
+    pytest --lane 2/2    # the keyed host's, the cluster's and the rest
+
+A module goes to the lane of the engine fixture its tests use; a module that uses none goes
+where ``ENGINELESS_LANES`` puts it (its measured cost: docs/BENCHMARKS.md), else to lane 2 if
+all its tests are unit tests, else to lane 1. A module's lane is the same whatever ``-m`` or
+``-k`` selects, so ``make test-fast`` runs the unit tests in the lanes ``make test`` does. Without
+``--lane`` one process runs everything.
+"""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+
+LANES = 2
+# the lane of each fixture that boots engine cores, and the cores each lane runs at once at
+# most (together helpers.MAX_ENGINES): the shared server beside the keyed host, then the
+# cluster's two workers, one after the other in lane 2
+FIXTURE_LANES = {"server": 1, "keyed_host": 2, "cluster": 2}
+LANE_ENGINES = {1: 1, 2: 2}
+# modules without an engine whose cost would tip the lanes' balance: where each goes (the
+# others go to lane 2, beside the keyed host's and the cluster's modules, if all their tests are
+# unit tests, else to lane 1). Measured (docs/BENCHMARKS.md): lane 1's server modules hold about
+# a third of the unit tests' time and finished the whole run 40 s before lane 2; these,
+# about a fifth of it, even out both `make test` and `make test-fast`.
+ENGINELESS_LANES: dict[str, int] = {"test_quality": 1, "test_fuzz": 1, "test_lifeline": 1}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane",
+        default=None,
+        metavar="K/N",
+        help=f"run only lane K of the suite's N={LANES} lanes (tests/lanes.py)",
+    )
+
+
+def selected_lane(config: pytest.Config) -> int | None:
+    """The lane this process runs (1 or 2), or None for the whole suite."""
+    value = config.getoption("lane")
+    if value is None:
+        return None
+    lane, _, count = value.partition("/")
+    if count != str(LANES) or lane not in {str(k) for k in range(1, LANES + 1)}:
+        raise pytest.UsageError(f"--lane {value}: give K/{LANES}, K from 1 to {LANES}")
+    return int(lane)
+
+
+def module_lanes(items: list[pytest.Item]) -> dict[str, int]:
+    """The lane of each module (by its path relative to the tests) of ``items``."""
+    fixtures: dict[str, set[str]] = {}
+    units: dict[str, bool] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        fixtures.setdefault(module, set()).update(getattr(item, "fixturenames", ()))
+        unit = item.get_closest_marker("unit") is not None
+        units[module] = units.get(module, True) and unit
+    lanes = {}
+    for module, names in fixtures.items():
+        engine_lanes = {FIXTURE_LANES[name] for name in names & FIXTURE_LANES.keys()}
+        if len(engine_lanes) > 1:
+            raise pytest.UsageError(
+                f"{module} uses engine fixtures of lanes {sorted(engine_lanes)}: a module's "
+                "tests share one lane's engines (tests/lanes.py)"
+            )
+        stem = module.rsplit("/", 1)[-1].removesuffix(".py")
+        if engine_lanes:
+            (lanes[module],) = engine_lanes
+        elif stem in ENGINELESS_LANES:
+            lanes[module] = ENGINELESS_LANES[stem]
+        else:
+            lanes[module] = 2 if units[module] else 1
+    return lanes
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: a module's lane is its whole own
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane = selected_lane(config)
+    if lane is None:
+        return
+    lanes = module_lanes(items)
+    keep = [item for item in items if lanes[item.nodeid.split("::")[0]] == lane]
+    dropped = [item for item in items if lanes[item.nodeid.split("::")[0]] != lane]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A lane runs at most its share of the engine cores at once (``helpers.engine_cap``)."""
+    lane = selected_lane(config)
+    helpers.engine_cap = helpers.MAX_ENGINES if lane is None else LANE_ENGINES[lane]
