@@ -56,12 +56,14 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The suite as two pytest processes side by side, one per lane (tests/lanes.py): both cores
+# busy, each engine booted once. `$(BIN)/pytest` alone runs the same tests one after another.
 test: system-deps lint
-	$(BIN)/pytest
+	$(BIN)/python scripts/test_lanes.py $(PYTEST_ARGS)
 
-# The inner loop: the unit tests (no engine, no server), under 2 minutes.
+# The inner loop: the unit tests (no engine, no server), in lanes too, under a minute.
 test-fast: install-test
-	$(BIN)/pytest -m unit
+	$(BIN)/python scripts/test_lanes.py -m unit $(PYTEST_ARGS)
 
 bench: install-test
 	$(BIN)/voicehost bench $(BENCH_ARGS)

@@ -14,6 +14,7 @@ import ast
 from pathlib import Path
 
 import helpers
+import lanes
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -72,6 +73,17 @@ def test_the_suite_declares_at_most_four_engine_cores_and_three_at_once():
     # what each is: the shared server, the keyed host, the cluster's two workers
     engines = {name: cores for name, cores in declared.items() if cores}
     assert engines == {"server": 1, "keyed_host": 1, "cluster": 2}, listed
+
+
+def test_each_engine_fixture_boots_in_one_lane_within_that_lanes_share():
+    """``make test`` runs the suite as lanes side by side (tests/lanes.py): each fixture that
+    boots engines belongs to one lane (so it boots once a run), and the lanes' shares of the
+    engines that run at once add up to the budget's three."""
+    engines = {name: cores for name, cores in declared_engines().items() if cores}
+    assert set(engines) == set(lanes.FIXTURE_LANES), "a new engine fixture needs its lane"
+    assert sum(lanes.LANE_ENGINES.values()) == helpers.MAX_ENGINES
+    for name, cores in engines.items():
+        assert cores <= lanes.LANE_ENGINES[lanes.FIXTURE_LANES[name]], name
 
 
 def test_dev_servers_start_only_through_a_start_early_registration():
