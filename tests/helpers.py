@@ -99,6 +99,8 @@ TEST_ENV = {
     "VOICEHOST_CODEC_NOISE": "false",
     "VOICEHOST_TOP_P": "1.0",
     "VOICEHOST_REPETITION_PENALTY": "1.0",
+    # this machine's own addresses (192.0.2.2, fd00::2), a client's WebRTC candidates, are private
+    "VOICEHOST_WEBRTC_PRIVATE_CANDIDATES": "true",
 }
 
 

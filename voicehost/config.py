@@ -172,6 +172,29 @@ class Settings(BaseSettings):
     webrtc_max_sessions: int = Field(
         64, ge=0, description="WebRTC sessions one process holds at once (503 beyond)."
     )
+    webrtc_max_pending: int = Field(
+        32,
+        ge=0,
+        description="WebRTC offers one process has answered that are still waiting for their "
+        "peer (no data channel and config yet), in all (503 beyond). A pending offer holds no "
+        "stream slot: it takes one when its config arrives.",
+    )
+    webrtc_max_pending_per_key: int = Field(
+        8, ge=0, description="Pending WebRTC offers of one API key (429 beyond)."
+    )
+    webrtc_max_pending_per_address: int = Field(
+        4,
+        ge=0,
+        description="Pending WebRTC offers from one client address (429 beyond): a page opens "
+        "one session at a time.",
+    )
+    webrtc_private_candidates: bool = Field(
+        False,
+        description="Send ICE checks to a client's private addresses (10/8, 172.16/12, "
+        "192.168/16, fc00::/7 and the like): on for a service on a private network. Link-local, "
+        "unspecified, multicast and broadcast addresses are never checked, loopback only when "
+        "the service binds a loopback address.",
+    )
     webrtc_connect_timeout_seconds: float = Field(
         15.0, gt=0, description="A WebRTC session whose data channel has not opened by then ends."
     )

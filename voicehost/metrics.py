@@ -18,6 +18,16 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"  # set: this process is one front end of several
 
+# why a remote ICE candidate gets no check (voicehost.api.webrtc.CandidateScreen)
+CANDIDATE_REFUSALS = (
+    "link_local",
+    "loopback",
+    "private",
+    "multicast",
+    "broadcast",
+    "unspecified",
+    "not_an_address",
+)
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
@@ -59,6 +69,19 @@ class SpeechMetrics:
             "WebRTC sessions open (answered, until they end).",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        self.webrtc_candidates_refused = Counter(
+            "voicehost_webrtc_candidates_refused",
+            "Remote ICE candidates no check was sent to, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in CANDIDATE_REFUSALS:  # each series there from the start, at 0
+            self.webrtc_candidates_refused.labels(reason)
+        self.malformed_requests = Counter(
+            "voicehost_malformed_requests",
+            "HTTP requests refused before routing as malformed (bad request line or headers).",
+            registry=r,
         )
         self.audio_tokens = Counter(
             "voicehost_audio_tokens", "Audio tokens generated (rate() gives tokens/s).", registry=r

@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 
+import aiohttp
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -281,3 +282,133 @@ async def test_a_bad_config_on_the_data_channel_ends_the_session_with_its_error(
     while await metric(http, server, "voicehost_webrtc_sessions"):  # and the session ended
         assert time.monotonic() - started < 2
         await asyncio.sleep(0.1)
+
+
+# --- a browser's edge, as an attacker would try it ------------------------------------------------
+
+
+async def test_eighty_offers_that_never_connect_leave_speech_on_every_transport_answered(
+    http, server
+):
+    """80 offers at once from one address (127.0.0.2) whose peer never connects: at most
+    ``webrtc_max_pending_per_address`` (4) are answered, the rest refused 429
+    ``too_many_pending`` with Retry-After, and none holds a stream slot; meanwhile speech from
+    another address is answered at once over HTTP, the socket and WebRTC."""
+    pc, sdp = await offer()
+    await pc.close()  # its candidates answer no check: every session stays pending
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0), limit=0)
+    async with aiohttp.ClientSession(connector=connector) as attacker:
+
+        async def post() -> tuple[int, str | None, str | None]:
+            async with attacker.post(server.url + WEBRTC, data=sdp, headers=SDP) as response:
+                code = None if response.status == 201 else (await response.json())["error"]["code"]
+                return response.status, code, response.headers.get("Retry-After")
+
+        answers = await asyncio.gather(*(post() for _ in range(80)))
+    assert sum(status == 201 for status, _, _ in answers) == 4, answers
+    refused = [(status, code) for status, code, _ in answers if status != 201]
+    assert set(refused) == {(429, "too_many_pending")} and len(refused) == 76
+    assert all(int(retry) >= 1 for status, _, retry in answers if status == 429)
+    assert await metric(http, server, "voicehost_active_streams") == 0  # pending: no slot
+    started = time.monotonic()
+    body = {"input": SENTENCE, "voice": "dev-a", "response_format": "pcm"}
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 200 and await response.content.readany()
+    async with http.ws_connect(server.url + "/v1/audio/speech/ws") as ws:
+        await ws.send_json({"type": "config", "voice": "dev-a"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+    async with AsyncClient(server.url) as client, client.webrtc("dev-a") as session:
+        assert session.ready["transport"] == "webrtc"
+    print(f"HTTP, socket and WebRTC answered in {time.monotonic() - started:.2f} s")
+    assert time.monotonic() - started < 30
+
+
+async def test_an_offer_naming_a_metadata_address_is_answered_and_no_check_goes_there(http, server):
+    """An offer whose candidates include 169.254.169.254 (a cloud's metadata address) beside
+    the client's own: answered, the link-local one refused and counted, never checked (what a
+    refused candidate is sent: test_webrtc_offers); one naming nothing else is 400."""
+    refused = 'voicehost_webrtc_candidates_refused_total{reason="link_local"}'
+    before = await metric(http, server, refused)
+    pc, sdp = await offer()
+    try:
+        metadata = "a=candidate:9 1 udp 2130706431 169.254.169.254 80 typ host"
+        hostile = sdp.replace("a=end-of-candidates", metadata + "\r\na=end-of-candidates")
+        async with http.post(server.url + WEBRTC, data=hostile, headers=SDP) as response:
+            assert response.status == 201, await response.text()
+            location = response.headers["Location"]
+        assert await metric(http, server, refused) == before + 1  # one ICE transport: a bundle
+        only = "\r\n".join(
+            line for line in hostile.split("\r\n") if "typ host" not in line or "169.254" in line
+        )
+        async with http.post(server.url + WEBRTC, data=only, headers=SDP) as response:
+            body = await response.json()
+        assert (response.status, body["error"]["code"]) == (400, "invalid_sdp")
+        assert "no usable ICE candidate" in body["error"]["message"]
+        async with http.delete(server.url + location) as response:
+            assert response.status == 204
+    finally:
+        await pc.close()
+
+
+async def test_hostile_offers_and_patches_get_their_400_and_leave_no_unretrieved_task(http, server):
+    """Offers without a fingerprint or ICE credentials are 400 before any peer connection is
+    made, a PATCH of garbage is 400, and nothing of theirs ends in an exception nobody awaited
+    ("Task exception was never retrieved" in the server's log)."""
+    logged = len(server.log_text())
+    pc, sdp = await offer()
+    await pc.close()
+    codes = []
+    for missing in ("a=fingerprint:", "a=ice-ufrag:", "a=ice-pwd:"):
+        bad = "\r\n".join(line for line in sdp.split("\r\n") if not line.startswith(missing))
+        async with http.post(server.url + WEBRTC, data=bad, headers=SDP) as response:
+            codes.append((response.status, (await response.json())["error"]["code"]))
+    assert codes == [(400, "invalid_sdp")] * 3
+    async with http.post(server.url + WEBRTC, data=sdp, headers=SDP) as response:
+        assert response.status == 201
+        location = response.headers["Location"]
+    trickle = {"Content-Type": "application/trickle-ice-sdpfrag"}
+    for garbage in (bytes(range(256)) * 4, b"", b"GET / HTTP/1.1\r\nHost: x\r\n"):
+        async with http.patch(server.url + location, data=garbage, headers=trickle) as response:
+            assert response.status == 400, await response.text()
+            assert (await response.json())["error"]["code"] == "invalid_sdp"
+    async with http.delete(server.url + location) as response:
+        assert response.status == 204
+    await asyncio.sleep(1.0)  # a peer connection's tasks end after its close
+    log = server.log_text()[logged:]
+    assert "Task exception was never retrieved" not in log and "Traceback" not in log, log[-3000:]
+
+
+async def test_a_thousand_malformed_requests_write_a_line_or_two_and_are_all_counted(http, server):
+    """Duplicate Content-Length, folded headers, a 100 KB header line: each refused 400 by the
+    HTTP parser, counted in /metrics, and logged once per client address (not a traceback
+    each)."""
+    logged = len(server.log_text())
+    before = await metric(http, server, "voicehost_malformed_requests_total")
+    host, port = server.url.removeprefix("http://").split(":")
+    malformed = (
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Content-Length: 3\r\n\r\n{}",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 100_000 + b"\r\n\r\n",
+    )
+
+    async def send(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(request)
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(64), 10)
+        finally:
+            writer.close()
+
+    for _ in range(10):
+        answers = await asyncio.gather(*(send(malformed[n % 3]) for n in range(100)))
+        assert all(answer.split(b" ")[1:2] == [b"400"] for answer in answers), set(answers)
+    counted = await metric(http, server, "voicehost_malformed_requests_total") - before
+    log = server.log_text()[logged:]
+    lines = [line for line in log.splitlines() if "aiohttp.access" not in line]
+    assert counted == 1000
+    assert "Traceback" not in log and "Error handling request" not in log, lines[:20]
+    assert 1 <= sum("malformed HTTP request from 127.0.0.1" in line for line in lines) <= 2
+    async with http.get(server.url + "/healthz") as response:
+        assert response.status == 200

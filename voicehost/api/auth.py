@@ -146,7 +146,7 @@ def bind_host(host: str, auth_enabled: bool) -> str:
     127.0.0.1. Says at start-up when auth is off."""
     if auth_enabled:
         return host
-    loopback = _is_loopback(host)
+    loopback = is_loopback_host(host)
     log.warning(
         "authentication is OFF: no API keys are configured (VOICEHOST_API_KEYS or "
         "VOICEHOST_API_KEYS_FILE); %s",
@@ -177,7 +177,8 @@ def redact_access_log() -> None:
     logging.getLogger("aiohttp.access").addFilter(_REDACT_KEYS)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address (an IP or ``localhost``) is a loopback one."""
     if host.lower() == "localhost":
         return True
     try:

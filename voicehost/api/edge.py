@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from typing import Protocol, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
@@ -460,3 +464,51 @@ def path_id(request: web.Request, key: str) -> str:
     if not valid(value):
         raise ApiError(400, f"invalid_{key}", f"{key} must match {pattern.pattern}")
     return value
+
+
+# --- a quiet log under attack -----------------------------------------------------------------
+
+MALFORMED_LOG_SECONDS = 60.0  # one line per client address at most this often
+MALFORMED_ADDRESSES = 10_000  # addresses remembered; past it, forgotten all at once
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs each request it cannot parse (a duplicate Content-Length, a folded header,
+    a header line over its limit) as "Error handling request from ADDR" with a traceback at
+    ERROR: a client could write those at line rate. Each becomes one WARNING line (status,
+    reason, client address), at most one per address per ``interval`` seconds, and every one
+    is counted (``voicehost_malformed_requests_total``). A handler's own failure (a 500) is
+    left as aiohttp logs it."""
+
+    def __init__(self, counter: Counter, interval: float = MALFORMED_LOG_SECONDS) -> None:
+        super().__init__()
+        self.counter = counter
+        self.interval = interval
+        self.logged: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        self.counter.inc()
+        address = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "?"
+        now = time.monotonic()
+        if now - self.logged.get(address, -math.inf) < self.interval:
+            return False
+        if len(self.logged) >= MALFORMED_ADDRESSES:
+            self.logged.clear()
+        self.logged[address] = now
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = "malformed HTTP request from %s: %s %s (more within %.0f s: counted only)"
+        record.args = (address, error.code, str(error.message)[:160], self.interval)
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_malformed_requests(metrics: SpeechMetrics) -> None:
+    """Install ``MalformedRequests`` on aiohttp's server log (one per process: the last app's
+    counter)."""
+    logger = logging.getLogger("aiohttp.server")
+    for installed in [f for f in logger.filters if isinstance(f, MalformedRequests)]:
+        logger.removeFilter(installed)
+    logger.addFilter(MalformedRequests(metrics.malformed_requests))

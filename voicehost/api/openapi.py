@@ -401,7 +401,11 @@ def webrtc_operations() -> dict[str, Json]:
         "realtime socket's messages and events (see `speak_realtime`): `config` first; its "
         "`response_format` and `sample_rate` do not apply, the audio is the session's track "
         "(Opus, 48 kHz, 20 ms packets, paced in real time; `ready` says so). `cancel` drops the "
-        "audio queued for the track. ICE servers come in `Link` headers (`rel=ice-server`)."
+        "audio queued for the track. ICE servers come in `Link` headers (`rel=ice-server`). "
+        "The stream is admitted when the config arrives (a refusal: an `error` event with "
+        "`retry_after`); until then the offer is pending and holds no stream. No ICE check goes "
+        "to a link-local, unspecified, multicast or broadcast candidate, nor to loopback or "
+        "private ones unless the service allows them."
     )
     missing = "`session_not_found`: no such session of this key's."
     return {
@@ -424,12 +428,15 @@ def webrtc_operations() -> dict[str, Json]:
                 },
                 **errors(
                     {
-                        400: "`invalid_sdp`, `no_audio` (no receiving Opus audio), "
-                        "`no_data_channel`.",
+                        400: "`invalid_sdp` (not SDP; a section without its DTLS fingerprint "
+                        "or ICE credentials; no candidate ICE may check), `no_audio` (no "
+                        "receiving Opus audio), `no_data_channel`.",
                         413: "`body_too_large`: an offer over 64 KiB.",
                         415: "`unsupported_media_type`: not `application/sdp`.",
+                        429: "`too_many_pending`: this key, or this client address, has its "
+                        "most offers waiting for their peers.",
                         503: UNAVAILABLE + " `at_capacity`: this server holds its most WebRTC "
-                        "sessions.",
+                        "sessions; `too_many_pending`: its most offers wait for their peers.",
                     },
                     stream=True,
                 ),
@@ -444,7 +451,8 @@ def webrtc_operations() -> dict[str, Json]:
                 "204": {"description": "Added."},
                 **errors(
                     {
-                        400: "`invalid_sdp`: a candidate line that is not one.",
+                        400: "`invalid_sdp`: not a trickle-ICE fragment (RFC 8840), or a "
+                        "candidate line that is not one.",
                         404: missing,
                         415: "`unsupported_media_type`: not `application/trickle-ice-sdpfrag`.",
                     }

@@ -39,6 +39,7 @@ from voicehost.api.edge import (
     auth_middleware,
     error_middleware,
     name_request,
+    quiet_malformed_requests,
 )
 from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
 from voicehost.config import Settings
@@ -138,9 +139,11 @@ def public_app(
     app[AUTH] = Authenticator.from_settings(settings, role)
     app[SERVICE] = service
     app[webrtc.PEERS] = webrtc.PeerSessions(settings)
-    webrtc.configure_ice(settings)
+    refused = service.metrics.webrtc_candidates_refused
+    webrtc.configure_ice(settings, lambda reason: refused.labels(reason).inc())
     app.on_cleanup.append(webrtc.close_sessions)
     redact_access_log()
+    quiet_malformed_requests(service.metrics)
     app.on_response_prepare.append(name_request)
     routes = (*PUBLIC_ROUTES, *own_routes)
     for route in routes:

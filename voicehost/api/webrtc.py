@@ -18,12 +18,15 @@ connects (``webrtc_connect_timeout_seconds``) or stops answering ICE consent che
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ from aiortc import (
 )
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 
-from voicehost.api.auth import request_principal
+from voicehost.api.auth import is_loopback_host, request_principal
 from voicehost.api.edge import SERVICE, SERVING, ApiError
 from voicehost.api.listeners import Listener, NotText
 from voicehost.api.realtime import SessionWork, serve_listener, speaking
@@ -110,18 +113,81 @@ def announced(sdp: str, address: str | None) -> str:
     return "\r\n".join(lines)
 
 
+# --- ICE: where checks may go ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CandidateScreen:
+    """Which remote candidates ICE may send checks to: a client writes its candidates' addresses
+    itself, so a check is a packet this service sends wherever an offer says. Never to
+    link-local (a cloud's metadata address), unspecified, multicast or broadcast addresses;
+    to loopback only when the service binds a loopback address; to private ranges only when
+    ``webrtc_private_candidates`` says the service is on a private network."""
+
+    loopback: bool
+    private: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CandidateScreen:
+        return cls(is_loopback_host(settings.host), settings.webrtc_private_candidates)
+
+    def refusal(self, address: str) -> str | None:
+        """Why no check may go to ``address`` (the reason counted), or None if one may.
+        An mDNS name (``.local``) is screened once it resolves (aioice resolves it)."""
+        try:
+            ip = ipaddress.ip_address(address.split("%")[0])
+        except ValueError:
+            return "not_an_address"
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if ip.is_unspecified:
+            return "unspecified"
+        if ip.is_multicast:
+            return "multicast"
+        if ip == ipaddress.IPv4Address("255.255.255.255"):
+            return "broadcast"
+        if ip.is_link_local:
+            return "link_local"
+        if ip.is_loopback:
+            return None if self.loopback else "loopback"
+        if ip.is_private or ip.is_reserved or ip in _SHARED_ADDRESSES:
+            return None if self.private else "private"
+        return None
+
+
+_SHARED_ADDRESSES = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 _gather = aioice.ice.Connection.get_component_candidates
+_add_remote = aioice.ice.Connection._add_remote_candidate
 _ports: tuple[int, int] | None = None
+_screen = CandidateScreen(loopback=False, private=False)
+_refused: Callable[[str], None] = lambda reason: None  # noqa: E731 (set by configure_ice)
 
 
-def configure_ice(settings: Settings) -> None:
+def configure_ice(settings: Settings, refused: Callable[[str], None]) -> None:
     """This process's ICE: host candidates bound in ``webrtc_udp_ports`` (aioice binds each on
     an ephemeral port, and has no setting for a range), loopback where the host has no other
-    address, and consent checks that find a vanished peer in ``webrtc_consent_seconds``."""
-    global _ports
+    address, consent checks that find a vanished peer in ``webrtc_consent_seconds``, and
+    remote candidates screened (``CandidateScreen``), each refused one told to ``refused``
+    with its reason. Every remote candidate, from an offer, a trickle or an mDNS name
+    resolved, reaches aioice's connection through ``_add_remote_candidate``: screened there."""
+    global _ports, _screen, _refused
     _ports = settings.udp_port_range()
+    _screen = CandidateScreen.from_settings(settings)
+    _refused = refused
     aioice.ice.CONSENT_INTERVAL = settings.webrtc_consent_seconds / aioice.ice.CONSENT_FAILURES
     aioice.ice.Connection.get_component_candidates = _gather_in_range  # type: ignore[method-assign]
+    aioice.ice.Connection._add_remote_candidate = _add_screened  # type: ignore[method-assign]
+
+
+def _add_screened(
+    connection: aioice.ice.Connection, candidate: aioice.Candidate, host: str
+) -> None:
+    reason = _screen.refusal(host)
+    if reason is not None:
+        log.debug("ICE candidate %s refused (%s)", host, reason)
+        _refused(reason)
+        return
+    _add_remote(connection, candidate, host)
 
 
 async def _gather_in_range(
@@ -159,10 +225,15 @@ async def _gather_in_range(
 # --- the offer ------------------------------------------------------------------------------------
 
 
-def read_offer(request: web.Request, body: str) -> RTCSessionDescription:
+def read_offer(
+    request: web.Request, body: str, screen: CandidateScreen, refused: Callable[[str], None]
+) -> RTCSessionDescription:
     """The client's offer, checked: SDP, with an audio section that receives Opus and a data
-    channel section. 415 for another content type, 400 otherwise (``invalid_sdp``,
-    ``no_audio``, ``no_data_channel``)."""
+    channel section, each section with its DTLS fingerprint, a setup role aiortc takes and ICE
+    credentials, and a candidate ``screen`` lets ICE check if it names any (an offer may name
+    none and trickle them). 415 for another content type, 400 otherwise (``invalid_sdp``,
+    ``no_audio``, ``no_data_channel``); the candidates of an offer refused for having no
+    usable one are told to ``refused``."""
     if request.content_type != SDP:
         raise ApiError(415, "unsupported_media_type", f"send the SDP offer as {SDP}")
     try:
@@ -180,18 +251,58 @@ def read_offer(request: web.Request, body: str) -> RTCSessionDescription:
     if not any(m.kind == "application" and (m.sctpmap or m.sctp_port) for m in parsed.media):
         missing = f"the offer has no data channel: open one labelled {DATA_CHANNEL!r}"
         raise ApiError(400, "no_data_channel", missing)
+    for media in parsed.media:
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise ApiError(400, "invalid_sdp", f"the offer's {media.kind} has no DTLS fingerprint")
+        if media.dtls.role not in ("auto", "client", "server"):
+            raise ApiError(400, "invalid_sdp", f"the offer's DTLS setup role is {media.dtls.role}")
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            missing = "no ICE credentials (a=ice-ufrag, a=ice-pwd)"
+            raise ApiError(400, "invalid_sdp", f"the offer's {media.kind} has {missing}")
+    offered = [c for m in parsed.media for c in m.ice_candidates]
+    addresses = {c.ip for c in offered}  # the sections of a bundle name the same ones
+    reasons = [reason for ip in addresses if (reason := screen.refusal(ip)) is not None]
+    usable = [c for c in offered if c.ip.endswith(".local") or screen.refusal(c.ip) is None]
+    if offered and not usable:  # trickled later (PATCH) is fine: none at all is not refused
+        for reason in reasons:
+            refused(reason)
+        counts = Counter(reasons)
+        listed = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
+        raise ApiError(400, "invalid_sdp", f"the offer has no usable ICE candidate ({listed})")
     return RTCSessionDescription(sdp=body, type="offer")
 
 
+# the lines a trickle-ice-sdpfrag holds (RFC 8840, section 9): anything else is not one
+FRAGMENT_LINES = (
+    "a=ice-lite",
+    "a=ice-options:",
+    "a=ice-ufrag:",
+    "a=ice-pwd:",
+    "a=group:",
+    "m=",
+    "a=mid:",
+    "a=candidate:",
+    "a=end-of-candidates",
+)
+
+
 def trickled_candidates(fragment: str) -> list[tuple[str | None, str]]:
-    """(mid, candidate) of each ``a=candidate`` line of a trickle-ice-sdpfrag (RFC 8840)."""
-    mid, found = None, []
+    """(mid, candidate) of each ``a=candidate`` line of a trickle-ice-sdpfrag (RFC 8840);
+    400 ``invalid_sdp`` for a fragment with no line, or with a line no fragment holds."""
+    mid, found, lines = None, [], 0
     for line in fragment.splitlines():
         line = line.strip()
+        if not line:
+            continue
+        lines += 1
+        if not line.startswith(FRAGMENT_LINES):
+            raise ApiError(400, "invalid_sdp", f"not a trickle-ice-sdpfrag line: {line[:80]!r}")
         if line.startswith("a=mid:"):
             mid = line[len("a=mid:") :]
         elif line.startswith("a=candidate:"):
             found.append((mid, line[len("a=candidate:") :]))
+    if not lines:
+        raise ApiError(400, "invalid_sdp", "the trickle-ice-sdpfrag is empty")
     return found
 
 
@@ -325,6 +436,7 @@ class PeerSession:
     session_id: str
     listener: PeerListener
     key_id: str | None  # who opened it: only they may end it or trickle candidates
+    address: str | None = None  # the client's, as the offer came
     task: asyncio.Task[None] | None = None
 
     async def trickle(self, candidates: list[RTCIceCandidate]) -> None:
@@ -355,6 +467,30 @@ class PeerSessions:
     settings: Settings
     mailboxes: Path | None = None
     sessions: dict[str, PeerSession] = field(default_factory=dict)
+    # answered, waiting for their peer: no data channel and config yet (they hold no stream)
+    pending: dict[str, PeerSession] = field(default_factory=dict)
+
+    def check_pending(self, key_id: str | None, address: str | None) -> None:
+        """Refuse another offer while too many wait for their peers: in all (503), of this
+        key or from this address (429), each with when to retry (a pending offer connects or
+        ends within the connect timeout)."""
+        settings = self.settings
+        retry = max(1, math.ceil(settings.webrtc_connect_timeout_seconds))
+        waiting = list(self.pending.values())
+        if len(waiting) >= settings.webrtc_max_pending:
+            raise Refused(
+                503, "too_many_pending", "this server has its most WebRTC offers pending", retry
+            )
+        if key_id is not None and (
+            sum(s.key_id == key_id for s in waiting) >= settings.webrtc_max_pending_per_key
+        ):
+            what = f"this API key has {settings.webrtc_max_pending_per_key} WebRTC offers pending"
+            raise Refused(429, "too_many_pending", what, retry)
+        if address is not None and (
+            sum(s.address == address for s in waiting) >= settings.webrtc_max_pending_per_address
+        ):
+            what = f"{settings.webrtc_max_pending_per_address} WebRTC offers from {address} pending"
+            raise Refused(429, "too_many_pending", what, retry)
 
     def find(self, request: web.Request, principal: Principal | None) -> PeerSession | Path:
         """The session the path names, this process's, or the mailbox of another front end's;
@@ -430,45 +566,44 @@ PEERS = web.AppKey("webrtc_sessions", PeerSessions)
 
 
 async def open_session(
-    request: web.Request,
-    principal: Principal | None,
-    work: SessionWork,
-    held: AsyncExitStack,
+    request: web.Request, principal: Principal | None, work: SessionWork
 ) -> web.Response:
     """Answer an offer and run ``work`` (a server's session, a gateway's relay) on the peer
-    once its data channel opens; ``held`` (a stream slot) is released when the session ends,
-    or now if no session starts."""
+    once its data channel opens and its config arrives: until then the session is pending
+    (``PeerSessions.check_pending`` bounds those) and holds no stream; ``work`` takes one."""
+    key_id = principal.key_id if principal is not None else None
     async with AsyncExitStack() as failing:
-        failing.push_async_callback(held.aclose)
         sessions = request.app[PEERS]
         settings = sessions.settings
         metrics = request.app[SERVICE].metrics
         body = await request.content.read(MAX_SDP_BYTES + 1)
         if len(body) > MAX_SDP_BYTES:
             raise ApiError(413, "body_too_large", f"an offer is at most {MAX_SDP_BYTES} bytes")
-        offer = read_offer(request, body.decode("utf-8", "replace"))
+        offer = read_offer(request, body.decode("utf-8", "replace"), _screen, _refused)
         if len(sessions.sessions) >= settings.webrtc_max_sessions:
             raise Refused(
                 503, "at_capacity", "this server holds its most WebRTC sessions", retry_after=1
             )
+        sessions.check_pending(key_id, request.remote)
         pc = RTCPeerConnection(ice_configuration(settings.ice_servers))
         failing.push_async_callback(pc.close)
         listener = PeerListener(pc)
+        session = PeerSession(uuid.uuid4().hex, listener, key_id, request.remote)
+        # pending from now (before the awaits below, so that offers at once count each other)
+        sessions.pending[session.session_id] = session
+        failing.callback(sessions.pending.pop, session.session_id, None)
         try:
             await pc.setRemoteDescription(offer)
             pc.addTrack(listener.track)
             await pc.setLocalDescription(await pc.createAnswer())
         except (ValueError, KeyError, AttributeError) as exc:  # aiortc's, on an offer it can't take
             raise ApiError(400, "invalid_sdp", f"the offer cannot be answered: {exc}") from exc
-        session = PeerSession(
-            uuid.uuid4().hex, listener, principal.key_id if principal is not None else None
-        )
         # found by its DELETE or PATCH from the moment it is answered, on any front end
         sessions.sessions[session.session_id] = session
         metrics.webrtc_sessions.inc()
         mailbox = sessions.open_mailbox(session)
         session.task = asyncio.create_task(
-            run_session(sessions, session, work, held, metrics, mailbox), name="webrtc-session"
+            run_session(sessions, session, work, metrics, mailbox), name="webrtc-session"
         )
         failing.pop_all()
     headers = {"Location": f"{WEBRTC_PATH}/{session.session_id}"}
@@ -483,16 +618,20 @@ async def run_session(
     sessions: PeerSessions,
     session: PeerSession,
     work: SessionWork,
-    held: AsyncExitStack,
     metrics: SpeechMetrics,
     mailbox: Path | None,
 ) -> None:
     """The session from its answer to its end: its data channel opens within the connect
-    timeout, then ``work`` runs on it; at the end its stream slot (``held``) is freed and its
-    record and mailbox removed."""
+    timeout, then its config arrives and ``work`` runs on it (the session no longer pending);
+    at the end its record and mailbox are removed."""
     listener = session.listener
     settings = sessions.settings
     reader = None
+
+    async def settled(listener: Listener, config: RealtimeConfig) -> None:
+        sessions.pending.pop(session.session_id, None)
+        await work(listener, config)
+
     if mailbox is not None:
         reader = asyncio.create_task(sessions.read_mailbox(session, mailbox))
     try:
@@ -506,18 +645,18 @@ async def run_session(
             return
         if listener.ended:  # ended (DELETE, shutdown) before its data channel opened
             return
-        await serve_listener(listener, settings.ws_idle_timeout_seconds, work)
+        await serve_listener(listener, settings.ws_idle_timeout_seconds, settled)
         if listener.lost:
             log.info("webrtc session %s: its peer vanished", session.session_id)
             metrics.errors.labels("webrtc_peer_lost").inc()
     finally:
         sessions.sessions.pop(session.session_id, None)
+        sessions.pending.pop(session.session_id, None)
         metrics.webrtc_sessions.dec()
         try:
             with suppress(Exception):
                 await listener.hang_up()
         finally:
-            await held.aclose()  # the stream slot, whatever else fails or is cancelled
             if reader is not None:
                 reader.cancel()
             if mailbox is not None:
@@ -529,7 +668,13 @@ async def update_session(request: web.Request) -> web.Response:
     target = request.app[PEERS].find(request, request_principal(request))
     if request.content_type != TRICKLE:
         raise ApiError(415, "unsupported_media_type", f"send trickled candidates as {TRICKLE}")
-    fragment = (await request.content.read(MAX_SDP_BYTES)).decode("utf-8", "replace")
+    body = await request.content.read(MAX_SDP_BYTES + 1)
+    if len(body) > MAX_SDP_BYTES:
+        raise ApiError(413, "body_too_large", f"a fragment is at most {MAX_SDP_BYTES} bytes")
+    try:
+        fragment = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_sdp", "the trickle-ice-sdpfrag is not UTF-8 text") from exc
     candidates = read_candidates(fragment)
     if isinstance(target, Path):
         post(target, f"candidates-{uuid.uuid4().hex}", fragment)
@@ -555,13 +700,18 @@ async def close_sessions(app: web.Application) -> None:
 
 
 async def speech_webrtc(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/audio/speech/webrtc`` on a process that speaks: admitted as a realtime socket
-    is (503 warming up, draining or at capacity, 429 over the key's quota, with
-    ``Retry-After``), the session holding its stream slot until it ends."""
+    """``POST /v1/audio/speech/webrtc`` on a process that speaks: 503 while warming up; the
+    stream is admitted as a realtime socket's is (capacity, the key's quota) once the peer's
+    config arrives, a refusal then an ``error`` event with ``retry_after`` and the session's
+    end, the session holding its stream slot until it ends. An offer whose peer never connects
+    holds none."""
     serving = request.app[SERVING]
     principal = request_principal(request)
     synthesizer = serving.require_synthesizer()  # NotReady: 503, as the error middleware says
-    held = AsyncExitStack()
-    await held.enter_async_context(serving.admit(principal))  # Refused: 503 or 429
-    work = speaking(request, serving, synthesizer, principal)
-    return await open_session(request, principal, work, held)
+    speak = speaking(request, serving, synthesizer, principal)
+
+    async def admitted(listener: Listener, config: RealtimeConfig) -> None:
+        async with serving.admit(principal):  # Refused: the error event, from serve_listener
+            await speak(listener, config)
+
+    return await open_session(request, principal, admitted)

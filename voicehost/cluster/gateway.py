@@ -20,7 +20,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -457,7 +457,7 @@ async def proxy_speech_webrtc(request: web.Request) -> web.StreamResponse:
     event on the data channel, and the session's end."""
     principal = request_principal(request)
     work = relaying(request, principal)
-    return await open_session(request, principal, work, AsyncExitStack())
+    return await open_session(request, principal, work)
 
 
 def relaying(request: web.Request, principal: Principal | None) -> SessionWork:
