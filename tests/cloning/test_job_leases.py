@@ -93,9 +93,11 @@ async def test_a_queued_job_or_one_whose_runner_was_lost_can_be_retried(tmp_path
     await lapse()
     retried = await b.retry(job_id)
     assert retried.status == "queued" and retried.runner is None
+    assert retried.runners_lost == ["a"]  # every runner that stopped, through a retry
     assert b.orphans() == [job_id]
     taken = b._claim(job_id)
-    assert taken is not None and taken.runners_lost == []  # nobody's job when it was taken
+    assert taken is not None and taken.runners_lost == ["a"]
+    assert a.get(job_id).runners_lost == ["a"]
     assert b._stage(job_id, "training") and b._finish(job_id, "done")
     assert (await b.retry(job_id)).status == "done"
 

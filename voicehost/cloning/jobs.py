@@ -462,6 +462,8 @@ class CloneJobs:
                 if job is None or (held is not None and held.live()):
                     return job
                 (self._dir(job_id) / LEASE_FILE).unlink(missing_ok=True)
+                if held is not None and job.status in RUNNING:  # its runner stopped: named
+                    job.runners_lost.append(held.runner)
                 previous = (job.status, job.error)
                 if job.status in ("failed", "cancelled"):
                     job.error, job.progress, job.stage = None, 0.0, None
