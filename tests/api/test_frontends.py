@@ -145,6 +145,34 @@ def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a
     assert core.exitcode == (-signal.SIGKILL if how == "killed" else 0)
 
 
+def serving_front_end(ready: str) -> None:
+    """A front end with streams in flight: after SIGTERM it would drain for a minute (it
+    ignores it here)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(ready).touch()
+    time.sleep(60)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("stop_came", [False, True])
+def test_a_front_end_killed_ends_the_host_at_once_and_as_a_failure(tmp_path, stop_came):
+    """The host's watch over real processes: one of two front ends SIGKILLed ends the other
+    at once (its streams cut, not drained behind a ring that no longer routes to it) and the
+    host as a failure (exit 1 for its supervisor), even when a stop signal came meanwhile
+    (the host once exited 0 then, after a minute's drain)."""
+    context = multiprocessing.get_context("fork")
+    ready = [tmp_path / f"ready-{index}" for index in range(2)]
+    front_ends = [context.Process(target=serving_front_end, args=(str(r),)) for r in ready]
+    for process in front_ends:
+        process.start()
+    wait_until(lambda: all(r.exists() for r in ready), 10)
+    os.kill(front_ends[0].pid, signal.SIGKILL)
+    started = time.monotonic()
+    assert host._wait(front_ends, [], lambda: stop_came) is True
+    assert time.monotonic() - started < 5
+    assert [p.exitcode for p in front_ends] == [-signal.SIGKILL, -signal.SIGKILL]
+
+
 async def test_both_front_ends_speak_from_one_engine_core(frontends):
     tree = process_tree(frontends.process.pid)
     names = [p.name() for p in tree]

@@ -169,28 +169,38 @@ def serve_frontends(
 
 
 def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
-    """Until every front end has exited. A front end that dies while the others serve stops
-    them all; so does the engine core dying: a front end's engine client does not watch a core
-    it did not start, and its streams would wait for tokens that never come. Then the front
-    ends get ``CORE_LOST_SIGNAL`` (each fails its engine requests, so every stream ends as a
-    failure after its first byte does: an SSE or socket error event, raw audio cut), then
-    SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL; the host exits for its supervisor to
-    restart it. A core lost while the host drains after SIGTERM ends the drained streams the
-    same way, not at the drain timeout; it is a failure unless the core ended on the stop's
-    own signal (exit code 0).
+    """Until every front end has exited. A front end that dies (it exits while the others
+    serve, or with a failure's exit code whenever: a SIGKILL, a crash) ends the host at once:
+    the others are killed too, so that every stream of the host is cut as the host's own death
+    would cut it (a gateway says ``upstream_cut``; a ring drops the host, and no drain behind
+    it would serve anyone), and the host exits 1 for its supervisor to restart it, even when a
+    stop signal came meanwhile. The engine core dying stops them all too: a front end's engine
+    client does not watch a core it did not start, and its streams would wait for tokens that
+    never come. Then the front ends get ``CORE_LOST_SIGNAL`` (each fails its engine requests,
+    so every stream ends as a failure after its first byte does: an SSE or socket error event,
+    raw audio cut), then SIGTERM and, after ``CORE_LOST_GRACE_S``, SIGKILL. A core lost while
+    the host drains after SIGTERM ends the drained streams the same way, not at the drain
+    timeout; it is a failure unless the core ended on the stop's own signal (exit code 0).
     Returns whether it stopped for a failure (not for SIGTERM or SIGINT)."""
     from multiprocessing.connection import wait
 
     alive = list(frontends)
     core_lost_at: float | None = None
     failed = False
+    killed = False  # the host SIGKILLed its front ends: their exit codes say nothing then
     while alive:
         watched = [p.sentinel for p in alive] + [c.sentinel for c in cores]
         wait(watched, timeout=None if core_lost_at is None else 0.5)
         ended = [p for p in alive if not p.is_alive()]
         alive = [p for p in alive if p.is_alive()]
         lost = [c for c in cores if not c.is_alive()]
-        if core_lost_at is None and lost:
+        died = [p for p in ended if p.exitcode != 0 and not killed]
+        if died or (ended and alive and not stopping()):
+            gone = (died or ended)[0]
+            log.error("front end %s exited (code %s): ending the host", gone.name, gone.exitcode)
+            failed, killed = True, True
+            _signal(alive, signal.SIGKILL)
+        elif core_lost_at is None and lost:
             # draining or not, streams in flight would wait for tokens that never come. A core
             # that ended on the stop's own signal (Ctrl-C or a supervisor's SIGTERM reach the
             # whole group: vLLM's core exits 0 on either) is the stop, not a failure.
@@ -204,15 +214,8 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
             _signal(alive, CORE_LOST_SIGNAL)  # their streams end with an error at once
             _signal(alive, signal.SIGTERM)
         elif core_lost_at is not None and time.monotonic() - core_lost_at > CORE_LOST_GRACE_S:
+            killed = True
             _signal(alive, signal.SIGKILL)
-        elif ended and alive and not stopping():
-            failed = True
-            log.error(
-                "front end %s exited (code %s): stopping the host",
-                ended[0].name,
-                ended[0].exitcode,
-            )
-            _signal(alive, signal.SIGTERM)
     return failed
 
 
