@@ -231,6 +231,24 @@ class AsyncClient:
         """``GET /v1/models``: the model names a speech request may send."""
         return [model["id"] for model in (await self._get_json("/v1/models"))["data"]]
 
+    async def mint_token(
+        self,
+        ttl_seconds: float = 60.0,
+        *,
+        voices: list[str] | None = None,
+        origin: str | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/tokens``: a short-lived speech token for a browser (``token``,
+        ``expires_at``): a client made with it as its ``api_key`` speaks and does nothing
+        else. Mint it where the key lives (an app's backend) and hand the page only it."""
+        body: dict[str, Any] = {"ttl_seconds": ttl_seconds}
+        body.update((k, v) for k, v in (("voices", voices), ("origin", origin)) if v is not None)
+        url = self.base_url + "/v1/tokens"
+        async with self.session.post(url, json=body, headers=self._headers) as response:
+            if response.status != 201:
+                raise await _error_of(response)
+            return await response.json()
+
     def realtime(
         self, voice: str, *, response_format: str = "pcm", **config: Any
     ) -> RealtimeSession:
@@ -539,6 +557,15 @@ class Client:
 
     def models(self) -> list[str]:
         return self._run(self._async.models())
+
+    def mint_token(
+        self,
+        ttl_seconds: float = 60.0,
+        *,
+        voices: list[str] | None = None,
+        origin: str | None = None,
+    ) -> dict[str, Any]:
+        return self._run(self._async.mint_token(ttl_seconds, voices=voices, origin=origin))
 
     def realtime(
         self, voice: str, *, response_format: str = "pcm", **config: Any

@@ -214,6 +214,13 @@ class Settings(BaseSettings):
         None, description="Shared secret of gateways and workers (internal routes, forwarding)."
     )
     metrics_public: bool = Field(True, description="Serve /metrics without a key (else admin).")
+    token_secret: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description="Signs the speech tokens of POST /v1/tokens (the same on every gateway and "
+        "worker). Default: derived from VOICEHOST_INTERNAL_TOKEN, else from the keys' hashes; "
+        "changing it (or removing a key) ends the tokens minted before.",
+    )
 
     # Audit trail and usage
     audit_path: Path | None = Field(

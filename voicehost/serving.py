@@ -311,8 +311,9 @@ class ServingProcess:
         key's quota too, for the whole cluster on a worker. ``Refused`` (503 or 429) when there
         is none."""
         key = principal.key_id if principal else None
-        limit = self.settings.key_max_streams
-        with self.admission.admit(key):
+        own = principal.max_streams if principal else None  # the key's own quota, if it has one
+        limit = own or self.settings.key_max_streams
+        with self.admission.admit(key, own):
             if self.cluster is None or key is None or not limit:
                 yield
                 return

@@ -55,6 +55,7 @@ from voicehost.api.playground import CONTENT_SECURITY_POLICY, clone_prompts
 from voicehost.api.routes import PUBLIC_ROUTES, add_route, route_access
 from voicehost.api.server import INTERNAL_ROUTES
 from voicehost.cli import main
+from voicehost.client import AsyncClient
 from voicehost.cloning.jobs import RUNNING, CloneJobs
 from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.config import Settings
@@ -356,7 +357,16 @@ def test_the_table_gives_a_tenant_key_its_own_routes():
         ("DELETE", voice),
     ]:
         assert access[(method, path)] == {"voices"}, (method, path)
-    assert access[("POST", "/v1/audio/speech")] == {"synthesize"}
+    # a key with synthesize speaks, and a speech token, on the speech routes only
+    assert access[("POST", "/v1/audio/speech")] == {"synthesize", "speech_token"}
+    tokens = {(m, path) for (m, path), needs in access.items() if "speech_token" in needs}
+    assert {path for _, path in tokens} == {
+        "/v1/audio/speech",
+        "/v1/audio/speech/captioned",
+        "/v1/audio/speech/ws",
+        "/v1/audio/speech/webrtc",
+        "/v1/audio/speech/webrtc/{session_id}",
+    }
     assert access[("GET", "/internal/load")] == INTERNAL
 
 
@@ -1221,3 +1231,63 @@ async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_e
     assert consent["statement"].startswith("I agree to have my voice cloned")
     async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
         assert response.status == 204
+
+
+# --- speech tokens for browsers ---------------------------------------------------------------
+
+
+async def test_a_speech_token_speaks_on_every_transport_and_nothing_else_until_it_expires(
+    keyed, http
+):
+    """Key A mints a token that lives 2 s: it opens speech over HTTP, SSE, the socket (as
+    ``?api_key=``, a browser's way) and WebRTC; past its expiry it is 401 ``token_expired``.
+    A token bound to dev-a and to a page's origin is 403 on every other route, for another
+    voice, and without that origin."""
+    url, _ = keyed
+    async with AsyncClient(url, api_key="key-a") as backend:
+        token = (await backend.mint_token(2.0))["token"]
+        started = time.monotonic()
+        bound = await backend.mint_token(60, voices=["dev-a"], origin="https://app.example")
+    assert bound["voices"] == ["dev-a"] and bound["origin"] == "https://app.example"
+    body = {"input": "Hi.", "voice": "dev-a", "response_format": "pcm"}
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer(token)) as r:
+        assert r.status == 200, await r.text()
+        assert await r.content.readany()
+    sse = {**body, "stream_format": "sse"}
+    async with http.post(url + "/v1/audio/speech", json=sse, headers=bearer(token)) as r:
+        assert r.status == 200 and (await r.content.readany()).startswith(b"data: ")
+    async with http.ws_connect(f"{url}/v1/audio/speech/ws?api_key={token}") as ws:
+        await ws.send_json({"type": "config", "voice": "dev-a"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+    async with AsyncClient(url, api_key=token) as page, page.webrtc("dev-a") as session:
+        assert session.ready["transport"] == "webrtc"
+    print(f"four transports opened with the token in {time.monotonic() - started:.2f} s")
+    page = {**bearer(bound["token"]), "Origin": "https://app.example"}
+    for method, path in (
+        ("GET", "/v1/voices"),
+        ("GET", "/v1/audio/voices"),
+        ("GET", "/v1/jobs/job-0000000000000000"),
+        ("GET", "/v1/lexicons"),
+        ("GET", "/v1/usage"),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/audit"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/tokens"),
+        ("DELETE", "/v1/voices/a-voice"),
+    ):
+        async with http.request(method, url + path, headers=page, json={}) as r:
+            assert (await error_of(r))[:2] == (403, "token_not_allowed"), (method, path)
+    async with http.post(url + "/v1/audio/speech", json=body, headers=page) as r:
+        assert r.status == 200
+        await r.read()
+    other = {**body, "voice": "dev-b"}
+    async with http.post(url + "/v1/audio/speech", json=other, headers=page) as r:
+        assert (await error_of(r))[:2] == (403, "voice_not_allowed")
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer(bound["token"])) as r:
+        assert (await error_of(r))[:2] == (403, "origin_not_allowed")
+    await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - started)))
+    async with http.post(url + "/v1/audio/speech", json=body, headers=bearer(token)) as r:
+        assert (await error_of(r))[:2] == (401, "token_expired")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(f"{url}/v1/audio/speech/ws?api_key={token}")
+    assert refused.value.status == 401

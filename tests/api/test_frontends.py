@@ -451,41 +451,36 @@ async def refused(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int,
         return response.status, error["code"]
 
 
-async def refused_webrtc(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int, str]:
-    """Status and error code of a WebRTC offer expected to be refused: a session holds a
-    stream slot as a socket does."""
-    from aiortc import RTCPeerConnection
+async def refused_webrtc(url: str, key: str) -> str:
+    """The code a WebRTC session gets when its stream cannot be admitted: its offer is answered
+    (a pending offer holds no slot), and the refusal comes on the data channel when its config
+    arrives, as an error event, then the session's end."""
+    from voicehost.client import ApiError, AsyncClient
 
-    pc = RTCPeerConnection()
-    pc.createDataChannel("voicehost")
-    pc.addTransceiver("audio", direction="recvonly")
-    await pc.setLocalDescription(await pc.createOffer())
-    headers = {**auth(key), "Content-Type": "application/sdp"}
-    try:
-        offer = pc.localDescription.sdp
-        async with http.post(url + "/v1/audio/speech/webrtc", data=offer, headers=headers) as r:
-            body = await r.json()
-            assert int(r.headers["Retry-After"]) >= 1
-            return r.status, body["error"]["code"]
-    finally:
-        await pc.close()
+    async with AsyncClient(url, api_key=KEYS[key]) as client:
+        with pytest.raises(ApiError) as refusal:
+            async with client.webrtc("dev-b"):
+                pass
+    assert refusal.value.status is None  # an event, not an HTTP answer
+    return refusal.value.code
 
 
 async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(frontends):
-    """Key a holds its quota (2): its third stream is 429 by HTTP and by WebRTC, though the
-    host has room; key b's stream fills the host (3): key c is 503 by HTTP, WebRTC and the
-    socket's handshake, answered while the admitted streams play (no queue). A stream whose
+    """Key a holds its quota (2): its third stream is 429 by HTTP and refused on WebRTC's data
+    channel, though the host has room; key b's stream fills the host (3): key c is 503 by HTTP
+    and the socket's handshake and refused on WebRTC's channel, answered while the admitted
+    streams play (no queue). A stream whose
     client leaves gives its slot back, and the others play to their end meanwhile."""
     url = frontends.url
     async with aiohttp.ClientSession() as http:
         first = await open_stream(http, url, "a")
         second = await open_stream(http, url, "a")
         assert await refused(http, url, "a") == (429, "quota_exceeded")
-        assert await refused_webrtc(http, url, "a") == (429, "quota_exceeded")
+        assert await refused_webrtc(url, "a") == "quota_exceeded"
         third = await open_stream(http, url, "b")
         assert await refused(http, url, "c") == (503, "at_capacity")
         assert (await host_metric(url, "voicehost_active_streams"))[1] == CAPACITY
-        assert await refused_webrtc(http, url, "c") == (503, "at_capacity")
+        assert await refused_webrtc(url, "c") == "at_capacity"
         with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
             await http.ws_connect(url + "/v1/audio/speech/ws", headers=auth("c"))
         assert handshake.value.status == 503

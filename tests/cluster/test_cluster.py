@@ -124,8 +124,8 @@ def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
         # the gate on, above anything a clone can measure: a clone here is held
         VOICEHOST_EVAL_REPORT_ONLY="false",
         VOICEHOST_EVAL_MIN_SIMILARITY="0.999",
-        # 4 sentences and a baseline's: evaluating outlasts the lease (the clone test)
-        VOICEHOST_EVAL_SENTENCES="4",
+        # 8 sentences and a baseline's: evaluating outlasts the lease (the clone test), quiet or not
+        VOICEHOST_EVAL_SENTENCES="8",
         VOICEHOST_EVAL_BASELINES="1",
         VOICEHOST_REQUIRE_CONSENT="true",  # as in production, not as --dev would have it
     )
@@ -579,7 +579,7 @@ async def test_a_clone_job_whose_runner_dies_after_redis_lost_the_queue_is_taken
     print(f"evaluating for {evaluating[-1] - evaluating[0]:.1f} s; the lease is {JOB_LEASE} s")
     assert evaluating[-1] - evaluating[0] > JOB_LEASE
     assert "speaker similarity" in job["held_reason"] and "0.999" in job["held_reason"]
-    assert job["eval"]["report_only"] is False and len(job["eval"]["similarity"]["values"]) == 4
+    assert job["eval"]["report_only"] is False and len(job["eval"]["similarity"]["values"]) == 8
     # ended once: one voice of one version
     versions = list((cluster.root / "shared" / "adapters" / "fleet-voice").iterdir())
     assert len(versions) == 1, versions
@@ -696,6 +696,36 @@ async def test_a_rollback_through_a_gateway_is_seen_at_once_and_a_stream_keeps_i
     assert not [k for k in cluster.redis.client().keys("vh:voice:rolling*")]
 
 
+async def test_a_speech_token_minted_at_the_gateway_speaks_through_it_and_nothing_else(
+    cluster, http
+):
+    """A 2 s token of the quota key, minted at the gateway (which verifies it without Redis:
+    its secret comes from the cluster's internal token): speech over HTTP and the socket through
+    the gateway, 403 on the voice routes, 401 once expired."""
+    gateway = cluster.gateway.url
+    async with AsyncClient(gateway, api_key=QUOTA_KEY) as backend:
+        token = (await backend.mint_token(2.0))["token"]
+    started = time.monotonic()
+    status, served_by, audio = await speak_as(http, gateway, "dev-a", token)
+    assert status == 200 and audio and served_by in cluster.workers
+    async with http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={token}") as ws:
+        await ws.send_json({"type": "config", "voice": "dev-a"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+    async with http.get(gateway + "/v1/voices", headers=bearer(token)) as r:
+        assert (r.status, (await r.json())["error"]["code"]) == (403, "token_not_allowed")
+    await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - started)))
+    status, _, audio = await speak_as(http, gateway, "dev-a", token)
+    assert status == 401 and b"token_expired" in audio
+
+
+async def speak_as(http, url: str, voice: str, credential: str) -> tuple[int, str | None, bytes]:
+    body = {"input": "Hi.", "voice": voice, "response_format": "pcm"}
+    async with http.post(
+        url + "/v1/audio/speech", json=body, headers=bearer(credential)
+    ) as response:
+        return response.status, response.headers.get("X-Voicehost-Worker"), await response.read()
+
+
 async def test_workers_keep_serving_while_redis_is_down_and_rejoin_when_it_returns(
     cluster, http, dev_model
 ):
@@ -749,16 +779,47 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     """Redis is a cache of the shared store: after a FLUSHALL (or a restart without its data)
     the reconcilers restore every adapter voice's record, and health says when it is whole.
     Meanwhile a voice is never "not found" (404: a client would drop it): 503
-    ``registry_rebuilding`` with ``Retry-After``, until its record is back."""
+    ``registry_rebuilding`` with ``Retry-After``, until its record is back. To another tenant a
+    tenant's voice is 404 in the gap as outside it, on the voice route and on speech: the gap
+    tells nobody what is not theirs."""
     async with http.post(
         cluster.gateway.url + "/v1/voices", data=adapter_form(dev_model, "kept")
     ) as r:
         assert r.status == 201, await r.text()
+    own = bearer(TENANT_KEYS["ta"])
+    form = adapter_form(dev_model, "ta-own")
+    async with http.post(cluster.gateway.url + "/v1/voices", data=form, headers=own) as r:
+        assert r.status == 201, await r.text()
     cluster.redis.client().flushall()
     flushed = time.monotonic()
-    voices = ("dev-a", "dev-c", "kept")
+    voices = ("dev-a", "dev-c", "kept", "ta-own")
 
     seen: set[tuple[int, str]] = set()
+    others: set[tuple[str, int]] = set()  # tenant tb and the quota key's tenant, on ta's voice
+
+    listed: set[int] = set()  # the owner's list: whole (200) or refused (503), never partial
+    health: set[str] = set()
+
+    async def owners_list() -> None:
+        async with http.get(cluster.gateway.url + "/v1/voices", headers=own) as r:
+            listed.add(r.status)
+            if r.status == 200:
+                assert "ta-own" in {v["id"] for v in (await r.json())["voices"]}
+            else:
+                assert (r.status, (await r.json())["error"]["code"]) == (503, "registry_rebuilding")
+        async with http.get(cluster.gateway.url + "/healthz") as r:
+            health.add((await r.json())["registry"])
+
+    async def not_theirs() -> None:
+        async with http.get(
+            f"{cluster.gateway.url}/v1/voices/ta-own", headers=bearer(TENANT_KEYS["tb"])
+        ) as r:
+            others.add(("voice route", r.status))
+        body = {"input": "Hi.", "voice": "ta-own", "response_format": "pcm"}
+        async with http.post(
+            cluster.gateway.url + "/v1/audio/speech", json=body, headers=bearer(QUOTA_KEY)
+        ) as r:
+            others.add(("speech", r.status))
 
     async def found(voice: str) -> int:
         async with http.get(f"{cluster.gateway.url}/v1/voices/{voice}") as r:
@@ -772,7 +833,8 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     ready: list[int] = []  # the gateway's /readyz meanwhile: the workers never left the ring
     back = None
     while time.monotonic() - flushed < 10:
-        statuses = list(await asyncio.gather(*(found(v) for v in voices)))
+        answers = await asyncio.gather(*(found(v) for v in voices), not_theirs(), owners_list())
+        statuses = list(answers)[: len(voices)]
         ready.append(http_status(cluster.gateway.url + "/readyz"))
         if statuses == [200] * len(voices):
             back = back or time.monotonic() - flushed
@@ -782,9 +844,14 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     print(f"every voice was back {back} s after the flush; answers meanwhile: {seen}")
     assert statuses == [200] * len(voices)
     assert seen <= {(200, ""), (503, "registry_rebuilding")}, seen
+    assert (503, "registry_rebuilding") in seen  # the gap was seen
+    assert others == {("voice route", 404), ("speech", 404)}, others
+    assert 503 in listed and "rebuilding" in health, (listed, health)  # said in the gap
     assert set(ready) == {200}, ready  # an emptied membership is not believed
     spoken = await asyncio.gather(*(speak(http, cluster.gateway.url, v, "Hi.") for v in voices))
     assert [status for status, _, _ in spoken] == [200] * len(voices)
+    async with http.delete(cluster.gateway.url + "/v1/voices/ta-own", headers=own) as r:
+        assert r.status == 204
     for node in (cluster.gateway, *cluster.workers.values()):
         async with http.get(node.url + "/healthz") as r:
             assert (await r.json())["registry"] == "whole", node.name

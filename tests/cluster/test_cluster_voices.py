@@ -13,7 +13,7 @@ from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.state import voice_key
 from voicehost.cluster.voices import RedisVoiceDirectory
 from voicehost.voices.validation import AdapterRules, assign_tenant
-from voicehost.voices.voice import NotHeld, RegistryRebuilding
+from voicehost.voices.voice import NotHeld, RegistryIncomplete, RegistryRebuilding
 
 
 @pytest.fixture
@@ -21,7 +21,9 @@ async def redis_directory(redis_client, tmp_path):
     """The cluster's voice directory: records in the test's own Redis, files in a shared store."""
     store = SharedDirStore(tmp_path / "shared")
     rules = AdapterRules("voicehost-dev", 16)
-    return RedisVoiceDirectory(redis_client, store, ["tara"], rules, owner="test")
+    directory = RedisVoiceDirectory(redis_client, store, ["tara"], rules, owner="test")
+    await directory.reconcile()  # as each process's reconciler does when it starts
+    return directory
 
 
 async def register(directory, dev_model, tmp_path, voice_id, tenant=None, version=1, **extra):
@@ -45,13 +47,26 @@ async def test_records_lost_with_redis_are_rebuilt_from_the_store(
     await redis_directory.promote("acme-voice", 2)  # the store's live pointer moved twice
     await register(redis_directory, dev_model, tmp_path, "shared-voice")
     before = await redis_directory.redis.hgetall(voice_key("acme-voice"))
+    assert await redis_directory.reconcile() == 0
+    assert (await redis_directory.health())["registry"] == "whole"
     await redis_directory.redis.flushall()
-    with pytest.raises(RegistryRebuilding):  # a 503 to retry, not a 404: the voice exists
+    # health says so at once, before any lookup or reconcile; a list would omit: refused
+    assert await redis_directory.health() == {
+        "registry": "rebuilding",
+        "missing_voices": 0,
+        "redis": "up",
+    }
+    with pytest.raises(RegistryIncomplete):
+        await redis_directory.list_voices()
+    with pytest.raises(RegistryRebuilding) as rebuilding:  # a 503 to retry: the voice exists
         await redis_directory.find("acme-voice")
+    assert (rebuilding.value.tenant, rebuilding.value.held) == ("acme", False)  # whose: 404 else
     assert redis_directory.missing() == 1  # health says so before the next reconcile
+    assert (await redis_directory.health())["missing_voices"] == 1
     assert await redis_directory.find("never-was") is None  # a voice the store lacks: 404
     assert await redis_directory.reconcile() == 0
     assert redis_directory.missing() == 0
+    assert (await redis_directory.health())["registry"] == "whole"
     after = await redis_directory.redis.hgetall(voice_key("acme-voice"))
     for field in ("voice_id", "name", "prompt_style", "uri", "checksum", "tenant", "version"):
         assert after[field] == before[field], field

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Literal
 from aiohttp import web
 from pydantic import ValidationError
 
-from voicehost.tenancy.keys import ApiKey, AuthConfigError, Principal, hash_key, read_keys
+from voicehost.tenancy.keys import (
+    SPEECH_TOKEN,
+    ApiKey,
+    AuthConfigError,
+    Principal,
+    hash_key,
+    read_keys,
+)
+from voicehost.tenancy.tokens import InvalidToken, TokenSigner, is_token, token_secret
 
 if TYPE_CHECKING:
     from voicehost.config import Settings
@@ -33,6 +41,7 @@ INTERNAL_TOKEN_HEADER = "X-Voicehost-Internal-Token"
 KEY_ID_HEADER = "X-Voicehost-Key-Id"
 TENANT_HEADER = "X-Voicehost-Tenant"
 SCOPES_HEADER = "X-Voicehost-Scopes"
+STREAMS_HEADER = "X-Voicehost-Key-Streams"  # the key's own stream quota, when it has one
 FORWARDED_HEADERS = (KEY_ID_HEADER, TENANT_HEADER, SCOPES_HEADER)
 
 # Who may call a route (declared with the route, in ``voicehost.api.routes``): anyone, only the
@@ -52,7 +61,11 @@ class Authenticator:
     """The keys and the internal token of one process, and how it reads a request's caller."""
 
     def __init__(
-        self, keys: Iterable[ApiKey], internal_token: str | None, metrics_public: bool = True
+        self,
+        keys: Iterable[ApiKey],
+        internal_token: str | None,
+        metrics_public: bool = True,
+        secret: str | None = None,
     ) -> None:
         self.keys = list(keys)
         if internal_token is not None and len(internal_token) < MIN_TOKEN_CHARS:
@@ -60,6 +73,8 @@ class Authenticator:
         self._token_hash = hash_key(internal_token).encode() if internal_token else None
         self.internal_token = internal_token
         self.metrics_public = metrics_public
+        hashes = [entry.sha256 for entry in self.keys]
+        self.tokens = TokenSigner(token_secret(secret, internal_token, hashes))
 
     @classmethod
     def from_settings(
@@ -72,7 +87,8 @@ class Authenticator:
                 f"a {role} with API keys needs VOICEHOST_INTERNAL_TOKEN (the same on gateways and "
                 "workers): gateways vouch for their clients with it, and drains use it"
             )
-        return cls(keys, token, settings.metrics_public)
+        secret = settings.token_secret.get_secret_value() if settings.token_secret else None
+        return cls(keys, token, settings.metrics_public, secret)
 
     @property
     def enabled(self) -> bool:
@@ -89,7 +105,28 @@ class Authenticator:
                 match = entry
         if match is None:
             return None
-        return Principal(match.id, match.tenant, frozenset(match.scopes))
+        return Principal(
+            match.id, match.tenant, frozenset(match.scopes), max_streams=match.max_streams
+        )
+
+    def token_principal(self, credential: str, origin: str | None) -> Principal:
+        """The caller a speech token speaks for: its key's id and tenant, the token's scope and
+        voices; ``AccessDenied`` 401 for a token that is not valid, has expired or whose key is
+        gone, 403 for one bound to another ``Origin`` than the request's."""
+        try:
+            token = self.tokens.read(credential)
+        except InvalidToken as exc:
+            raise AccessDenied(401, exc.code, exc.message) from exc
+        key = next((entry for entry in self.keys if entry.id == token.key_id), None)
+        if key is None:
+            raise AccessDenied(401, "invalid_token", "the token's API key is no longer valid")
+        if token.origin is not None and origin != token.origin:
+            message = f"this token speaks only for pages of {token.origin}"
+            raise AccessDenied(403, "origin_not_allowed", message)
+        speaks = "synthesize" in key.scopes or "admin" in key.scopes
+        voices = None if token.voices is None else frozenset(token.voices)
+        scopes = frozenset({SPEECH_TOKEN} if speaks else ())
+        return Principal(key.id, key.tenant, scopes, voices, key.max_streams)
 
     def is_gateway(self, token: str | None) -> bool:
         """Whether ``token`` is the cluster's internal token."""
@@ -106,6 +143,8 @@ class Authenticator:
             headers[KEY_ID_HEADER] = principal.key_id
             headers[TENANT_HEADER] = principal.tenant
             headers[SCOPES_HEADER] = " ".join(sorted(principal.scopes))
+            if principal.max_streams is not None:
+                headers[STREAMS_HEADER] = str(principal.max_streams)
         return headers
 
 
@@ -115,16 +154,29 @@ def forwarded_principal(headers: Mapping[str, str]) -> Principal | None:
     if not any(name in headers for name in FORWARDED_HEADERS):
         return None
     try:
+        streams = headers.get(STREAMS_HEADER)
         return _principal_of(
-            headers[KEY_ID_HEADER], headers[TENANT_HEADER], headers[SCOPES_HEADER].split()
+            headers[KEY_ID_HEADER],
+            headers[TENANT_HEADER],
+            headers[SCOPES_HEADER].split(),
+            None if streams is None else int(streams),
         )
-    except (KeyError, ValidationError) as exc:
+    except (KeyError, ValueError, ValidationError) as exc:
         raise ValueError(f"malformed forwarded principal: {exc}") from exc
 
 
-def _principal_of(key_id: str, tenant: str, scopes: list[str]) -> Principal:
-    entry = ApiKey(id=key_id, tenant=tenant, scopes=scopes, sha256="0" * 64)  # type: ignore[arg-type]
-    return Principal(entry.id, entry.tenant, frozenset(entry.scopes))
+def _principal_of(
+    key_id: str, tenant: str, scopes: list[str], max_streams: int | None = None
+) -> Principal:
+    if scopes == [SPEECH_TOKEN]:  # a speech token's caller: its scope is no key's
+        entry = ApiKey(id=key_id, tenant=tenant, scopes=["synthesize"], sha256="0" * 64)
+        granted = frozenset({SPEECH_TOKEN})
+    else:
+        entry = ApiKey(id=key_id, tenant=tenant, scopes=scopes, sha256="0" * 64)  # type: ignore[arg-type]
+        granted = frozenset(entry.scopes)
+    if max_streams is not None and max_streams < 1:
+        raise ValueError(f"a stream quota of {max_streams}")
+    return Principal(entry.id, entry.tenant, granted, max_streams=max_streams)
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -247,13 +299,19 @@ def identify(auth: Authenticator, request: web.Request) -> Principal | None:
             raise AccessDenied(
                 401, "missing_api_key", "send an API key: Authorization: Bearer <key>"
             )
-        principal = auth.authenticate(key)
-        if principal is None:
-            raise AccessDenied(401, "invalid_api_key", "the API key is not valid")
+        if is_token(key):
+            principal = auth.token_principal(key, request.headers.get("Origin"))
+        else:
+            principal = auth.authenticate(key)
+            if principal is None:
+                raise AccessDenied(401, "invalid_api_key", "the API key is not valid")
     if principal is not None and request.match_info.http_exception is None:
         assert not isinstance(access, str)  # public and internal returned above
         if not principal.allows(access):
-            wanted = " or ".join(f"'{s}'" for s in sorted(access))
+            if SPEECH_TOKEN in principal.scopes:
+                message = "a speech token opens speech only (HTTP, SSE, the socket, WebRTC)"
+                raise AccessDenied(403, "token_not_allowed", message, principal)
+            wanted = " or ".join(f"'{s}'" for s in sorted(access - {SPEECH_TOKEN}))
             message = f"this API key needs the {wanted} scope"
             raise AccessDenied(403, "insufficient_scope", message, principal)
     return principal

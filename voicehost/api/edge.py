@@ -56,7 +56,7 @@ from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.tenancy.lexicons import LexiconStore
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.voice import RegistryRebuilding, Voice, VoiceDirectory
+from voicehost.voices.voice import RegistryIncomplete, RegistryRebuilding, Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response.headers["Retry-After"] = str(exc.retry_after)
         return response
     except RegistryRebuilding as exc:  # a voice route's lookup in Redis's gap
+        if not can_see(request_principal(request), exc.tenant, held=exc.held):
+            missing = voice_not_found(exc.voice_id)  # as outside the gap: not theirs to know
+            return error_response(missing.status, missing.code, missing.message)
+        response = error_response(503, "registry_rebuilding", str(exc))
+        response.headers["Retry-After"] = "1"
+        return response
+    except RegistryIncomplete as exc:  # a list in Redis's gap would omit voices
         response = error_response(503, "registry_rebuilding", str(exc))
         response.headers["Retry-After"] = "1"
         return response
@@ -386,15 +393,6 @@ def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> 
 # --- voices ----------------------------------------------------------------------------------
 
 
-def registry_health(voices: VoiceDirectory) -> dict[str, object]:
-    """What ``/healthz`` says of the voice directory: whole, or how many voices it is missing
-    (a cluster's Redis that lost its records, being rebuilt from the shared store)."""
-    missing = voices.missing()
-    if missing == 0:
-        return {"registry": "whole"}
-    return {"registry": "rebuilding", "missing_voices": missing}
-
-
 def voice_not_found(voice_id: str) -> ApiError:
     """The one answer for a voice that does not exist, or is another tenant's."""
     return ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
@@ -418,9 +416,14 @@ async def find_voice(
     voice_id, version = split_voice_ref(ref)
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
         raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+    if principal is not None and principal.voices is not None and voice_id not in principal.voices:
+        allowed = ", ".join(sorted(principal.voices))
+        raise ApiError(403, "voice_not_allowed", f"this token speaks only {allowed}")
     try:
         voice = await directory.find(voice_id, version)
     except RegistryRebuilding as exc:  # it exists: retry soon (a socket gets retry_after too)
+        if not can_see(principal, exc.tenant, held=exc.held):
+            raise voice_not_found(ref) from None  # another's: as outside the gap
         raise Refused(503, "registry_rebuilding", str(exc), 1) from exc
     seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
     if not seen and version is None and aliases and voice_id in aliases:

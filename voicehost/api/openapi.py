@@ -47,6 +47,7 @@ from voicehost.api.schemas import (
     VoiceDetail,
     VoiceList,
 )
+from voicehost.api.tokens import TokenRequest, TokenResponse
 from voicehost.audio.formats import CONTENT_TYPES
 from voicehost.ids import JOB_ID_PATTERN, VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
@@ -79,6 +80,8 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (AuditPage, "serialization"),
     (UsageReport, "serialization"),
     (CaptionedSpeech, "serialization"),
+    (TokenRequest, "validation"),
+    (TokenResponse, "serialization"),
     (ErrorResponse, "serialization"),
 )
 
@@ -86,8 +89,11 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
 # the probes and this document; the other codes of a route come from its handler.
 AUTH_ERRORS: dict[int, str] = {
     401: "`missing_api_key` / `invalid_api_key` (auth, when API keys are configured): send "
-    "`Authorization: Bearer <key>` (or `X-API-Key`).",
-    403: "`insufficient_scope` (auth): the key lacks the route's scope.",
+    "`Authorization: Bearer <key>` (or `X-API-Key`); `invalid_token` / `token_expired`: a speech "
+    "token that is not valid, has expired, or whose key is gone.",
+    403: "`insufficient_scope` (auth): the key lacks the route's scope; `token_not_allowed`: a "
+    "speech token on a route other than speech; `origin_not_allowed`: a token bound to another "
+    "page's `Origin`.",
 }
 # Answered by admission control (voicehost.speech.admission) to a stream: a speech request or a
 # socket.
@@ -354,11 +360,35 @@ def speech_operations() -> dict[str, Json]:
             },
         },
     )
+    mint = operation(
+        "Mint a short-lived speech token for a browser",
+        {
+            "201": json_body(ref(TokenResponse), "The token, and when it expires."),
+            **errors(
+                {
+                    400: "`invalid_request` (a TTL over an hour, an origin that is not "
+                    "`scheme://host`), `invalid_voice_id`, `no_api_keys` (a server without "
+                    "keys: speak without one)."
+                }
+            ),
+        },
+        tag="speech",
+        description=(
+            "A signed token that speaks for the calling key (which needs `synthesize`) on every "
+            "speech transport (HTTP, SSE, the socket as `?api_key=`, WebRTC) and reaches no "
+            "other route, for `ttl_seconds` (60 by default, at most 3600), optionally only "
+            "`voices` and only with an `Origin` header of `origin`. Its streams count against "
+            "the key's quota and usage; it dies with its key. An app's backend mints one and "
+            "hands it to its page, so the key never reaches a browser."
+        ),
+        body={"required": True, "content": {"application/json": {"schema": ref(TokenRequest)}}},
+    )
     return {
         "speak": speak,
         "speak_captioned": captioned,
         "speak_realtime": realtime_operation(),
         **webrtc_operations(),
+        "mint_token": mint,
     }
 
 

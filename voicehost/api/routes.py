@@ -19,7 +19,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import audit, jobs, lexicons, models, playground, uploads, voices, webrtc
+from voicehost.api import audit, jobs, lexicons, models, playground, tokens, uploads, voices, webrtc
 from voicehost.api.auth import (
     ADMIN,
     AUTH,
@@ -43,9 +43,11 @@ from voicehost.api.edge import (
 )
 from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
 from voicehost.config import Settings
+from voicehost.tenancy.keys import SPEECH_TOKEN
 
 Slot = Literal["speech", "speech_captioned", "speech_ws", "speech_webrtc", "healthz", "readyz"]
 SYNTHESIZE = frozenset({"synthesize"})
+SPEAK = SYNTHESIZE | {SPEECH_TOKEN}  # the speech routes: a speech token's too, and only these
 VOICES = frozenset({"voices"})
 READ = SYNTHESIZE | VOICES  # listings a speaking key needs as much as a managing one
 
@@ -75,12 +77,13 @@ JOB = "/v1/jobs/{job_id}"
 LEXICON = "/v1/lexicons/{name}"
 
 PUBLIC_ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/audio/speech", "speech", SYNTHESIZE, "speak"),
-    Route("POST", CAPTIONED_PATH, "speech_captioned", SYNTHESIZE, "speak_captioned"),
-    Route("GET", "/v1/audio/speech/ws", "speech_ws", SYNTHESIZE, "speak_realtime"),
-    Route("POST", webrtc.WEBRTC_PATH, "speech_webrtc", SYNTHESIZE, "speak_webrtc"),
-    Route("PATCH", webrtc.SESSION_PATH, webrtc.update_session, SYNTHESIZE, "update_webrtc"),
-    Route("DELETE", webrtc.SESSION_PATH, webrtc.end_session, SYNTHESIZE, "end_webrtc"),
+    Route("POST", "/v1/audio/speech", "speech", SPEAK, "speak"),
+    Route("POST", CAPTIONED_PATH, "speech_captioned", SPEAK, "speak_captioned"),
+    Route("GET", "/v1/audio/speech/ws", "speech_ws", SPEAK, "speak_realtime"),
+    Route("POST", webrtc.WEBRTC_PATH, "speech_webrtc", SPEAK, "speak_webrtc"),
+    Route("PATCH", webrtc.SESSION_PATH, webrtc.update_session, SPEAK, "update_webrtc"),
+    Route("DELETE", webrtc.SESSION_PATH, webrtc.end_session, SPEAK, "end_webrtc"),
+    Route("POST", "/v1/tokens", tokens.mint_token, SYNTHESIZE, "mint_token"),
     Route("GET", "/v1/audio/voices", voices.list_voices, READ, "list_audio_voices"),
     Route("GET", "/v1/voices", voices.list_voices, READ, "list_voices"),
     Route("POST", "/v1/voices", uploads.create_voice, VOICES, "create_voice"),

@@ -31,7 +31,6 @@ from voicehost.api.edge import (
     find_voice,
     read_body,
     read_json_object,
-    registry_health,
     speak_options,
     stream_failure,
     validation_message,
@@ -291,7 +290,7 @@ async def healthz(request: web.Request) -> web.Response:
     serving = request.app[SERVING]
     if serving.failure:
         return error_response(503, "failed", serving.failure)
-    return web.json_response({"status": "ok", **registry_health(serving.voices)})
+    return web.json_response({"status": "ok", **await serving.voices.health()})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Protocol
 
 from voicehost.ids import child, is_voice_id
-from voicehost.voices.validation import weights_checksum, write_manifest
+from voicehost.voices.validation import (
+    MANIFEST,
+    TENANT,
+    read_json_object,
+    weights_checksum,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,14 @@ class StoredVoice:
     adapters: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Whose a stored voice is, and whether it is held (who may see it: ``can_see``)."""
+
+    tenant: str | None
+    held: bool
+
+
 class AdapterFetchError(RuntimeError):
     """The adapter could not be fetched, or its weights do not match the registry's checksum."""
 
@@ -60,8 +74,9 @@ class AdapterStore(Protocol):
         """Copy an adapter folder into the store; returns its URI."""
         ...
 
-    def holds(self, voice_id: str) -> bool:
-        """Whether the store has a published version of ``voice_id``."""
+    def owner(self, voice_id: str) -> Owner | None:
+        """Whose ``voice_id`` is, from its live version's manifest; None if the store does not
+        hold it."""
         ...
 
     def download(self, uri: str, target: Path) -> None:
@@ -116,15 +131,6 @@ class SharedDirStore:
                 shutil.rmtree(staging, ignore_errors=True)
         return SCHEME + relative.as_posix()
 
-    def holds(self, voice_id: str) -> bool:
-        folder = self.root / "adapters" / voice_id
-        try:
-            return is_voice_id(voice_id) and any(
-                p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name) for p in folder.iterdir()
-            )
-        except OSError:  # no such folder
-            return False
-
     def folder(self, uri: str) -> Path:
         source = self._path(uri)
         if not source.is_dir():
@@ -149,28 +155,39 @@ class SharedDirStore:
         for voice in sorted(root.iterdir()) if root.is_dir() else []:
             if not is_voice_id(voice.name):
                 continue  # staging folders (".<uuid>") and strays
-            try:
-                adapters = {
-                    p.name: p
-                    for p in voice.iterdir()
-                    if p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name)
-                }
-                if not adapters:
-                    continue
-                pointer = voice / LIVE
-                named = pointer.read_text().strip() if pointer.is_file() else ""
-                live = adapters.get(named) or max(
-                    adapters.values(), key=lambda p: p.stat().st_mtime
-                )
-                uris = tuple(
-                    SCHEME + p.relative_to(self.root).as_posix() for p in adapters.values()
-                )
-                found[voice.name] = StoredVoice(
-                    SCHEME + live.relative_to(self.root).as_posix(), uris
-                )
-            except OSError:  # deleted meanwhile
-                continue
+            if (stored := self._stored(voice)) is not None:
+                found[voice.name] = stored
         return found
+
+    def owner(self, voice_id: str) -> Owner | None:
+        if not is_voice_id(voice_id):
+            return None
+        stored = self._stored(self.root / "adapters" / voice_id)
+        if stored is None:
+            return None
+        try:
+            manifest = read_json_object(self.folder(stored.live) / MANIFEST)
+        except (OSError, ValueError, AdapterFetchError):  # unreadable: nobody's to be told of
+            return Owner(tenant="", held=True)
+        return Owner(manifest.get(TENANT), manifest.get("status") == "held")
+
+    def _stored(self, voice: Path) -> StoredVoice | None:
+        """The voice in ``voice`` (its folder), or None if it holds no adapter."""
+        try:
+            adapters = {
+                p.name: p
+                for p in voice.iterdir()
+                if p.is_dir() and CHECKSUM_PREFIX.fullmatch(p.name)
+            }
+            if not adapters:
+                return None
+            pointer = voice / LIVE
+            named = pointer.read_text().strip() if pointer.is_file() else ""
+            live = adapters.get(named) or max(adapters.values(), key=lambda p: p.stat().st_mtime)
+            uris = tuple(SCHEME + p.relative_to(self.root).as_posix() for p in adapters.values())
+            return StoredVoice(SCHEME + live.relative_to(self.root).as_posix(), uris)
+        except OSError:  # deleted meanwhile, or never there
+            return None
 
     def delete(self, uri: str) -> None:
         path = self._path(uri)

@@ -41,7 +41,6 @@ from voicehost.api.edge import (
     error_response,
     find_voice,
     read_body,
-    registry_health,
     request_id,
 )
 from voicehost.api.listeners import Listener, NotText
@@ -578,7 +577,7 @@ async def route(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", **registry_health(request.app[GATEWAY].voices)})
+    return web.json_response({"status": "ok", **await request.app[GATEWAY].voices.health()})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -56,6 +56,10 @@ AUDIT_HEAD = f"{PREFIX}audit:head"
 USAGE_MINUTES = f"{PREFIX}usage:minutes"
 USAGE_APPLIED = f"{PREFIX}usage:applied"
 USAGE_FILLED = f"{PREFIX}usage:filled"
+# set by a reconcile that found every voice of the store recorded (refreshed by each): gone with
+# a FLUSHALL or a Redis restarted empty, so every process knows at once that lists would miss
+# voices and health says rebuilding, until a reconcile has restored them all
+REGISTRY_WHOLE = f"{PREFIX}registry:whole"
 MEMBERS_INDEX_TTL_SECONDS = 3600
 
 

@@ -27,8 +27,20 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from voicehost.cluster.adapters import AdapterCache, AdapterFetchError, AdapterStore, StoredVoice
-from voicehost.cluster.state import VOICES, raise_if_cancelled, version_key, voice_key
+from voicehost.cluster.adapters import (
+    AdapterCache,
+    AdapterFetchError,
+    AdapterStore,
+    Owner,
+    StoredVoice,
+)
+from voicehost.cluster.state import (
+    REGISTRY_WHOLE,
+    VOICES,
+    raise_if_cancelled,
+    version_key,
+    voice_key,
+)
 from voicehost.ids import split_voice_ref, voice_ref
 from voicehost.voices import versioning
 from voicehost.voices.validation import (
@@ -45,6 +57,7 @@ from voicehost.voices.voice import (
     BrokenAdapter,
     LiveVersion,
     NotHeld,
+    RegistryIncomplete,
     RegistryRebuilding,
     Voice,
     VoiceStatus,
@@ -54,6 +67,7 @@ from voicehost.voices.voice import (
 log = logging.getLogger(__name__)
 
 PUBLISH_CLAIM_SECONDS = 300
+REGISTRY_WHOLE_TTL_SECONDS = 3600  # refreshed by every reconcile (each process, every 2 s)
 # A gateway sends the record of the voice it routes with the request, so that a worker that never
 # saw it can serve it while Redis is away (believed only with the internal token).
 RECORD_HEADER = "X-Voicehost-Voice-Record"
@@ -262,6 +276,8 @@ class RedisVoiceDirectory:
         return len(self._ready)
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:
+        if not await self.redis.exists(REGISTRY_WHOLE):
+            raise RegistryIncomplete()
         ids = sorted(await self.redis.smembers(VOICES))
         async with self.redis.pipeline(transaction=False) as pipe:
             for voice_id in ids:
@@ -479,28 +495,37 @@ class RedisVoiceDirectory:
     def missing(self) -> int:
         return max(self._missing, len(self._lost_seen))
 
+    async def health(self) -> dict[str, object]:
+        try:
+            whole = bool(await self.redis.exists(REGISTRY_WHOLE))
+        except RedisError:
+            return {"registry": "unknown", "redis": "unavailable"}
+        if whole:
+            return {"registry": "whole", "redis": "up"}
+        return {"registry": "rebuilding", "missing_voices": self.missing(), "redis": "up"}
+
     async def _found_record(self, voice_id: str, version: int | None) -> dict[str, str] | None:
         """The voice's record; ``RegistryRebuilding`` while Redis has lost it and the store
         holds it. A record the reconciler restored between the read and the check is read
         again: that voice was never "not found"."""
         record = await self.record(voice_id, version)
         if record is None:
-            if await self._lost(voice_id):
-                raise RegistryRebuilding(voice_id)
+            if (owner := await self._lost(voice_id)) is not None:
+                raise RegistryRebuilding(voice_id, owner.tenant, owner.held)
             record = await self.record(voice_id, version)
         return record
 
-    async def _lost(self, voice_id: str) -> bool:
-        """Whether ``voice_id`` has no record but the store holds it (deleting a voice removes
-        its files first): Redis lost it, the next reconcile restores it. Noted for
+    async def _lost(self, voice_id: str) -> Owner | None:
+        """Whose ``voice_id`` is, if it has no record but the store holds it (deleting a voice
+        removes its files first): Redis lost it, the next reconcile restores it. Noted for
         ``missing``, so health says so at once. One a reconcile could not restore (its files
         are broken) is not waited for: it is missing, not coming."""
         if voice_id in self._unrestorable or await self.redis.exists(voice_key(voice_id)):
-            return False
-        if not await asyncio.to_thread(self.store.holds, voice_id):
-            return False
-        self._lost_seen.add(voice_id)
-        return True
+            return None
+        owner = await asyncio.to_thread(self.store.owner, voice_id)
+        if owner is not None:
+            self._lost_seen.add(voice_id)
+        return owner
 
     async def reconcile(self) -> int:
         """Restore the records of voices that the shared store holds and Redis lacks (Redis
@@ -519,6 +544,8 @@ class RedisVoiceDirectory:
         self._missing = len(left)
         self._lost_seen = set()
         self._unrestorable = set(left)
+        if not left:  # what the store holds is recorded: lists and health may say so
+            await self.redis.set(REGISTRY_WHOLE, self.owner, ex=REGISTRY_WHOLE_TTL_SECONDS)
         return len(left)
 
     async def _restore(self, voice_id: str, stored: StoredVoice) -> bool:

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from voicehost.speech.board import Board, LocalBoard
 from voicehost.speech.capacity import Realtime
@@ -71,11 +72,12 @@ class Admission:
         room = self.capacity - streams
         return room if self.realtime is None else self.realtime.headroom(streams, room)
 
-    def _check(self, streams: int, held: int) -> None:
+    def _check(self, streams: int, held: int, per_key: int | None = None) -> None:
         """Raise ``Refused`` unless one more stream fits, the host having ``streams`` and the
-        key ``held``. The key quota is checked first: a key over its quota is told so even when
-        the host is also full."""
-        if self.per_key and held >= self.per_key:
+        key ``held`` (its quota ``per_key``, else the service's). The key quota is checked
+        first: a key over its quota is told so even when the host is also full."""
+        per_key = self.per_key if per_key is None else per_key
+        if per_key and held >= per_key:
             raise Refused(
                 429,
                 "quota_exceeded",
@@ -98,10 +100,10 @@ class Admission:
             )
 
     @contextmanager
-    def admit(self, key: str | None) -> Iterator[None]:
-        """Hold a stream slot (and one of ``key``'s) for the ``with`` block, or raise
-        ``Refused``."""
-        self.board.reserve(key, self._check)
+    def admit(self, key: str | None, per_key: int | None = None) -> Iterator[None]:
+        """Hold a stream slot (and one of ``key``'s, whose own quota ``per_key`` is, if it has
+        one) for the ``with`` block, or raise ``Refused``."""
+        self.board.reserve(key, partial(self._check, per_key=per_key))
         self.active += 1
         self._idle.clear()
         try:

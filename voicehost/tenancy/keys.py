@@ -37,15 +37,29 @@ class ApiKey(BaseModel):
     tenant: str = Field(pattern=NAME_PATTERN, description="Whose voices and jobs it reaches.")
     scopes: list[Scope] = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the key.")
+    max_streams: int | None = Field(
+        None,
+        ge=1,
+        description="Streams this key may hold at once, in place of VOICEHOST_KEY_MAX_STREAMS "
+        "(a browser-facing key gets a small one).",
+    )
+
+
+# the scope of a speech token (voicehost.tenancy.tokens): the speech routes accept it, no other
+# does; never a configured key's
+SPEECH_TOKEN = "speech_token"
 
 
 @dataclass(frozen=True)
 class Principal:
-    """The authenticated caller of a request."""
+    """The authenticated caller of a request: a key, or a speech token minted by one (its
+    ``key_id`` and tenant, the ``SPEECH_TOKEN`` scope, and the ``voices`` it is bound to)."""
 
     key_id: str
     tenant: str
     scopes: frozenset[str]
+    voices: frozenset[str] | None = None  # a token's: the voices it may speak (None: any)
+    max_streams: int | None = None  # its key's own stream quota (None: the service's)
 
     @property
     def admin(self) -> bool:

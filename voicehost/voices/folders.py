@@ -245,6 +245,9 @@ class FolderVoiceDirectory:
     def missing(self) -> int:
         return 0  # the folders are the truth
 
+    async def health(self) -> dict[str, object]:
+        return {"registry": "whole"}
+
     def loaded(self) -> int:
         with self._lock:
             return len(self.adapters)

@@ -57,13 +57,28 @@ class DuplicateVersion(ValueError):
 
 class RegistryRebuilding(LookupError):
     """A voice the cluster's store holds whose registry record is missing: Redis lost it and
-    it is being rebuilt from the store (a 503 to retry, never a 404: the voice exists)."""
+    it is being rebuilt from the store (a 503 to retry, never a 404: the voice exists). Its
+    ``tenant`` and ``held`` (read from the store) say who may be told so: to anyone else it
+    is a voice that does not exist, as outside the gap."""
 
-    def __init__(self, voice_id: str) -> None:
+    def __init__(self, voice_id: str, tenant: str | None = None, held: bool = False) -> None:
         super().__init__(
             f"voice {voice_id!r} is being restored to the cluster's registry: try again"
         )
         self.voice_id = voice_id
+        self.tenant = tenant
+        self.held = held
+
+
+class RegistryIncomplete(LookupError):
+    """A list of the cluster's voices while its registry is being rebuilt: it would miss some
+    (a 503 to retry, never a list that silently omits)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the cluster's voice registry is being restored from its store: a list now would "
+            "miss voices; try again"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +145,11 @@ class VoiceDirectory(Protocol):
     def missing(self) -> int:
         """Voices known to exist that the directory cannot name yet (a cluster's Redis that
         lost its records, being rebuilt from the shared store); 0 when it is whole."""
+        ...
+
+    async def health(self) -> dict[str, object]:
+        """What ``/healthz`` says of the directory: ``registry`` whole or rebuilding (with
+        ``missing_voices``), and in a cluster whether ``redis`` answers, as they are now."""
         ...
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:

@@ -1,0 +1,67 @@
+"""``POST /v1/tokens``: a short-lived speech token for a browser (``voicehost.tenancy.tokens``):
+an app's backend mints one with its key and hands it to the page, which speaks with it on any
+transport (a WebSocket takes it as ``?api_key=``) and reaches nothing else."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from voicehost.api.auth import AUTH, request_principal
+from voicehost.api.edge import ApiError, read_body
+from voicehost.ids import VOICE_ID_PATTERN
+from voicehost.tenancy.tokens import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_seconds: float = Field(
+        DEFAULT_TTL_SECONDS, gt=0, le=MAX_TTL_SECONDS, description="How long it speaks."
+    )
+    voices: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The voices it may speak (ids; default: any its key may).",
+    )
+    origin: str | None = Field(
+        None,
+        pattern=r"^https?://[^/\s?#]+$",
+        max_length=256,
+        description="The page origin it speaks for (`https://app.example`): a request with "
+        "another `Origin` header, or none, is refused 403.",
+    )
+
+
+class TokenResponse(BaseModel):
+    token: str
+    expires_at: str = Field(description="When it stops speaking (ISO 8601, UTC).")
+    ttl_seconds: float
+    voices: list[str] | None
+    origin: str | None
+
+
+async def mint_token(request: web.Request) -> web.Response:
+    """Mint a speech token for the calling key: 201 with it; 400 on a server without keys
+    (there is nothing for a token to stand in for)."""
+    principal = request_principal(request)
+    if principal is None:
+        raise ApiError(400, "no_api_keys", "this server runs without API keys: speak without one")
+    body = await read_body(request, TokenRequest)
+    for voice in body.voices or ():
+        if not VOICE_ID_PATTERN.fullmatch(voice):
+            raise ApiError(400, "invalid_voice_id", f"{voice!r} is not a voice id")
+    token, minted = request.app[AUTH].tokens.mint(
+        principal.key_id, body.ttl_seconds, body.voices, body.origin
+    )
+    answer = TokenResponse(
+        token=token,
+        expires_at=datetime.fromtimestamp(minted.expires_at, UTC).isoformat(),
+        ttl_seconds=body.ttl_seconds,
+        voices=None if minted.voices is None else list(minted.voices),
+        origin=minted.origin,
+    )
+    return web.json_response(answer.model_dump(), status=201)
