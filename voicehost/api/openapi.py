@@ -367,8 +367,8 @@ def speech_operations() -> dict[str, Json]:
             **errors(
                 {
                     400: "`invalid_request` (a TTL over an hour, an origin that is not "
-                    "`scheme://host`), `invalid_voice_id`, `no_api_keys` (a server without "
-                    "keys: speak without one)."
+                    "`scheme://host`), `invalid_voice_id`.",
+                    409: "`no_api_keys`: a server without keys (speak without one).",
                 }
             ),
         },

@@ -45,11 +45,11 @@ class TokenResponse(BaseModel):
 
 
 async def mint_token(request: web.Request) -> web.Response:
-    """Mint a speech token for the calling key: 201 with it; 400 on a server without keys
+    """Mint a speech token for the calling key: 201 with it; 409 on a server without keys
     (there is nothing for a token to stand in for)."""
     principal = request_principal(request)
     if principal is None:
-        raise ApiError(400, "no_api_keys", "this server runs without API keys: speak without one")
+        raise ApiError(409, "no_api_keys", "this server runs without API keys: speak without one")
     body = await read_body(request, TokenRequest)
     for voice in body.voices or ():
         if not VOICE_ID_PATTERN.fullmatch(voice):

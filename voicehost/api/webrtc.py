@@ -27,8 +27,9 @@ import re
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AsyncExitStack, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager, suppress
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,10 +180,26 @@ def configure_ice(settings: Settings, refused: Callable[[str], None]) -> None:
     aioice.ice.Connection._add_remote_candidate = _add_screened  # type: ignore[method-assign]
 
 
+# set while this service adds a client's candidates (its answer, a trickle): the screen applies
+# to the service's own peer connections only, not to a client's in the same process (a test's)
+_screening: ContextVar[CandidateScreen | None] = ContextVar("ice_screening", default=None)
+
+
+@contextmanager
+def screening() -> Iterator[None]:
+    """Screen the remote candidates added within (tasks started within inherit it)."""
+    token = _screening.set(_screen)
+    try:
+        yield
+    finally:
+        _screening.reset(token)
+
+
 def _add_screened(
     connection: aioice.ice.Connection, candidate: aioice.Candidate, host: str
 ) -> None:
-    reason = _screen.refusal(host)
+    screen = _screening.get()
+    reason = None if screen is None else screen.refusal(host)
     if reason is not None:
         log.debug("ICE candidate %s refused (%s)", host, reason)
         _refused(reason)
@@ -440,8 +457,9 @@ class PeerSession:
     task: asyncio.Task[None] | None = None
 
     async def trickle(self, candidates: list[RTCIceCandidate]) -> None:
-        for candidate in candidates:
-            await self.listener.pc.addIceCandidate(candidate)
+        with screening():
+            for candidate in candidates:
+                await self.listener.pc.addIceCandidate(candidate)
 
     async def end(self) -> None:
         """Now: its queued audio dropped, its stream freed."""
@@ -593,7 +611,8 @@ async def open_session(
         sessions.pending[session.session_id] = session
         failing.callback(sessions.pending.pop, session.session_id, None)
         try:
-            await pc.setRemoteDescription(offer)
+            with screening():
+                await pc.setRemoteDescription(offer)
             pc.addTrack(listener.track)
             await pc.setLocalDescription(await pc.createAnswer())
         except (ValueError, KeyError, AttributeError) as exc:  # aiortc's, on an offer it can't take
