@@ -314,7 +314,11 @@ def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     if early is None:  # not started early: now
         early = EARLY_SERVERS[fixture].start(tmp_path_factory)
         started_early.add(fixture)
-        record_start(fixture, early)
+        try:
+            record_start(fixture, early)
+        except BaseException:  # over the budget: failed, and not left running (it leaked once)
+            early.stop()
+            raise
     taken[fixture] = early
     try:
         yield early.ready()
