@@ -191,8 +191,9 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
     while alive:
         watched = [p.sentinel for p in alive] + [c.sentinel for c in cores]
         wait(watched, timeout=None if core_lost_at is None else 0.5)
-        ended = [p for p in alive if not p.is_alive()]
-        alive = [p for p in alive if p.is_alive()]
+        up = {p: p.is_alive() for p in alive}  # once: one that dies between two looks is lost
+        ended = [p for p in alive if not up[p]]
+        alive = [p for p in alive if up[p]]
         lost = [c for c in cores if not c.is_alive()]
         died = [p for p in ended if p.exitcode != 0 and not killed]
         if died or (ended and alive and not stopping()):
