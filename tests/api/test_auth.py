@@ -388,6 +388,43 @@ async def answer(response):
 
 
 @pytest.mark.unit
+async def test_a_keys_own_request_rate_holds_for_it_and_its_tokens_and_not_for_the_gateway():
+    """A key entry's ``requests_per_minute``: past it 429 ``rate_limited`` with Retry-After, its
+    speech tokens counted with it; another key unaffected; a worker does not count what its
+    gateway forwarded (the gateway did)."""
+    limited = {
+        **entries({"key-page": ("page", "web", ["synthesize"])})[0],
+        "requests_per_minute": 3,
+    }
+    keys = [ApiKey.model_validate(e) for e in [*entries(KEYS), limited]]
+    auth = Authenticator(keys, TOKEN, metrics_public=False)
+    token, _ = auth.tokens.mint("page", 60)
+    async with TestClient(TestServer(edge_app(auth))) as client:
+        answers = [
+            await answer(await client.post("/v1/audio/speech", headers=bearer(credential)))
+            for credential in ("key-page", token, "key-page", token)
+        ]
+        assert answers[:3] == [(200, "page")] * 3
+        assert answers[3] == (429, "rate_limited")
+        refused = await client.post("/v1/audio/speech", headers=bearer("key-page"))
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert await answer(await client.post("/v1/audio/speech", headers=bearer("key-a"))) == (
+            200,
+            "a",
+        )
+        forwarded = {
+            INTERNAL_TOKEN_HEADER: TOKEN,
+            "X-Voicehost-Key-Id": "page",
+            "X-Voicehost-Tenant": "web",
+            "X-Voicehost-Scopes": "synthesize",
+        }
+        assert await answer(await client.post("/v1/audio/speech", headers=forwarded)) == (
+            200,
+            "page",
+        )
+
+
+@pytest.mark.unit
 async def test_api_key_in_the_query_is_taken_on_the_websocket_route_only(edge):
     assert await answer(await edge.get("/v1/audio/speech/ws?api_key=key-a")) == (200, "a")
     assert await answer(await edge.get("/v1/audio/speech/ws?api_key=%20key-a%20")) == (200, "a")

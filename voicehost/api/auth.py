@@ -13,7 +13,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import math
 import re
+import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Literal
 
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
+RATE_WINDOW_SECONDS = 60.0  # a key's requests_per_minute count over this window
 
 INTERNAL_TOKEN_HEADER = "X-Voicehost-Internal-Token"
 KEY_ID_HEADER = "X-Voicehost-Key-Id"
@@ -75,6 +79,23 @@ class Authenticator:
         self.metrics_public = metrics_public
         hashes = [entry.sha256 for entry in self.keys]
         self.tokens = TokenSigner(token_secret(secret, internal_token, hashes))
+        self._rates = {e.id: e.requests_per_minute for e in self.keys if e.requests_per_minute}
+        self._recent: dict[str, deque[float]] = {}  # each rate-limited key's requests, 60 s
+
+    def over_rate(self, key_id: str, now: float | None = None) -> int | None:
+        """Seconds until ``key_id`` may make another request, if its ``requests_per_minute``
+        are spent in the last 60 s (this request counted otherwise); None if it may now."""
+        limit = self._rates.get(key_id)
+        if limit is None:
+            return None
+        now = time.monotonic() if now is None else now
+        recent = self._recent.setdefault(key_id, deque())
+        while recent and now - recent[0] >= RATE_WINDOW_SECONDS:
+            recent.popleft()
+        if len(recent) >= limit:
+            return max(1, math.ceil(RATE_WINDOW_SECONDS - (now - recent[0])))
+        recent.append(now)
+        return None
 
     @classmethod
     def from_settings(

@@ -25,7 +25,14 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError
 
-from voicehost.api.auth import AUTH, PRINCIPAL, AccessDenied, identify, request_principal
+from voicehost.api.auth import (
+    AUTH,
+    INTERNAL_TOKEN_HEADER,
+    PRINCIPAL,
+    AccessDenied,
+    identify,
+    request_principal,
+)
 from voicehost.api.listeners import Listener
 from voicehost.api.schemas import (
     CaptionedSpeechRequest,
@@ -246,6 +253,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
         return response
+    principal = request[PRINCIPAL]
+    auth = request.app[AUTH]
+    forwarded = auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))  # counted there
+    if isinstance(principal, Principal) and not forwarded:
+        if (retry := auth.over_rate(principal.key_id)) is not None:
+            message = "this API key has made its most requests this minute"
+            response = error_response(429, "rate_limited", message)
+            response.headers["Retry-After"] = str(retry)
+            return response
     return await handler(request)
 
 

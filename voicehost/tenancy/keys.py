@@ -43,6 +43,12 @@ class ApiKey(BaseModel):
         description="Streams this key may hold at once, in place of VOICEHOST_KEY_MAX_STREAMS "
         "(a browser-facing key gets a small one).",
     )
+    requests_per_minute: int | None = Field(
+        None,
+        ge=1,
+        description="Requests this key (and its tokens) may make in any 60 s, per serving "
+        "process or gateway (429 rate_limited beyond). None: no limit.",
+    )
 
 
 # the scope of a speech token (voicehost.tenancy.tokens): the speech routes accept it, no other
