@@ -94,6 +94,8 @@ AUTH_ERRORS: dict[int, str] = {
     403: "`insufficient_scope` (auth): the key lacks the route's scope; `token_not_allowed`: a "
     "speech token on a route other than speech; `origin_not_allowed`: a token bound to another "
     "page's `Origin`.",
+    429: "`rate_limited` (auth): the key's own `requests_per_minute` are spent; retry after "
+    "`Retry-After` seconds.",
 }
 # Answered by admission control (voicehost.speech.admission) to a stream: a speech request or a
 # socket.
