@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import ENGINE_BOOTS  # noqa: E402
-from lanes import LANES  # noqa: E402
+from lanes import LANES, LANES_DIR  # noqa: E402
 
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 BOOTED = re.compile(r"engine cores booted: (\d+) of \d+: (.*)")
@@ -35,13 +37,14 @@ SUMMARY = re.compile(r"^=* ?(\d+ \w+.*|no tests ran.*) in [\d.]+s.*?=*$")
 
 def run_lanes(arguments: list[str]) -> int:
     started = time.monotonic()
+    progress = tempfile.mkdtemp(prefix="voicehost-lanes-")  # how far each lane is (tests/lanes.py)
     processes = {
         lane: subprocess.Popen(
             [sys.executable, "-m", "pytest", f"--lane={lane}/{LANES}", *arguments],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", LANES_DIR: progress},
             text=True,
             bufsize=1,
             start_new_session=True,  # Ctrl-C reaches each lane once, through us
@@ -78,6 +81,7 @@ def run_lanes(arguments: list[str]) -> int:
         codes = {lane: process.wait() for lane, process in processes.items()}
     for thread in relays:
         thread.join()
+    shutil.rmtree(progress, ignore_errors=True)
 
     print(f"\nlanes side by side: {time.monotonic() - started:.0f} s wall")
     for lane in processes:

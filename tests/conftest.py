@@ -45,7 +45,12 @@ SERVER_FIXTURES = frozenset(
 def pytest_runtest_setup(item: pytest.Item) -> None:
     helpers.unit_test = None
     if item.get_closest_marker("unit") is None:
-        # the unit tests are done (they run first): what was deferred boots beside these
+        # a server no test left needs ends now (its engines free for the next, even when the
+        # test that was to end it failed), then what was deferred boots beside these tests
+        position = positions.get(item.nodeid, 0)
+        for fixture, last in last_use.items():
+            if last < position:
+                helpers.retire(fixture)
         factory = item.session.config._tmp_path_factory
         helpers.start_early_servers(needed, factory, deferred=True, module=item.module.__name__)
         return
@@ -109,6 +114,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 needed: list[str] = []  # the early servers the selected tests ask for, by first use
+last_use: dict[str, int] = {}  # each early server's last test (its index in the run)
+positions: dict[str, int] = {}  # each test's index in the run
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -119,8 +126,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     first_use: dict[str, int] = {}
     for index, item in enumerate(session.items):
+        positions[item.nodeid] = index
         for name in getattr(item, "fixturenames", ()):
             first_use.setdefault(name, index)
+            if name in helpers.EARLY_SERVERS:
+                last_use[name] = index
     needed[:] = sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get)
     helpers.start_early_servers(needed, session.config._tmp_path_factory, deferred=False)
 

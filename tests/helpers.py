@@ -323,11 +323,18 @@ def early_server(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield early.ready()
     finally:
-        del taken[fixture]
-        early.stop()
+        if taken.pop(fixture, None) is not None:  # not retired before
+            early.stop()
 
 
 taken: dict[str, Early] = {}  # taken by their fixture, not yet stopped
+
+
+def retire(fixture: str) -> None:
+    """Stop what ``fixture`` serves now, if it runs (no test left in the run needs it)."""
+    early = taken.pop(fixture, None)
+    if early is not None:
+        early.stop()
 
 
 def started(fixture: str) -> Early | None:

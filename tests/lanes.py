@@ -10,6 +10,11 @@ runs at most its share of ``helpers.MAX_ENGINES`` at once.
     pytest --lane 1/2    # the shared server's modules and their share of the rest
     pytest --lane 2/2    # the keyed host's, the cluster's and the rest
 
+Tests marked ``paced`` or ``last`` (they hold code to real time, or measure the engine's rate)
+wait, in a run of lanes, until every other lane has reached its own paced tests or ended
+(``VOICEHOST_LANES_DIR``, where each lane says so): they run on a machine the other lane no
+longer loads.
+
 A module goes to the lane of the engine fixture its tests use; a module that uses none goes
 where ``ENGINELESS_LANES`` puts it (its measured cost: docs/BENCHMARKS.md), else to lane 2 if
 all its tests are unit tests, else to lane 1. A module's lane is the same whatever ``-m`` or
@@ -18,6 +23,10 @@ all its tests are unit tests, else to lane 1. A module's lane is the same whatev
 """
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import helpers
 import pytest
@@ -100,3 +109,39 @@ def pytest_configure(config: pytest.Config) -> None:
     """A lane runs at most its share of the engine cores at once (``helpers.engine_cap``)."""
     lane = selected_lane(config)
     helpers.engine_cap = helpers.MAX_ENGINES if lane is None else LANE_ENGINES[lane]
+
+
+LANES_DIR = "VOICEHOST_LANES_DIR"  # set by scripts/test_lanes.py: where lanes say how far they are
+PACED_WAIT_SECONDS = 900.0
+_paced_reached = False
+
+
+def _mark(config: pytest.Config, stage: str) -> None:
+    folder, lane = os.environ.get(LANES_DIR), selected_lane(config)
+    if folder and lane is not None:
+        Path(folder, f"lane-{lane}.{stage}").touch()
+
+
+def _others_paced_or_done(config: pytest.Config) -> bool:
+    folder, lane = Path(os.environ[LANES_DIR]), selected_lane(config)
+    others = [k for k in range(1, LANES + 1) if k != lane]
+    return all(
+        (folder / f"lane-{k}.paced").exists() or (folder / f"lane-{k}.done").exists()
+        for k in others
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _paced_reached
+    paced = item.get_closest_marker("paced") or item.get_closest_marker("last")
+    if paced is None or _paced_reached or LANES_DIR not in os.environ:
+        return
+    _paced_reached = True
+    _mark(item.config, "paced")
+    deadline = time.monotonic() + PACED_WAIT_SECONDS
+    while not _others_paced_or_done(item.config) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _mark(session.config, "done")

@@ -211,6 +211,7 @@ async def request_rates(http: aiohttp.ClientSession, server: Server) -> dict[int
     return {int(batch): rate for batch, rate in rates.items()}
 
 
+@pytest.mark.paced  # it measures the engine's rates: not beside the other lane's load
 async def test_a_stream_that_would_slow_the_others_below_real_time_is_refused_at_once(hot_server):
     """Streams are opened one by one, each once the server has measured the batch before it,
     until one is refused: at a batch well under the static capacity (64), where the rate the
