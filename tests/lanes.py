@@ -134,7 +134,8 @@ def _others_paced_or_done(config: pytest.Config) -> bool:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     global _paced_reached
     paced = item.get_closest_marker("paced") or item.get_closest_marker("last")
-    if paced is None or _paced_reached or LANES_DIR not in os.environ:
+    unit = item.get_closest_marker("unit") is not None  # light, and no server boots in a lane
+    if paced is None or unit or _paced_reached or LANES_DIR not in os.environ:
         return
     _paced_reached = True
     _mark(item.config, "paced")
