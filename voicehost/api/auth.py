@@ -82,6 +82,10 @@ class Authenticator:
         self._rates = {e.id: e.requests_per_minute for e in self.keys if e.requests_per_minute}
         self._recent: dict[str, deque[float]] = {}  # each rate-limited key's requests, 60 s
 
+    def rate_limited(self, key_id: str) -> bool:
+        """Whether ``key_id`` has a ``requests_per_minute`` of its own."""
+        return key_id in self._rates
+
     def over_rate(self, key_id: str, now: float | None = None) -> int | None:
         """Seconds until ``key_id`` may make another request, if its ``requests_per_minute``
         are spent in the last 60 s (this request counted otherwise); None if it may now."""

@@ -255,8 +255,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return response
     principal = request[PRINCIPAL]
     auth = request.app[AUTH]
-    forwarded = auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))  # counted there
-    if isinstance(principal, Principal) and not forwarded:
+    if (
+        isinstance(principal, Principal)
+        and auth.rate_limited(principal.key_id)  # most keys have no rate: nothing more to do
+        and not auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))  # counted there
+    ):
         if (retry := auth.over_rate(principal.key_id)) is not None:
             message = "this API key has made its most requests this minute"
             response = error_response(429, "rate_limited", message)

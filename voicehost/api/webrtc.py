@@ -276,14 +276,15 @@ def read_offer(
         if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
             missing = "no ICE credentials (a=ice-ufrag, a=ice-pwd)"
             raise ApiError(400, "invalid_sdp", f"the offer's {media.kind} has {missing}")
-    offered = [c for m in parsed.media for c in m.ice_candidates]
-    addresses = {c.ip for c in offered}  # the sections of a bundle name the same ones
-    reasons = [reason for ip in addresses if (reason := screen.refusal(ip)) is not None]
-    usable = [c for c in offered if c.ip.endswith(".local") or screen.refusal(c.ip) is None]
-    if offered and not usable:  # trickled later (PATCH) is fine: none at all is not refused
-        for reason in reasons:
+    # each address once (the sections of a bundle name the same ones); an mDNS name is
+    # screened once aioice has resolved it
+    addresses = {c.ip for m in parsed.media for c in m.ice_candidates}
+    reasons = {ip: screen.refusal(ip) for ip in addresses if not ip.endswith(".local")}
+    if addresses and len(reasons) == len(addresses) and None not in reasons.values():
+        # none usable (an offer naming none at all trickles them later: not refused)
+        for reason in reasons.values():
             refused(reason)
-        counts = Counter(reasons)
+        counts = Counter(reasons.values())
         listed = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
         raise ApiError(400, "invalid_sdp", f"the offer has no usable ICE candidate ({listed})")
     return RTCSessionDescription(sdp=body, type="offer")
