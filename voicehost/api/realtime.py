@@ -185,6 +185,8 @@ class RealtimeSession:
                     await self.send(error_event("invalid_message", "send text messages (JSON)"))
                     continue
                 if message is None:
+                    if not self.ended or self._busy(0.0):
+                        log.info("realtime session: the listener left before its end")
                     return
                 try:
                     await self._handle(parse_client_message(message))
@@ -297,8 +299,8 @@ class RealtimeSession:
             await self.listener.close()
         except asyncio.CancelledError:
             raise
-        except ConnectionError:
-            pass  # the client left; the socket's loop ends too
+        except ConnectionError as exc:  # the client left; the socket's loop ends too
+            log.info("realtime session: the listener left while spoken to (%s)", exc)
         except Exception as exc:  # an error event, then the end, as every stream's
             stage, error = stream_failure(exc)
             self.serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()

@@ -525,6 +525,8 @@ async def _relay_session(
                 last[0] = message.data
             elif message.type == aiohttp.WSMsgType.BINARY:
                 await client.send_audio(message.data)
+            elif message.type == aiohttp.WSMsgType.ERROR:  # the socket closes after it
+                log.warning("the worker's realtime socket failed: %r", message.data)
 
     client_side = asyncio.create_task(from_client())
     worker_side = asyncio.create_task(from_worker())
@@ -546,7 +548,9 @@ async def _relay_session(
         if not client.closed and worker_ended and (abnormal or _event_type(last[0]) not in ENDS):
             cut = ("upstream_cut", "the worker serving this stream failed")
             request.app[GATEWAY].metrics.errors.labels("upstream_cut").inc()
-            await end_broken_stream(request, client, False, "upstream", cut, "its socket ended")
+            code = upstream.close_code
+            ended = f"its socket ended (close code {code}, last event {last[0][:80]})"
+            await end_broken_stream(request, client, False, "upstream", cut, ended)
         elif not client.closed:
             await client.close()
 
