@@ -237,12 +237,15 @@ class AsyncClient:
         *,
         voices: list[str] | None = None,
         origin: str | None = None,
+        max_streams: int | None = None,
     ) -> dict[str, Any]:
         """``POST /v1/tokens``: a short-lived speech token for a browser (``token``,
         ``expires_at``): a client made with it as its ``api_key`` speaks and does nothing
-        else. Mint it where the key lives (an app's backend) and hand the page only it."""
+        else; bound to ``voices``, an ``origin`` and ``max_streams`` at once if given. Mint it
+        where the key lives (an app's backend) and hand the page only it."""
         body: dict[str, Any] = {"ttl_seconds": ttl_seconds}
-        body.update((k, v) for k, v in (("voices", voices), ("origin", origin)) if v is not None)
+        bounds = (("voices", voices), ("origin", origin), ("max_streams", max_streams))
+        body.update((k, v) for k, v in bounds if v is not None)
         url = self.base_url + "/v1/tokens"
         async with self.session.post(url, json=body, headers=self._headers) as response:
             if response.status != 201:
@@ -564,8 +567,13 @@ class Client:
         *,
         voices: list[str] | None = None,
         origin: str | None = None,
+        max_streams: int | None = None,
     ) -> dict[str, Any]:
-        return self._run(self._async.mint_token(ttl_seconds, voices=voices, origin=origin))
+        return self._run(
+            self._async.mint_token(
+                ttl_seconds, voices=voices, origin=origin, max_streams=max_streams
+            )
+        )
 
     def realtime(
         self, voice: str, *, response_format: str = "pcm", **config: Any

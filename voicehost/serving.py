@@ -10,7 +10,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -124,10 +124,10 @@ class FrontEnd:
     slot: EngineSlot
     ready_dir: Path
 
-    def board(self, slots: int) -> HostBoard:
+    def board(self, capacity: int) -> HostBoard:
         """This front end's row of the host's stream counts (the host made the file)."""
         path = self.ready_dir / BOARD_FILE
-        return HostBoard(path, self.slot.count, self.slot.index, slots)
+        return HostBoard(path, self.slot.count, self.slot.index, capacity)
 
     def drain_host(self) -> None:
         """Tell every front end of the host to drain (each looks every half second)."""
@@ -312,12 +312,15 @@ class ServingProcess:
         is none."""
         key = principal.key_id if principal else None
         own = principal.max_streams if principal else None  # the key's own quota, if it has one
+        token = principal.token_streams if principal else None  # a token's own stream count
         limit = own or self.settings.key_max_streams
-        with self.admission.admit(key, own):
-            if self.cluster is None or key is None or not limit:
-                yield
-                return
-            async with self.cluster.key_stream(key, limit):
+        with self.admission.admit(key, own, token):
+            async with AsyncExitStack() as held:
+                if self.cluster is not None and key is not None and limit:
+                    await held.enter_async_context(self.cluster.key_stream(key, limit))
+                if self.cluster is not None and token is not None:
+                    lease = self.cluster.key_stream(token.admission_key, token.limit)
+                    await held.enter_async_context(lease)
                 yield
 
     async def drain_and_wait(self) -> None:

@@ -1154,8 +1154,33 @@ async def test_in_the_playground_a_wrong_key_is_a_401_in_words_and_a_right_one_w
     listed = await voice_ids(http, url, "key-a")
     await expect(page.locator("#voices-list tr")).to_have_count(len(listed))
     assert watch.problems() == []
-    # the key went into no URL (the realtime socket's api_key is the only place it may)
+    # the key went into no URL (the realtime socket's api_key carries a speech token: below)
     assert not [u for u in watch.urls if "key-a" in u or "not-a-key" in u]
+
+
+async def test_in_the_playground_the_streams_speak_with_a_minted_token_never_the_key(
+    keyed, keyed_page
+):
+    """With a key set, the page mints a speech token (``POST /v1/tokens``) and opens its
+    streams with it: the realtime socket's ``api_key`` is the token, and the key goes into no
+    URL and no stream's request."""
+    page, watch = keyed_page
+    watch.clear()
+    await page.locator("#tab-speak").click()
+    await page.locator("#transport").select_option("websocket")
+    await page.locator("#live-text").click()
+    await page.keyboard.type("Spoken with a token. ")
+    await expect(page.locator("#live-samples")).not_to_have_text("0", timeout=60_000)
+    await page.locator("#live-stop").click()
+    await page.locator("#transport").select_option("webrtc")  # the socket closes
+    await page.locator("#transport").select_option("websocket")
+    sockets = [u for u in watch.urls if "/v1/audio/speech/ws" in u]
+    assert len(sockets) == 1 and "api_key=vht_" in sockets[0], sockets
+    assert not [u for u in watch.urls if "key-a" in u]
+    assert [what for status, what in watch.responses if what.endswith("/v1/tokens")] == [
+        f"POST {keyed[0]}/v1/tokens"
+    ]
+    assert watch.problems() == []
 
 
 async def job_states(http, url: str, job_id: str, key: str) -> list[dict]:
@@ -1328,3 +1353,35 @@ async def test_a_speech_token_speaks_on_every_transport_and_nothing_else_until_i
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await http.ws_connect(f"{url}/v1/audio/speech/ws?api_key={token}")
     assert refused.value.status == 401
+
+
+async def test_a_token_bound_to_one_stream_holds_one_whatever_the_transport(keyed, http):
+    """A token minted with ``max_streams: 1``: while its socket is open, speech with it is 429
+    ``quota_exceeded`` with ``Retry-After`` (the token's own count: another token of the same
+    key speaks meanwhile), and once the socket has closed it speaks again."""
+    url, _ = keyed
+    async with AsyncClient(url, api_key="key-a") as backend:
+        one = await backend.mint_token(60, max_streams=1)
+        other = (await backend.mint_token(60, max_streams=1))["token"]
+    assert one["max_streams"] == 1
+    body = {"input": "Hi.", "voice": "dev-a", "response_format": "pcm"}
+
+    async def speak(token: str) -> tuple[int, str]:
+        async with http.post(url + "/v1/audio/speech", json=body, headers=bearer(token)) as r:
+            if r.status != 200:
+                status, code, message = await error_of(r)
+                assert r.headers["Retry-After"] and "this token" in message, message
+                return status, code
+            assert await r.read()
+            return 200, ""
+
+    async with http.ws_connect(f"{url}/v1/audio/speech/ws?api_key={one['token']}") as ws:
+        await ws.send_json({"type": "config", "voice": "dev-a"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+        assert await speak(one["token"]) == (429, "quota_exceeded")
+        assert await speak(other) == (200, "")
+    for _ in range(40):  # the server sees the close, then frees the slot
+        if (answer := await speak(one["token"]))[0] == 200:
+            break
+        await asyncio.sleep(0.05)
+    assert answer == (200, "")

@@ -705,22 +705,35 @@ async def test_a_speech_token_minted_at_the_gateway_speaks_through_it_and_nothin
     cluster, http
 ):
     """A 2 s token of the quota key, minted at the gateway (which verifies it without Redis:
-    its secret comes from the cluster's internal token): speech over HTTP and the socket through
-    the gateway, 403 on the voice routes, 401 once expired."""
+    its secret comes from the cluster's internal token): speech over HTTP, SSE, the socket and
+    WebRTC through the gateway, 403 on the voice routes, 401 once expired. A token bound to one
+    stream holds one in the cluster: its count reaches the workers with the forwarded caller."""
     gateway = cluster.gateway.url
     async with AsyncClient(gateway, api_key=QUOTA_KEY) as backend:
         token = (await backend.mint_token(2.0))["token"]
-    started = time.monotonic()
-    status, served_by, audio = await speak_as(http, gateway, "dev-a", token)
-    assert status == 200 and audio and served_by in cluster.workers
+        one = (await backend.mint_token(60, max_streams=1))["token"]
+    started = time.monotonic()  # each opened within the token's 2 s, the slowest first
+    async with AsyncClient(gateway, api_key=token) as page, page.webrtc("dev-a") as session:
+        assert session.ready["transport"] == "webrtc"
     async with http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={token}") as ws:
         await ws.send_json({"type": "config", "voice": "dev-a"})
         assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+    sse = {"input": "Hi.", "voice": "dev-a", "response_format": "pcm", "stream_format": "sse"}
+    async with http.post(gateway + "/v1/audio/speech", json=sse, headers=bearer(token)) as r:
+        assert r.status == 200 and (await r.content.readany()).startswith(b"data: ")
+    status, served_by, audio = await speak_as(http, gateway, "dev-a", token)
+    assert status == 200 and audio and served_by in cluster.workers
+    print(f"four transports through the gateway in {time.monotonic() - started:.2f} s")
     async with http.get(gateway + "/v1/voices", headers=bearer(token)) as r:
         assert (r.status, (await r.json())["error"]["code"]) == (403, "token_not_allowed")
     await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - started)))
     status, _, audio = await speak_as(http, gateway, "dev-a", token)
     assert status == 401 and b"token_expired" in audio
+    async with http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={one}") as ws:
+        await ws.send_json({"type": "config", "voice": "dev-a"})
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+        status, _, answer = await speak_as(http, gateway, "dev-a", one)
+        assert status == 429 and b"this token" in answer, answer
 
 
 async def speak_as(http, url: str, voice: str, credential: str) -> tuple[int, str | None, bytes]:

@@ -16,6 +16,7 @@ from voicehost.metrics import series
 from voicehost.model import orpheus
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
 from voicehost.speech.board import HostBoard
+from voicehost.tenancy.keys import TokenStreams
 
 
 @pytest.mark.unit
@@ -150,7 +151,7 @@ async def test_idle_waits_for_the_last_stream():
 def host_admissions(tmp_path, count: int, capacity: int, per_key: int) -> list[Admission]:
     """The admission of each of ``count`` front ends of one host, on one ``HostBoard``."""
     path = tmp_path / "board"
-    HostBoard.create(path, count, slots=capacity)
+    HostBoard.create(path, count, capacity)
     return [
         Admission(capacity, per_key, board=HostBoard(path, count, index, capacity))
         for index in range(count)
@@ -184,9 +185,35 @@ def test_front_ends_of_one_host_share_its_capacity_and_each_key_quota(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_token_bound_to_a_stream_count_holds_it_across_front_ends_beside_its_keys_quota(
+    tmp_path,
+):
+    """A speech token minted with ``max_streams`` counts its streams under its own id on the
+    host's board (every front end, every slot of a full host), on top of its key's quota."""
+    first, second = host_admissions(tmp_path, 2, capacity=4, per_key=3)
+    page, other = TokenStreams("t-page", 1), TokenStreams("t-other", 2)
+    with first.admit("web", token=page):
+        for admission in (first, second):  # the token holds its one stream on the host
+            with pytest.raises(Refused) as over, admission.admit("web", token=page):
+                pass
+            assert (over.value.status, over.value.code) == (429, "quota_exceeded")
+            assert "this token" in over.value.message
+        with second.admit("web", token=other), first.admit("web", token=other):
+            # the key's quota (3) holds over all of its tokens' streams
+            with pytest.raises(Refused) as key_over, second.admit("web"):
+                pass
+            assert "this API key" in key_over.value.message
+            with second.admit("b"):  # a full host: the board's slots hold 2 keys a stream
+                assert first.streams() == 4
+    assert first.streams() == second.streams() == 0
+    with second.admit("web", token=page):  # freed on both front ends
+        pass
+
+
+@pytest.mark.unit
 def test_the_host_board_publishes_each_front_ends_engine_requests(tmp_path):
     path = tmp_path / "board"
-    HostBoard.create(path, 2, slots=1)
+    HostBoard.create(path, 2, 1)
     first, second = (HostBoard(path, 2, index, 1) for index in range(2))
     first.publish(generating=2, busy=10.0, at=100.0)
     second.publish(generating=3, busy=1.0, at=101.0)

@@ -4,7 +4,12 @@ another secret, or once their key is gone; bound to an Origin and to voices."""
 import pytest
 from pydantic import ValidationError
 
-from voicehost.api.auth import AccessDenied, Authenticator, forwarded_principal
+from voicehost.api.auth import (
+    TOKEN_STREAMS_HEADER,
+    AccessDenied,
+    Authenticator,
+    forwarded_principal,
+)
 from voicehost.speech.admission import Admission, Refused
 from voicehost.tenancy.keys import SPEECH_TOKEN, ApiKey, hash_key
 from voicehost.tenancy.tokens import InvalidToken, TokenSigner, token_secret
@@ -91,3 +96,34 @@ def test_a_keys_own_stream_quota_holds_for_it_its_tokens_and_through_a_gateway()
             pass
     with pytest.raises(ValidationError):
         ApiKey(id="x", tenant="acme", scopes=["synthesize"], sha256="0" * 64, max_streams=0)
+
+
+def test_a_token_bound_to_a_stream_count_carries_it_to_admission_and_through_a_gateway():
+    """``max_streams`` minted into a token reads back from it, is its principal's (under the
+    token's own id: two tokens of one key are counted apart), survives the gateway's forwarded
+    headers, and admission holds the token to it."""
+    auth = Authenticator([KEY], "internal-token-of-the-cluster")
+    token, minted = auth.tokens.mint("web", 60, max_streams=1)
+    assert auth.tokens.read(token) == minted and minted.max_streams == 1
+    principal = auth.token_principal(token, None)
+    bound = principal.token_streams
+    assert bound is not None and bound.limit == 1 and bound.token_id == minted.token_id
+    second = auth.token_principal(auth.tokens.mint("web", 60, max_streams=1)[0], None)
+    assert second.token_streams.token_id != bound.token_id
+    assert auth.token_principal(auth.tokens.mint("web", 60)[0], None).token_streams is None
+    forwarded = forwarded_principal(auth.forward_headers(principal))
+    assert forwarded == principal
+    admission = Admission(capacity=10, per_key=4)
+    with admission.admit("web", None, forwarded.token_streams):
+        with pytest.raises(Refused) as refused:
+            with admission.admit("web", None, forwarded.token_streams):
+                pass
+        assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
+        with admission.admit("web", None, second.token_streams):  # another token of the key
+            pass
+    for malformed in ("0 abc", "1", "x abc", "1 "):
+        headers = {**auth.forward_headers(principal), TOKEN_STREAMS_HEADER: malformed}
+        with pytest.raises(ValueError):
+            forwarded_principal(headers)
+    with pytest.raises(ValueError):
+        auth.tokens.mint("web", 60, max_streams=0)

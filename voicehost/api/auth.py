@@ -10,6 +10,7 @@ worker-internal routes (``/internal/...``) accept nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import logging
@@ -28,6 +29,7 @@ from voicehost.tenancy.keys import (
     ApiKey,
     AuthConfigError,
     Principal,
+    TokenStreams,
     hash_key,
     read_keys,
 )
@@ -46,6 +48,7 @@ KEY_ID_HEADER = "X-Voicehost-Key-Id"
 TENANT_HEADER = "X-Voicehost-Tenant"
 SCOPES_HEADER = "X-Voicehost-Scopes"
 STREAMS_HEADER = "X-Voicehost-Key-Streams"  # the key's own stream quota, when it has one
+TOKEN_STREAMS_HEADER = "X-Voicehost-Token-Streams"  # "LIMIT TOKEN_ID": a token's stream count
 FORWARDED_HEADERS = (KEY_ID_HEADER, TENANT_HEADER, SCOPES_HEADER)
 
 # Who may call a route (declared with the route, in ``voicehost.api.routes``): anyone, only the
@@ -151,7 +154,10 @@ class Authenticator:
         speaks = "synthesize" in key.scopes or "admin" in key.scopes
         voices = None if token.voices is None else frozenset(token.voices)
         scopes = frozenset({SPEECH_TOKEN} if speaks else ())
-        return Principal(key.id, key.tenant, scopes, voices, key.max_streams)
+        bound = None
+        if token.max_streams is not None:
+            bound = TokenStreams(token.token_id, token.max_streams)
+        return Principal(key.id, key.tenant, scopes, voices, key.max_streams, bound)
 
     def is_gateway(self, token: str | None) -> bool:
         """Whether ``token`` is the cluster's internal token."""
@@ -170,6 +176,8 @@ class Authenticator:
             headers[SCOPES_HEADER] = " ".join(sorted(principal.scopes))
             if principal.max_streams is not None:
                 headers[STREAMS_HEADER] = str(principal.max_streams)
+            if (bound := principal.token_streams) is not None:
+                headers[TOKEN_STREAMS_HEADER] = f"{bound.limit} {bound.token_id}"
         return headers
 
 
@@ -180,12 +188,19 @@ def forwarded_principal(headers: Mapping[str, str]) -> Principal | None:
         return None
     try:
         streams = headers.get(STREAMS_HEADER)
-        return _principal_of(
+        principal = _principal_of(
             headers[KEY_ID_HEADER],
             headers[TENANT_HEADER],
             headers[SCOPES_HEADER].split(),
             None if streams is None else int(streams),
         )
+        if (bound := headers.get(TOKEN_STREAMS_HEADER)) is not None:
+            limit, token_id = bound.split(" ")
+            if int(limit) < 1 or not token_id:
+                raise ValueError(f"a token bound to {bound!r}")
+            streams_of = TokenStreams(token_id, int(limit))
+            principal = dataclasses.replace(principal, token_streams=streams_of)
+        return principal
     except (KeyError, ValueError, ValidationError) as exc:
         raise ValueError(f"malformed forwarded principal: {exc}") from exc
 

@@ -104,7 +104,7 @@ def serve_frontends(
     auth = Authenticator.from_settings(settings, role)  # keys it cannot use stop it here
     sock = listening_socket(bind_host(settings.host, auth.enabled), settings.port)
     ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
-    HostBoard.create(ready_dir / BOARD_FILE, count, slots=capacity)
+    HostBoard.create(ready_dir / BOARD_FILE, count, capacity)
     lora_ids = ready_dir / "lora-ids"  # the engine core knows an adapter by its id alone
     HostLoraIds.create(lora_ids)
     metrics_dir = ready_dir / "metrics"  # each front end's values, summed by any of them

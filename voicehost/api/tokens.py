@@ -34,6 +34,13 @@ class TokenRequest(BaseModel):
         description="The page origin it speaks for (`https://app.example`): a request with "
         "another `Origin` header, or none, is refused 403.",
     )
+    max_streams: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="The streams it may hold at once, on any transport (beyond: 429 "
+        "`quota_exceeded`); its key's quota holds too. Default: only its key's.",
+    )
 
 
 class TokenResponse(BaseModel):
@@ -42,6 +49,7 @@ class TokenResponse(BaseModel):
     ttl_seconds: float
     voices: list[str] | None
     origin: str | None
+    max_streams: int | None
 
 
 async def mint_token(request: web.Request) -> web.Response:
@@ -55,7 +63,7 @@ async def mint_token(request: web.Request) -> web.Response:
         if not VOICE_ID_PATTERN.fullmatch(voice):
             raise ApiError(400, "invalid_voice_id", f"{voice!r} is not a voice id")
     token, minted = request.app[AUTH].tokens.mint(
-        principal.key_id, body.ttl_seconds, body.voices, body.origin
+        principal.key_id, body.ttl_seconds, body.voices, body.origin, max_streams=body.max_streams
     )
     answer = TokenResponse(
         token=token,
@@ -63,5 +71,6 @@ async def mint_token(request: web.Request) -> web.Response:
         ttl_seconds=body.ttl_seconds,
         voices=None if minted.voices is None else list(minted.voices),
         origin=minted.origin,
+        max_streams=minted.max_streams,
     )
     return web.json_response(answer.model_dump(), status=201)

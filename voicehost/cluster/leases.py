@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from voicehost.cluster.state import lease_key, raise_if_cancelled
 from voicehost.speech.admission import Refused
+from voicehost.tenancy.keys import TOKEN_STREAMS_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class KeyLeases:
             raise Refused(
                 429,
                 "quota_exceeded",
-                f"this API key already has {-held} streams in progress in the cluster (its limit)",
+                f"{_whose(key_id)} already has {-held} streams in progress in the cluster"
+                " (its limit)",
                 1,
             )
         self.held[lease] = key_id
@@ -117,3 +119,9 @@ class KeyLeases:
         if not self.redis_ok:
             log.info("redis reachable: key quotas hold for the cluster again")
         self.redis_ok = True
+
+
+def _whose(key_id: str) -> str:
+    """What a refusal calls the holder of ``key_id``'s streams: an API key, or a token bound to
+    a stream count (``TokenStreams.admission_key``)."""
+    return "this token" if key_id.startswith(TOKEN_STREAMS_PREFIX) else "this API key"

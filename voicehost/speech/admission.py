@@ -12,6 +12,7 @@ from functools import partial
 
 from voicehost.speech.board import Board, LocalBoard
 from voicehost.speech.capacity import Realtime
+from voicehost.tenancy.keys import TokenStreams
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +73,30 @@ class Admission:
         room = self.capacity - streams
         return room if self.realtime is None else self.realtime.headroom(streams, room)
 
-    def _check(self, streams: int, held: int, per_key: int | None = None) -> None:
+    def _check(
+        self,
+        streams: int,
+        held: tuple[int, ...],
+        per_key: int | None = None,
+        token: TokenStreams | None = None,
+    ) -> None:
         """Raise ``Refused`` unless one more stream fits, the host having ``streams`` and the
-        key ``held`` (its quota ``per_key``, else the service's). The key quota is checked
-        first: a key over its quota is told so even when the host is also full."""
+        key ``held[0]`` (its quota ``per_key``, else the service's), a ``token`` bound to a
+        stream count ``held[1]``. The quotas are checked first: a caller over its own is told
+        so even when the host is also full."""
         per_key = self.per_key if per_key is None else per_key
-        if per_key and held >= per_key:
+        if held and per_key and held[0] >= per_key:
             raise Refused(
                 429,
                 "quota_exceeded",
-                f"this API key already has {held} streams in progress (its limit)",
+                f"this API key already has {held[0]} streams in progress (its limit)",
+                self.retry_after,
+            )
+        if token is not None and held[-1] >= token.limit:
+            raise Refused(
+                429,
+                "quota_exceeded",
+                f"this token already has {held[-1]} streams in progress (its limit)",
                 self.retry_after,
             )
         if streams >= self.capacity:
@@ -100,10 +115,14 @@ class Admission:
             )
 
     @contextmanager
-    def admit(self, key: str | None, per_key: int | None = None) -> Iterator[None]:
+    def admit(
+        self, key: str | None, per_key: int | None = None, token: TokenStreams | None = None
+    ) -> Iterator[None]:
         """Hold a stream slot (and one of ``key``'s, whose own quota ``per_key`` is, if it has
-        one) for the ``with`` block, or raise ``Refused``."""
-        self.board.reserve(key, partial(self._check, per_key=per_key))
+        one; one of the ``token``'s, if bound to a stream count) for the ``with`` block, or
+        raise ``Refused``."""
+        keys = tuple(k for k in (key, token and token.admission_key) if k is not None)
+        self.board.reserve(keys, partial(self._check, per_key=per_key, token=token))
         self.active += 1
         self._idle.clear()
         try:
@@ -112,4 +131,4 @@ class Admission:
             self.active -= 1
             if not self.active:
                 self._idle.set()
-            self.board.release(key)
+            self.board.release(keys)

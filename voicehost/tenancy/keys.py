@@ -56,6 +56,22 @@ class ApiKey(BaseModel):
 SPEECH_TOKEN = "speech_token"
 
 
+TOKEN_STREAMS_PREFIX = "token:"  # what a token's streams are counted under, before its id
+
+
+@dataclass(frozen=True)
+class TokenStreams:
+    """A speech token bound to a stream count: at most ``limit`` of its streams at once, kept
+    under its ``token_id`` as a key's are under the key's id (on top of its key's quota)."""
+
+    token_id: str
+    limit: int
+
+    @property
+    def admission_key(self) -> str:
+        return TOKEN_STREAMS_PREFIX + self.token_id
+
+
 @dataclass(frozen=True)
 class Principal:
     """The authenticated caller of a request: a key, or a speech token minted by one (its
@@ -66,6 +82,7 @@ class Principal:
     scopes: frozenset[str]
     voices: frozenset[str] | None = None  # a token's: the voices it may speak (None: any)
     max_streams: int | None = None  # its key's own stream quota (None: the service's)
+    token_streams: TokenStreams | None = None  # a token's own stream count, if bound to one
 
     @property
     def admin(self) -> bool:

@@ -2,12 +2,13 @@
 (``POST /v1/tokens``) for a page to speak with, so the key itself never reaches the page.
 
 A token is ``vht_<payload>.<signature>``: the payload (base64url JSON) names the minting key, its
-expiry and what it is bound to (voices, an ``Origin``); the signature is an HMAC-SHA256 of it
-with the service's token secret, which every gateway and worker of a cluster derives alike (from
-``VOICEHOST_TOKEN_SECRET``, else the internal token, else the keys), so that any of them verifies
-a token without Redis. A token speaks on every speech transport and reaches nothing else; its
-streams count against its key's quota and usage; it dies with its key (a key no longer
-configured makes its tokens invalid) and at its expiry.
+expiry and what it is bound to (voices, an ``Origin``, a stream count); the signature is an
+HMAC-SHA256 of it with the service's token secret, which every gateway and worker of a cluster
+derives alike (from ``VOICEHOST_TOKEN_SECRET``, else the internal token, else the keys), so that any
+of them verifies a token without Redis. A token speaks on every speech transport and reaches nothing
+else; its streams count against its key's quota and usage (and, bound to a stream count, against its
+own: the token's id names them in admission, as a key's id names a key's); it dies with its key (a
+key no longer configured makes its tokens invalid) and at its expiry.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class SpeechToken:
     expires_at: float  # Unix seconds
     voices: tuple[str, ...] | None  # the voices it may speak; None: any its key may
     origin: str | None  # the Origin a browser must send with it; None: any
+    max_streams: int | None = None  # the streams it may hold at once; None: its key's quota
+    token_id: str = ""  # its nonce: what its own stream count is kept under
 
 
 def is_token(credential: str) -> bool:
@@ -88,20 +91,27 @@ class TokenSigner:
         voices: Iterable[str] | None = None,
         origin: str | None = None,
         now: float | None = None,
+        max_streams: int | None = None,
     ) -> tuple[str, SpeechToken]:
         if not 0 < ttl_seconds <= MAX_TTL_SECONDS:
             raise ValueError(f"a token lives more than 0 and at most {MAX_TTL_SECONDS:.0f} s")
+        if max_streams is not None and max_streams < 1:
+            raise ValueError(f"a token bound to {max_streams} streams")
         token = SpeechToken(
             key_id,
             round((time.time() if now is None else now) + ttl_seconds, 3),
             None if voices is None else tuple(sorted(set(voices))),
             origin,
+            max_streams,
+            secrets.token_urlsafe(12),
         )
-        body = {"k": token.key_id, "e": token.expires_at, "n": secrets.token_urlsafe(12)}
+        body: dict[str, object] = {"k": token.key_id, "e": token.expires_at, "n": token.token_id}
         if token.voices is not None:
             body["v"] = list(token.voices)
         if token.origin is not None:
             body["o"] = token.origin
+        if token.max_streams is not None:
+            body["s"] = token.max_streams
         payload = _b64(json.dumps(body, separators=(",", ":")).encode())
         return f"{TOKEN_PREFIX}{payload}.{self._sign(payload)}", token
 
@@ -118,6 +128,8 @@ class TokenSigner:
                 float(body["e"]),
                 None if voices is None else tuple(str(v) for v in voices),
                 None if body.get("o") is None else str(body["o"]),
+                None if body.get("s") is None else int(body["s"]),
+                str(body["n"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
             raise InvalidToken("invalid_token", "the token is not valid") from exc

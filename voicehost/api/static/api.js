@@ -1,5 +1,6 @@
-// The public API, as any client calls it: the key from sessionStorage as a bearer header,
-// errors as {"error": {"code", "message"}} turned into words.
+// The public API, as any client calls it: the key from sessionStorage as a bearer header (a
+// speech token in its place for the streams), errors as {"error": {"code", "message"}} turned
+// into words.
 
 const KEY_STORAGE = "voicehost.apiKey";
 
@@ -39,9 +40,9 @@ export function describe(error) {
   return String(error && error.message ? error.message : error);
 }
 
-function headers(extra) {
-  const result = { ...extra };
-  const key = apiKey();
+function headers(credential) {
+  const result = {};
+  const key = credential === undefined ? apiKey() : credential;
   if (key) result.Authorization = `Bearer ${key}`;
   return result;
 }
@@ -58,10 +59,14 @@ async function errorOf(response) {
   return new ApiError(response.status, code, message);
 }
 
-// fetch() with the key; resolves to the response when it is 2xx, throws ApiError otherwise.
-// A body other than JSON goes with its contentType if given (the WebRTC offer's SDP).
-export async function call(path, { method = "GET", json, body, contentType, signal } = {}) {
-  const init = { method, headers: headers(), signal };
+// fetch() with the key (or a speech token as `credential`); resolves to the response when it
+// is 2xx, throws ApiError otherwise. A body other than JSON goes with its contentType if given
+// (the WebRTC offer's SDP).
+export async function call(
+  path,
+  { method = "GET", json, body, contentType, signal, credential } = {},
+) {
+  const init = { method, headers: headers(credential), signal };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(json);
@@ -78,13 +83,37 @@ export async function getJson(path, options) {
   return (await call(path, options)).json();
 }
 
-// The realtime socket's URL; the key goes in its documented api_key parameter (browsers
-// cannot set headers on a WebSocket), nowhere else.
-export function realtimeUrl() {
+// What the page speaks with: a short-lived speech token (POST /v1/tokens) when a key is set
+// and the server mints them, so the key itself goes into no stream and no URL; the key when it
+// cannot mint one (the speech route then says why); null on a server without keys. A token is
+// kept for the next streams until a minute before it expires.
+const TOKEN_SECONDS = 600;
+const TOKEN_MARGIN_MS = 60_000;
+let minted = null; // { key, token, until }
+
+export async function speechCredential() {
+  const key = apiKey();
+  if (!key) return null;
+  if (minted && minted.key === key && minted.until - Date.now() > TOKEN_MARGIN_MS) {
+    return minted.token;
+  }
+  try {
+    const json = { ttl_seconds: TOKEN_SECONDS };
+    const body = await getJson("/v1/tokens", { method: "POST", json });
+    minted = { key, token: body.token, until: Date.parse(body.expires_at) };
+    return body.token;
+  } catch (error) {
+    if (error instanceof ApiError && error.status !== 401) return key;
+    throw error;
+  }
+}
+
+// The realtime socket's URL; the credential (a speech token, see above) goes in its documented
+// api_key parameter (browsers cannot set headers on a WebSocket), nowhere else.
+export function realtimeUrl(credential) {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const url = new URL(`${scheme}//${location.host}/v1/audio/speech/ws`);
-  const key = apiKey();
-  if (key) url.searchParams.set("api_key", key);
+  if (credential) url.searchParams.set("api_key", credential);
   return url.toString();
 }
 

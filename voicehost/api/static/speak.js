@@ -2,7 +2,15 @@
 // in any format; "type as you go" over the realtime socket or WebRTC, with barge-in, timing the
 // first audio of each.
 
-import { ApiError, call, describe, events, getJson, realtimeUrl } from "./api.js";
+import {
+  ApiError,
+  call,
+  describe,
+  events,
+  getJson,
+  realtimeUrl,
+  speechCredential,
+} from "./api.js";
 import { SAMPLE_RATE, StreamPlayer } from "./player.js";
 import { PeerLink, webRtcAvailable } from "./webrtc.js";
 
@@ -103,11 +111,13 @@ async function speak() {
   try {
     await player.open();
     player.reset();
+    const credential = await speechCredential();
     const started = performance.now();
     const response = await call("/v1/audio/speech", {
       method: "POST",
       json: { input, voice: selectedVoice(), response_format: "pcm" },
       signal: controller.signal,
+      credential,
     });
     const reader = response.body.getReader();
     let samples = 0;
@@ -147,6 +157,7 @@ async function download() {
     const response = await call("/v1/audio/speech", {
       method: "POST",
       json: { input: $("speak-text").value, voice: selectedVoice(), response_format: format },
+      credential: await speechCredential(),
     });
     const blob = await response.blob();
     const link = $("speak-file");
@@ -244,9 +255,33 @@ function liveEvent(link, event) {
   return null;
 }
 
+// The socket opens once the page has its credential (a speech token, minted once a key is
+// set); meanwhile a placeholder stands in for it, so text typed is queued and a close (another
+// transport, another voice) is kept.
 function openSocket() {
+  const opening = {
+    close() {
+      if (live.socket === opening) live.socket = null;
+    },
+  };
+  live.socket = opening;
+  live.ready = false;
+  speechCredential().then(
+    (credential) => {
+      if (live.socket === opening) connectSocket(credential);
+    },
+    (error) => {
+      if (live.socket !== opening) return;
+      live.socket = null;
+      live.pending = [];
+      say($("live-status"), describe(error), "error");
+    },
+  );
+}
+
+function connectSocket(credential) {
   const status = $("live-status");
-  const socket = new WebSocket(realtimeUrl());
+  const socket = new WebSocket(realtimeUrl(credential));
   socket.binaryType = "arraybuffer";
   live.socket = socket;
   live.transport = "websocket";
@@ -468,6 +503,7 @@ export async function speakWith(voice, input, status) {
   const response = await call("/v1/audio/speech", {
     method: "POST",
     json: { input, voice, response_format: "pcm" },
+    credential: await speechCredential(),
   });
   const reader = response.body.getReader();
   for (;;) {

@@ -3,7 +3,7 @@
 // peer's Opus track. A PeerLink sends as a WebSocket does (send, close), so the Speak view
 // drives either the same way.
 
-import { call } from "./api.js";
+import { call, speechCredential } from "./api.js";
 
 const PATH = "/v1/audio/speech/webrtc";
 const GATHER_MS = 5000; // non-trickle: the offer waits for every candidate, this long at most
@@ -63,6 +63,7 @@ export class PeerLink {
     this.pc = null;
     this.channel = null;
     this.location = null; // the session's URL, for its DELETE
+    this.credential = undefined; // what it was opened with (a speech token), for its DELETE
     this.ended = false;
     this.timer = null;
   }
@@ -93,10 +94,12 @@ export class PeerLink {
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
       if (this.ended) return;
+      this.credential = await speechCredential(); // a speech token where the server mints them
       const response = await call(PATH, {
         method: "POST",
         body: pc.localDescription.sdp,
         contentType: "application/sdp",
+        credential: this.credential,
       });
       this.location = response.headers.get("Location");
       const answer = await response.text();
@@ -133,7 +136,7 @@ export class PeerLink {
     if (reason !== null) this.handlers.onClose(reason);
     if (hangUp && this.location) {
       try {
-        await call(this.location, { method: "DELETE" });
+        await call(this.location, { method: "DELETE", credential: this.credential });
       } catch {
         // gone already: closing the peer connection ends it too
       }
