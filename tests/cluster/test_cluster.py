@@ -168,8 +168,9 @@ W2_ENV = {"VOICEHOST_FRONTENDS": "1", "VOICEHOST_ENCODE_PROCESSES": "1"}
 class EarlyCluster:
     """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
     one worker and drain the other; w1 runs two front ends on its engine core (every test that
-    fills w1 holds for the host, not for the front end it reached), and its kill -9 is a
-    host's: its front ends and its engine core end with it.
+    fills w1 holds for the host, not for the front end it reached), and the kill -9 of one
+    of its front ends ends the host (exit 1), its other front end and its engine core with it;
+    w2's kill -9 is a whole host's.
     Started with test_hostile_uploads (``start_cluster``): its boots then run beside the tests
     of the modules before this one, which leave a core mostly idle, not beside other boots."""
 
@@ -701,8 +702,16 @@ async def test_a_rollback_through_a_gateway_is_seen_at_once_and_a_stream_keeps_i
     assert not [k for k in cluster.redis.client().keys("vh:voice:rolling*")]
 
 
+@pytest.fixture
+async def page_http():
+    """A client session of a page, which holds only a token: the module's ``http`` sends the
+    admin key, which a socket's ``?api_key=`` would not override (the header is read first)."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
 async def test_a_speech_token_minted_at_the_gateway_speaks_through_it_and_nothing_else(
-    cluster, http
+    cluster, http, page_http
 ):
     """A 2 s token of the quota key, minted at the gateway (which verifies it without Redis:
     its secret comes from the cluster's internal token): speech over HTTP, SSE, the socket and
@@ -712,24 +721,34 @@ async def test_a_speech_token_minted_at_the_gateway_speaks_through_it_and_nothin
     async with AsyncClient(gateway, api_key=QUOTA_KEY) as backend:
         token = (await backend.mint_token(2.0))["token"]
         one = (await backend.mint_token(60, max_streams=1))["token"]
-    started = time.monotonic()  # each opened within the token's 2 s, the slowest first
-    async with AsyncClient(gateway, api_key=token) as page, page.webrtc("dev-a") as session:
-        assert session.ready["transport"] == "webrtc"
-    async with http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={token}") as ws:
-        await ws.send_json({"type": "config", "voice": "dev-a"})
-        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
-    sse = {"input": "Hi.", "voice": "dev-a", "response_format": "pcm", "stream_format": "sse"}
-    async with http.post(gateway + "/v1/audio/speech", json=sse, headers=bearer(token)) as r:
-        assert r.status == 200 and (await r.content.readany()).startswith(b"data: ")
-    status, served_by, audio = await speak_as(http, gateway, "dev-a", token)
-    assert status == 200 and audio and served_by in cluster.workers
+    started = time.monotonic()  # the four opened at once, within the token's 2 s
+
+    async def webrtc() -> None:
+        async with AsyncClient(gateway, api_key=token) as page, page.webrtc("dev-a") as session:
+            assert session.ready["transport"] == "webrtc"
+
+    async def socket() -> None:
+        async with page_http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={token}") as ws:
+            await ws.send_json({"type": "config", "voice": "dev-a"})
+            assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
+
+    async def sse() -> None:
+        body = {"input": "Hi.", "voice": "dev-a", "response_format": "pcm", "stream_format": "sse"}
+        async with http.post(gateway + "/v1/audio/speech", json=body, headers=bearer(token)) as r:
+            assert r.status == 200 and (await r.content.readany()).startswith(b"data: ")
+
+    async def raw() -> None:
+        status, served_by, audio = await speak_as(http, gateway, "dev-a", token)
+        assert status == 200 and audio and served_by in cluster.workers
+
+    await asyncio.gather(webrtc(), socket(), sse(), raw())
     print(f"four transports through the gateway in {time.monotonic() - started:.2f} s")
     async with http.get(gateway + "/v1/voices", headers=bearer(token)) as r:
         assert (r.status, (await r.json())["error"]["code"]) == (403, "token_not_allowed")
     await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - started)))
     status, _, audio = await speak_as(http, gateway, "dev-a", token)
     assert status == 401 and b"token_expired" in audio
-    async with http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={one}") as ws:
+    async with page_http.ws_connect(f"{gateway}/v1/audio/speech/ws?api_key={one}") as ws:
         await ws.send_json({"type": "config", "voice": "dev-a"})
         assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
         status, _, answer = await speak_as(http, gateway, "dev-a", one)
@@ -1144,13 +1163,13 @@ async def test_a_worker_with_two_front_ends_is_one_ring_member_with_one_load_fig
 
 
 async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, http):
-    """kill -9 of w1, a host of two front ends: each of its streams through the gateway ends
-    as one cut mid-way (raw audio without its last chunk; SSE with an ``upstream_cut`` error
-    event after its last whole event; the socket with that error, then 1011; a WebRTC session
-    at the gateway with that error on its data channel, then its end), its front ends
-    and its engine core end with it (the front ends die with their parent, the reaper ends the
-    core), and its voices move on to w2. A stream held on w2 lets w1 take four within the
-    gateway's load bound."""
+    """kill -9 of one front end of w1, a host of two: the host ends its other front end and
+    its engine core and exits 1 at once (for its supervisor), and each of its streams through
+    the gateway, on either front end, ends as one cut mid-way (raw audio without its last
+    chunk; SSE with an ``upstream_cut`` error event after its last whole event; the socket with
+    that error, then 1011; a WebRTC session at the gateway with that error on its data channel,
+    then its end), never drained behind a ring that no longer routes to it; its voices move on
+    to w2. A stream held on w2 lets w1 take four within the gateway's load bound."""
     for _ in range(100):  # the test before let w1's streams go: once a heartbeat says so
         if (await cluster_load(http, cluster))["w1"]["headroom"] == WORKER_CAPACITY:
             break
@@ -1237,9 +1256,13 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     assert (await cluster_load(http, cluster))["w1"]["active_streams"] == 4
     worker = cluster.workers["w1"].process
     tree = process_tree(worker.pid)
-    assert sum(is_frontend(p) for p in tree) == 2, tree
+    front_ends = [p for p in tree if is_frontend(p)]
+    assert len(front_ends) == 2, tree
     assert sum(is_engine_core(p) for p in tree) == 1, tree
-    os.kill(worker.pid, signal.SIGKILL)  # the host alone: the rest must follow by themselves
+    # one front end alone: the host ends its other one (whose streams are cut, not drained
+    # behind a ring that no longer routes to it) and its core, and exits 1 for its supervisor
+    os.kill(front_ends[0].pid, signal.SIGKILL)
+    killed = time.monotonic()
     # its heartbeat's TTL, the gateway's poll, and the slack of two cores the other lane shares
     gone = TTL + POLL + 3 * SLACK
     left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, gone))
@@ -1248,7 +1271,8 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     ballast.close()  # the key's fourth stream: w1's three leases stay until they expire
     leases = cluster.redis.client()
     await eventually(lambda: leases.zcard("vh:lease:ops") <= 3, 5)
-    worker.wait()
+    assert await asyncio.to_thread(worker.wait, 10) == 1
+    print(f"w1 exited 1 {time.monotonic() - killed:.2f} s after one front end's kill -9")
     # no front end, no engine process left; in the full suite, under the load of the servers
     # booting beside it, once took over 15 s (the processes left were not recorded then)
     try:

@@ -144,7 +144,7 @@ def test_a_front_end_measures_its_requests_rate_at_the_batch_of_the_whole_host(t
     first measures its request's rate at batch 4 (the engine's), not 1, and admission reads
     the host's 4 requests generating; a front end with none of its own measures nothing."""
     path = tmp_path / "board"
-    HostBoard.create(path, 2, slots=4)
+    HostBoard.create(path, 2, 4)
     clock = Clock()
     one, three = (
         RateMeter(interval=0.5, clock=clock, board=HostBoard(path, 2, index, 4))
