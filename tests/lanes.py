@@ -139,9 +139,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     _paced_reached = True
     _mark(item.config, "paced")
-    deadline = time.monotonic() + PACED_WAIT_SECONDS
+    started = time.monotonic()
+    deadline = started + PACED_WAIT_SECONDS
     while not _others_paced_or_done(item.config) and time.monotonic() < deadline:
         time.sleep(0.5)
+    waited = time.monotonic() - started
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:  # a lane's idle time, for whoever balances the lanes
+        lane = selected_lane(item.config)
+        reporter.write_line(f"lane {lane}: waited {waited:.1f} s for the other at its paced tests")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from lora_training.quality import add_arguments as add_check_data_arguments
 from voicehost.config import Settings
@@ -43,11 +44,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def _run_server(command: str, start: Callable[[], None]) -> int:
-    """Run a server; a key configuration it cannot use stops it with a clear message."""
+def _run_server(
+    command: Literal["serve", "worker", "gateway"], settings: Settings, start: Callable[[], None]
+) -> int:
+    """Run a server; a key configuration it cannot use stops it with a clear message, read
+    first: before the engine's imports, the dev model and the engine core (seconds to tens of
+    seconds) are spent on a server that cannot start."""
+    from voicehost.api.auth import Authenticator
     from voicehost.tenancy.keys import AuthConfigError
 
     try:
+        Authenticator.from_settings(settings, command)
         start()
     except AuthConfigError as exc:
         print(f"voicehost {command}: {exc}", file=sys.stderr)
@@ -56,18 +63,20 @@ def _run_server(command: str, start: Callable[[], None]) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from voicehost.api.server import serve
-
     settings = _settings(args)
     if not settings.dev and not settings.model:
         print("voicehost serve: pass --model (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
         return 2
-    return _run_server("serve", lambda: serve(settings))
+
+    def start() -> None:
+        from voicehost.api.server import serve
+
+        serve(settings)
+
+    return _run_server("serve", settings, start)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from voicehost.cluster.worker import serve_worker
-
     settings = _settings(args)
     if not settings.dev and not settings.model:
         print("voicehost worker: pass --model (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
@@ -75,12 +84,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("voicehost worker: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
         return 2
-    return _run_server("worker", lambda: serve_worker(settings))
+
+    def start() -> None:
+        from voicehost.cluster.worker import serve_worker
+
+        serve_worker(settings)
+
+    return _run_server("worker", settings, start)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from voicehost.cluster.gateway import serve_gateway
-
     settings = _settings(args)
     if not settings.redis_url:
         print("voicehost gateway: pass --redis (or VOICEHOST_REDIS_URL)", file=sys.stderr)
@@ -92,7 +105,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return _run_server("gateway", lambda: serve_gateway(settings))
+
+    def start() -> None:
+        from voicehost.cluster.gateway import serve_gateway
+
+        serve_gateway(settings)
+
+    return _run_server("gateway", settings, start)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
