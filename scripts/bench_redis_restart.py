@@ -1,15 +1,16 @@
 """Answers through a gateway while Redis is killed and restarted empty, under a steady load.
 
-Starts its own Redis, one dev worker and one gateway (one engine: what the gateway and the worker
-do is then apart from two busy CPU engines' contention), runs ``--clients`` clients that each
-speak a short sentence through the gateway back to back, and at ``--kill-at`` seconds kills
-Redis (SIGKILL) and starts an empty one on the same port. Meanwhile it samples the gateway's
-``/v1/cluster`` (the workers on its ring and their load figures, as the heartbeats report them)
-and ``/healthz``. Prints, per ``--window`` seconds, the answers' statuses and their time to first
-byte and to the end (p50/p95), when the ring had its worker back with its load figures, and one
-JSON object as the last line.
+Starts its own Redis, ``--workers`` dev workers (one by default: what the gateway and the worker
+do is then apart from two busy CPU engines' contention) and ``--gateways`` gateways, runs
+``--clients`` clients that each speak a short sentence back to back through the gateways in
+turn, and at ``--kill-at`` seconds kills Redis (SIGKILL) and starts an empty one on the same
+port. Meanwhile it samples the first gateway's ``/v1/cluster`` (the workers on its ring and
+their load figures, as the heartbeats report them) and ``/healthz``. Prints, per ``--window``
+seconds, the answers' statuses and their time to first byte and to the end (p50/p95), when the
+ring had its workers back with their load figures, and one JSON object as the last line.
 
     python scripts/bench_redis_restart.py [--clients 2] [--seconds 80] [--kill-at 20]
+        [--workers 1] [--gateways 1]
 """
 
 from __future__ import annotations
@@ -66,16 +67,20 @@ async def speak(session: aiohttp.ClientSession, url: str, started: float) -> dic
     }
 
 
-async def load(url: str, clients: int, seconds: float, started: float) -> list[dict[str, float]]:
+async def load(
+    urls: list[str], clients: int, seconds: float, started: float
+) -> list[dict[str, float]]:
     answers: list[dict[str, float]] = []
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def client() -> None:
+        async def client(index: int) -> None:
+            turn = index
             while time.monotonic() - started < seconds:
-                answers.append(await speak(session, url, started))
+                answers.append(await speak(session, urls[turn % len(urls)], started))
+                turn += 1
 
-        await asyncio.gather(*(client() for _ in range(clients)))
+        await asyncio.gather(*(client(i) for i in range(clients)))
     return answers
 
 
@@ -133,36 +138,41 @@ def windows(answers: list[dict[str, float]], width: float) -> list[dict[str, obj
 
 
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, object]:
-    redis_port, worker_port, gateway_port = free_port(), free_port(), free_port()
+    redis_port = free_port()
     redis = [start_redis(redis_port, folder, "redis")]
     env = dev_env(
         VOICEHOST_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
         VOICEHOST_SHARED_DIR=str(folder / "shared"),
         VOICEHOST_ADAPTER_CACHE_DIR=str(folder / "cache"),
     )
-    worker = launch(
-        voicehost_command("worker", "--dev", "--port", str(worker_port), "--worker-id", "w1"),
-        {**env, **engine_core_env()},
-        folder / "worker.log",
-    )
-    gateway = launch(
-        voicehost_command("gateway", "--dev", "--port", str(gateway_port)),
-        env,
-        folder / "gateway.log",
-    )
-    url = f"http://127.0.0.1:{gateway_port}"
+    workers, gateways = {}, {}
+    for index in range(args.workers):
+        port, name = free_port(), f"w{index + 1}"
+        command = voicehost_command("worker", "--dev", "--port", str(port), "--worker-id", name)
+        log = folder / f"{name}.log"
+        workers[name] = (launch(command, {**env, **engine_core_env()}, log), port, log)
+    for index in range(args.gateways):
+        port, name = free_port(), f"g{index + 1}"
+        command = voicehost_command("gateway", "--dev", "--port", str(port))
+        log = folder / f"{name}.log"
+        gateways[name] = (launch(command, env, log), port, log)
+    urls = [f"http://127.0.0.1:{port}" for _, port, _ in gateways.values()]
     try:
-        wait_ready(worker, f"http://127.0.0.1:{worker_port}", folder / "worker.log", 600)
-        wait_ready(gateway, url, folder / "gateway.log", 60)
+        for process, port, log in workers.values():
+            wait_ready(process, f"http://127.0.0.1:{port}", log, 600)
+        for process, port, log in gateways.values():
+            wait_ready(process, f"http://127.0.0.1:{port}", log, 60)
         started = time.monotonic()
         answers, samples, killed = await asyncio.gather(
-            load(url, args.clients, args.seconds, started),
-            watch(url, args.seconds, started),
+            load(urls, args.clients, args.seconds, started),
+            watch(urls[0], args.seconds, started),
             restart_redis(redis, redis_port, folder, args.kill_at, started),
         )
     finally:
-        for process in (gateway, worker, *redis):
+        for process, _, _ in (*gateways.values(), *workers.values()):
             stop(process, grace=30)
+        for process in redis:
+            stop(process)
     after = [s for s in samples if float(s["t"]) > killed]  # type: ignore[arg-type]
     back = next(
         (s["t"] for s in after if s.get("workers") and s.get("redis") == "up"),
@@ -172,6 +182,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, object]:
     before = [a for a in answers if a["t"] < killed and a["status"] == 200]
     later = [a for a in answers if a["t"] > killed + 5 and a["status"] == 200]
     return {
+        "workers": args.workers,
+        "gateways": args.gateways,
         "clients": args.clients,
         "killed_at_s": round(killed, 2),
         "ring_back_with_load_at_s": back,
@@ -191,6 +203,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=80.0)
     parser.add_argument("--kill-at", type=float, default=20.0)
     parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--gateways", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
