@@ -158,8 +158,8 @@ def serve_frontends(
             if process.is_alive():
                 process.terminate()
             process.join(5)
-        if engines is not None:
-            engines.shutdown()
+        if engines is not None:  # a failed host's streams are cut already: a short grace
+            engines.shutdown(timeout=FAILED_CORE_GRACE_S if failed else None)
         listeners.cleanup()
         shutil.rmtree(ready_dir, ignore_errors=True)
         del listeners  # its __del__ would run again at exit, with vLLM's modules torn down
@@ -221,6 +221,7 @@ def _wait(frontends: list[Any], cores: list[Any], stopping: Any) -> bool:
 
 
 CORE_LOST_GRACE_S = 5.0  # for front ends whose engine core is gone to end their streams
+FAILED_CORE_GRACE_S = 1.0  # a failed host's core, to exit on SIGTERM before its SIGKILL (vLLM: 5)
 
 
 def _signal(processes: list[Any], signum: int) -> None:
