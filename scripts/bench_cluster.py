@@ -35,6 +35,7 @@ from voicehost.tools.devserver import (
     engine_core_env,
     free_port,
     launch,
+    launch_redis,
     stop,
     voicehost_command,
     wait_ready,
@@ -67,11 +68,7 @@ def start_cluster(folder: Path) -> tuple[str, str, list[subprocess.Popen]]:
     """A Redis of its own, one dev worker and one gateway, each logging under ``folder``;
     the processes are returned gateway first, so that stopping them in order drains cleanly."""
     redis_port, worker_port, gateway_port = free_port(), free_port(), free_port()
-    redis = launch(
-        ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-        dev_env(),
-        folder / "redis.log",
-    )
+    redis = launch_redis(redis_port, folder / "redis.log")
     env = dev_env(
         VOICEHOST_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
         VOICEHOST_SHARED_DIR=str(folder / "shared"),

@@ -34,17 +34,13 @@ from voicehost.tools.devserver import (
     engine_core_env,
     free_port,
     launch,
+    launch_redis,
     stop,
     voicehost_command,
     wait_ready,
 )
 
 TEXT = "Hello there, how are you today?"
-
-
-def start_redis(port: int, folder: Path, name: str) -> subprocess.Popen[bytes]:
-    command = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
-    return launch(command, dev_env(), folder / f"{name}.log")
 
 
 async def speak(session: aiohttp.ClientSession, url: str, started: float) -> dict[str, float]:
@@ -112,7 +108,7 @@ async def restart_redis(
     redis[0].kill()
     redis[0].wait()
     killed = time.monotonic() - started
-    redis[0] = start_redis(port, folder, "redis-2")
+    redis[0] = launch_redis(port, folder / "redis-2.log")
     return killed
 
 
@@ -139,7 +135,7 @@ def windows(answers: list[dict[str, float]], width: float) -> list[dict[str, obj
 
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, object]:
     redis_port = free_port()
-    redis = [start_redis(redis_port, folder, "redis")]
+    redis = [launch_redis(redis_port, folder / "redis.log")]
     env = dev_env(
         VOICEHOST_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
         VOICEHOST_SHARED_DIR=str(folder / "shared"),

@@ -88,6 +88,12 @@ def launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
         )
 
 
+def launch_redis(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """A ``redis-server`` on ``port`` that keeps nothing on disk (a restart starts it empty)."""
+    command = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    return launch(command, dev_env(), log)
+
+
 def log_tail(log: Path, chars: int = LOG_TAIL_CHARS) -> str:
     """The last ``chars`` characters of ``log`` (empty when it cannot be read)."""
     try:
