@@ -817,8 +817,8 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     the reconcilers restore every adapter voice's record, and health says when it is whole.
     Meanwhile a voice is never "not found" (404: a client would drop it): 503
     ``registry_rebuilding`` with ``Retry-After``, until its record is back. To another tenant a
-    tenant's voice is 404 in the gap as outside it, on the voice route and on speech: the gap
-    tells nobody what is not theirs."""
+    tenant's voice is 404 in the gap as outside it, on the voice, versions and publish routes,
+    speech, the captioned route and the socket: the gap tells nobody what is not theirs."""
     async with http.post(
         cluster.gateway.url + "/v1/voices", data=adapter_form(dev_model, "kept")
     ) as r:
@@ -849,15 +849,22 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
                 assert (r.status, (await r.json())["error"]["code"]) == (503, "registry_rebuilding")
 
     async def not_theirs() -> None:
-        async with http.get(
-            f"{cluster.gateway.url}/v1/voices/ta-own", headers=bearer(TENANT_KEYS["tb"])
-        ) as r:
+        tb, url = bearer(TENANT_KEYS["tb"]), cluster.gateway.url
+        async with http.get(f"{url}/v1/voices/ta-own", headers=tb) as r:
             others.add(("voice route", r.status))
+        async with http.get(f"{url}/v1/voices/ta-own/versions", headers=tb) as r:
+            others.add(("versions", r.status))
+        publish = {"reason": "not theirs to publish"}
+        async with http.post(f"{url}/v1/voices/ta-own/publish", json=publish, headers=tb) as r:
+            others.add(("publish", r.status))
         body = {"input": "Hi.", "voice": "ta-own", "response_format": "pcm"}
-        async with http.post(
-            cluster.gateway.url + "/v1/audio/speech", json=body, headers=bearer(QUOTA_KEY)
-        ) as r:
-            others.add(("speech", r.status))
+        for path in ("/v1/audio/speech", "/v1/audio/speech/captioned"):
+            async with http.post(url + path, json=body, headers=bearer(QUOTA_KEY)) as r:
+                others.add((path.rsplit("/", 1)[-1], r.status))
+        async with http.ws_connect(url + "/v1/audio/speech/ws", headers=bearer(QUOTA_KEY)) as ws:
+            await ws.send_json({"type": "config", "voice": "ta-own"})
+            event = json.loads((await ws.receive(timeout=30)).data)
+            others.add(("socket", 404 if event["error"]["code"] == "voice_not_found" else 0))
 
     async def found(voice: str) -> int:
         async with http.get(f"{cluster.gateway.url}/v1/voices/{voice}") as r:
@@ -883,7 +890,8 @@ async def test_every_voice_speaks_again_soon_after_redis_loses_its_data(cluster,
     assert statuses == [200] * len(voices)
     assert seen <= {(200, ""), (503, "registry_rebuilding")}, seen
     assert (503, "registry_rebuilding") in seen  # the gap was seen
-    assert others == {("voice route", 404), ("speech", 404)}, others
+    routes = ("voice route", "versions", "publish", "speech", "captioned", "socket")
+    assert others == {(route, 404) for route in routes}, others
     assert 503 in listed and "rebuilding" in health, (listed, health)  # said in the gap
     assert set(ready) == {200}, ready  # an emptied membership is not believed
     # and the ring's load figures are rebuilt: each worker's record, with its load, rewritten
