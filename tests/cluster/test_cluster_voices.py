@@ -82,6 +82,26 @@ async def test_records_lost_with_redis_are_rebuilt_from_the_store(
     assert await redis_directory.reconcile() == 0  # idempotent: nothing to do the second time
 
 
+async def test_a_voice_another_process_is_restoring_is_rebuilding_not_not_found(
+    redis_directory, dev_model, tmp_path
+):
+    """In the gap a reconciler claims a voice's record before it writes it: a lookup that
+    reads the bare claim in between is a 503 to retry (the store holds the voice), never a 404.
+    Seen in the cluster's FLUSHALL test: an admin got 404 for dev-a 8 ms before its restore."""
+    await register(redis_directory, dev_model, tmp_path, "acme-voice", tenant="acme")
+    await redis_directory.redis.flushall()
+    other = RedisVoiceDirectory(  # another gateway's or worker's reconciler, half-way
+        redis_directory.redis, redis_directory.store, ["tara"], redis_directory.rules, "other"
+    )
+    assert await other._claim("acme-voice")
+    with pytest.raises(RegistryRebuilding) as rebuilding:
+        await redis_directory.find("acme-voice")
+    assert rebuilding.value.tenant == "acme"
+    await redis_directory.redis.delete(voice_key("acme-voice"))  # the claim expired unfinished
+    assert await redis_directory.reconcile() == 0
+    assert (await redis_directory.find("acme-voice")).tenant == "acme"
+
+
 async def test_a_version_replaced_by_a_new_live_one_is_retired(
     redis_directory, dev_model, tmp_path
 ):

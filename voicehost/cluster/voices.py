@@ -67,6 +67,7 @@ from voicehost.voices.voice import (
 log = logging.getLogger(__name__)
 
 PUBLISH_CLAIM_SECONDS = 300
+CLAIMED = "publishing"  # a record's status from its claim until it is complete
 REGISTRY_WHOLE_TTL_SECONDS = 3600  # refreshed by every reconcile (each process, every 2 s)
 # A gateway sends the record of the voice it routes with the request, so that a worker that never
 # saw it can serve it while Redis is away (believed only with the internal token).
@@ -316,7 +317,7 @@ class RedisVoiceDirectory:
     async def _claim(self, voice_id: str) -> bool:
         """Claim the voice's record (``publishing``); ``False`` if it exists. The claim expires
         if this process dies before ``_complete``."""
-        if not await self.redis.hsetnx(voice_key(voice_id), "status", "publishing"):
+        if not await self.redis.hsetnx(voice_key(voice_id), "status", CLAIMED):
             return False
         await self.redis.expire(voice_key(voice_id), PUBLISH_CLAIM_SECONDS)
         return True
@@ -509,18 +510,22 @@ class RedisVoiceDirectory:
         holds it. A record the reconciler restored between the read and the check is read
         again: that voice was never "not found"."""
         record = await self.record(voice_id, version)
-        if record is None:
-            if (owner := await self._lost(voice_id)) is not None:
+        claimed = record is not None and record.get("status") == CLAIMED
+        if record is None or claimed:  # a claim: a reconcile may be restoring it right now
+            if (owner := await self._lost(voice_id, claimed)) is not None:
                 raise RegistryRebuilding(voice_id, owner.tenant, owner.held)
             record = await self.record(voice_id, version)
         return record
 
-    async def _lost(self, voice_id: str) -> Owner | None:
-        """Whose ``voice_id`` is, if it has no record but the store holds it (deleting a voice
-        removes its files first): Redis lost it, the next reconcile restores it. Noted for
-        ``missing``, so health says so at once. One a reconcile could not restore (its files
-        are broken) is not waited for: it is missing, not coming."""
-        if voice_id in self._unrestorable or await self.redis.exists(voice_key(voice_id)):
+    async def _lost(self, voice_id: str, claimed: bool = False) -> Owner | None:
+        """Whose ``voice_id`` is, if it has no record (or only a claim on one: ``claimed``)
+        but the store holds it (deleting a voice removes its files first): Redis lost it, the
+        next reconcile restores it (or is restoring it). Noted for ``missing``, so health says
+        so at once. One a reconcile could not restore (its files are broken) is not waited
+        for: it is missing, not coming."""
+        if voice_id in self._unrestorable:
+            return None
+        if not claimed and await self.redis.exists(voice_key(voice_id)):
             return None
         owner = await asyncio.to_thread(self.store.owner, voice_id)
         if owner is not None:
