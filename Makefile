@@ -18,7 +18,7 @@ UV := uv==0.13.9
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install install-test serve test test-fast lint bench lock system-deps
+.PHONY: install install-test serve test test-fast lint bench lock system-deps docs
 install: $(SERVE_STAMP)
 install-test: $(TEST_STAMP)
 
@@ -67,6 +67,10 @@ test-fast: install-test
 
 bench: install-test
 	$(BIN)/voicehost bench $(BENCH_ARGS)
+
+# The README's configuration tables, made from the settings' own descriptions (config.py).
+docs: install
+	$(BIN)/python -m voicehost.tools.settings_doc --write
 
 # Re-resolves both locks from pyproject.toml (uv resolves; pip installs from them).
 lock:

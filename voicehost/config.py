@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -68,329 +68,823 @@ class Settings(BaseSettings):
     """The service configuration (see the table in the README)."""
 
     model_config = SettingsConfigDict(env_prefix="VOICEHOST_", extra="ignore")
+    # the settings by concern, each group from its first setting on (the README's tables)
+    GROUPS: ClassVar[dict[str, str]] = {
+        "dev": "What to serve",
+        "jobs_dir": "Voice cloning",
+        "host": "HTTP",
+        "ice_servers": "WebRTC (POST /v1/audio/speech/webrtc)",
+        "api_keys": "Authentication",
+        "audit_path": "Audit trail and usage",
+        "lexicons_dir": "Pronunciation lexicons",
+        "segment_max_chars": "Text",
+        "quantization": "Engine",
+        "redis_url": "Cluster (voicehost worker / gateway)",
+        "temperature": "Sampling (Orpheus' stable defaults)",
+        "lookahead_frames": "Decoding",
+        "encode_threads": "Audio out",
+    }
 
-    # What to serve
-    dev: bool = Field(False, description="Serve the built-in tiny random-weight dev model.")
-    model: str | None = Field(None, description="Orpheus weights: a local path or a hub id.")
-    codec: str = Field("hubertsiuzdak/snac_24khz", description="SNAC 24 kHz: a path or hub id.")
-    base_model_name: str | None = Field(
-        None, description="Name adapters must declare as their base (default: the model's name)."
+    dev: bool = Field(
+        False, description="Serve the built-in tiny random-weight dev model (`--dev`)."
     )
-    dev_dir: Path = Field(default_factory=_default_dev_dir, description="Dev model cache.")
-    adapters_dir: Path = Field(Path("adapters"), description="Voice adapters: <dir>/<voice_id>/.")
+    model: str | None = Field(
+        None, description="Orpheus weights: a local path or a hub id (`--model`)."
+    )
+    codec: str = Field(
+        "hubertsiuzdak/snac_24khz", description="SNAC 24 kHz: a path or hub id (`--codec`)."
+    )
+    base_model_name: str | None = Field(
+        None,
+        description=(
+            "Base model name adapters must declare; the served model's path or "
+            "hub id is accepted too (each compared by its last path part, so a "
+            "PEFT `save_pretrained` made against the served folder passes)."
+        ),
+        json_schema_extra={
+            "default_doc": "`voicehost-dev` with `--dev`, else the model's last path part"
+        },
+    )
+    dev_dir: Path = Field(
+        default_factory=_default_dev_dir,
+        description="Where the dev model is built and cached.",
+        json_schema_extra={"default_doc": "`~/.cache/voicehost/dev-model`"},
+    )
+    adapters_dir: Path = Field(
+        Path("adapters"),
+        description=("Voice adapters, one folder per voice: `<dir>/<voice_id>/` (`--adapters`)."),
+    )
     builtin_voices: list[str] = Field(
         default_factory=lambda: list(ORPHEUS_VOICES),
-        description="Voices of the base model, spoken by prompt prefix without an adapter.",
+        description=(
+            'Voices of the base model, spoken by the prompt prefix `"{voice}: "`, no adapter.'
+        ),
+        json_schema_extra={
+            "default_doc": (
+                "Orpheus' 8 voices (`tara`, `leah`, `jess`, `leo`, `dan`, `mia`, `zac`, `zoe`)"
+            )
+        },
     )
-    adapter_scan_seconds: float = Field(2.0, description="How often the adapters dir is rescanned.")
+    adapter_scan_seconds: float = Field(
+        2.0, description="How often the adapter folders are rescanned."
+    )
     voice_aliases: dict[str, str] = Field(
         default_factory=lambda: dict(OPENAI_VOICE_ALIASES),
-        description="Other names of voices (alias -> voice id): OpenAI's onto built-in voices.",
+        description=(
+            'Other names of voices, a JSON object `{"alias": "voice id"}` '
+            "(replaces the default; `{}`: none). A request naming an alias "
+            "speaks with its voice, unless a voice of the alias' own id is one "
+            "the caller can see; the voice list shows each voice's aliases. An "
+            "alias may not name another alias."
+        ),
+        json_schema_extra={
+            "default_doc": (
+                'OpenAI\'s voices onto the built-in ones: `{"alloy": "tara", "ash": '
+                '"dan", "ballad": "leo", "cedar": "leo", "coral": "jess", "echo": '
+                '"zac", "fable": "leo", "marin": "leah", "nova": "leah", "onyx": '
+                '"dan", "sage": "mia", "shimmer": "zoe", "verse": "zac"}`'
+            )
+        },
     )
 
-    # Voice cloning
-    jobs_dir: Path = Field(Path("jobs"), description="Clone jobs: state and uploaded inputs.")
-    max_upload_mb: float = Field(200.0, description="Largest upload to POST /v1/voices (413).")
-    max_upload_minutes: float = Field(60.0, description="Most audio in one upload (413).")
-    max_adapter_mb: float = Field(256.0, description="Largest uploaded adapter file (413).")
-    min_speech_seconds: float = Field(30.0, description="Least usable speech to clone (400).")
+    jobs_dir: Path = Field(
+        Path("jobs"),
+        description=(
+            "Clone jobs: their state and the uploaded inputs (kept so a failed job can be retried)."
+        ),
+    )
+    max_upload_mb: float = Field(
+        200.0,
+        description=("Largest upload to `POST /v1/voices`; larger gets 413 while it streams in."),
+        json_schema_extra={"default_doc": "`200`"},
+    )
+    max_upload_minutes: float = Field(
+        60.0,
+        description=(
+            "Most decoded audio in one upload (413), counted while decoding, never from headers."
+        ),
+        json_schema_extra={"default_doc": "`60`"},
+    )
+    max_adapter_mb: float = Field(
+        256.0,
+        description="Largest file of an uploaded adapter (413 `adapter_too_large`).",
+        json_schema_extra={"default_doc": "`256`"},
+    )
+    min_speech_seconds: float = Field(
+        30.0,
+        description="Least usable speech (after trimming) a clone needs (400).",
+        json_schema_extra={"default_doc": "`30`"},
+    )
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
     job_lease_seconds: float = Field(
         15.0,
         gt=0,
-        description="A clone job's runner renews its claim every third of this; a job whose "
-        "runner stopped for this long is taken over from its checkpoint.",
+        description=(
+            "A clone job's runner renews its claim every third of this; a job "
+            "whose runner stopped for this long is taken over from its "
+            "checkpoint."
+        ),
+        json_schema_extra={"default_doc": "`15`"},
     )
     speaker_encoder: str | None = Field(
-        None, description="Speaker encoder: resemblyzer, package.module:factory or a folder."
+        None,
+        description=(
+            "The speaker encoder behind every similarity figure: unset or "
+            "`resemblyzer` (Resemblyzer's GE2E, weights in its wheel), "
+            "`package.module:factory`, or a local folder holding an operator's "
+            "encoder (see [docs/CLONING.md](docs/CLONING.md#the-data-report))."
+        ),
     )
     speaker_min_similarity: float = Field(
-        0.92, ge=-1.0, le=1.0, description="Clips of a voice this unlike the upload's are left out."
+        0.92,
+        ge=-1.0,
+        le=1.0,
+        description=(
+            "A group of an upload's clips whose speaker is less like the rest's "
+            "than this is another speaker: left out of training and named in "
+            "the data report."
+        ),
     )
     speaker_min_pitch_shift: float = Field(
         1.2,
         ge=0.0,
-        description="Semitones a group of clips' pitch stands apart to be another voice.",
+        description=(
+            "The filter's second cue, each clip's voice pitch: a group of clips "
+            "at least this many semitones (and 2.5 robust deviations of the "
+            "upload's own pitch) above or below the rest, whose voice is also "
+            "less like the rest's than any as large group of the rest's own "
+            "clips, is another speaker; `0` turns the cue off (see "
+            "[docs/CLONING.md](docs/CLONING.md#the-data-report))."
+        ),
     )
     eval_min_similarity: float = Field(
-        0.75, description="A clone's least mean speaker similarity to its references to go live."
+        0.75,
+        description=(
+            "A clone goes live only if its samples' mean speaker similarity to "
+            "its held-out references is at least this (see "
+            "[docs/CLONING.md](docs/CLONING.md#the-evaluation-and-the-gate))."
+        ),
     )
     eval_min_gain: float = Field(
-        0.02, description="How much closer than the closest built-in voice a clone must be."
+        0.02,
+        description=(
+            "... and it is at least this much closer to the speaker than the "
+            "closest built-in voice."
+        ),
     )
     eval_max_wer: float = Field(
-        0.3, description="A clone's highest word error rate to go live (when ASR measures it)."
+        0.3,
+        description=(
+            "... and, when an ASR backend measures it, its word error rate is at most this."
+        ),
     )
     eval_sentences: int = Field(
-        6, ge=1, le=6, description="Evaluation sentences a new clone is heard on (of the six)."
+        6,
+        ge=1,
+        le=6,
+        description="How many of the six evaluation sentences a new clone is heard on.",
     )
     eval_baselines: int = Field(
-        3, ge=0, description="Built-in voices tried as a clone's baseline (0: no baseline)."
+        3,
+        ge=0,
+        description=(
+            "How many built-in voices (the first) are tried as a clone's "
+            "baseline; `0`: none (no gain is judged)."
+        ),
     )
     eval_report_only: bool | None = Field(
         None,
-        description="Evaluate clones without holding any (default: only with the dev model).",
+        description=(
+            "`true`: evaluate clones and report, never hold one; unset: report "
+            "only with the dev model (it speaks noise), gate otherwise."
+        ),
     )
     require_consent: bool | None = Field(
         None,
-        description="Cloning from audio needs a consent record (default: yes, but not with --dev).",
+        description=(
+            "Cloning from audio (a new voice or a new version) needs a "
+            "`consent` record (400 `consent_required` without it); see "
+            "[Consent](docs/API.md#consent)."
+        ),
+        json_schema_extra={"default_doc": "`true` (`false` with `--dev`)"},
     )
     consent_min_similarity: float = Field(
         0.75,
         ge=-1.0,
         le=1.0,
-        description="A consent recording this unlike the training audio's speaker is refused.",
+        description=(
+            "A consent recording whose speaker is less like the training "
+            "audio's than this is refused (422 `consent_speaker_mismatch`)."
+        ),
     )
 
-    # HTTP
-    host: str = Field("127.0.0.1", description="Address to bind.")
-    port: int = Field(8080, description="Port to bind.")
-    max_input_chars: int = Field(100_000, description="Longest accepted input (413 beyond).")
+    host: str = Field("127.0.0.1", description="Address to bind (`--host`).")
+    port: int = Field(8080, description="Port to bind (`--port`).")
+    max_input_chars: int = Field(
+        100_000,
+        description=(
+            "Longest accepted input; longer gets 413. Long input is split into "
+            "segments (below), so any length up to this streams."
+        ),
+    )
     ws_idle_timeout_seconds: float = Field(
-        30.0, gt=0, description="A WebSocket with no message and nothing to speak is closed."
+        30.0,
+        gt=0,
+        description=(
+            "A realtime WebSocket with no message for this long and nothing "
+            "left to speak is closed (`idle_timeout`)."
+        ),
+        json_schema_extra={"default_doc": "`30`"},
     )
 
-    # WebRTC (POST /v1/audio/speech/webrtc)
     ice_servers: list[IceServer] = Field(
         default_factory=list,
-        description="STUN/TURN servers (RTCConfiguration's iceServers JSON), used for this "
-        "service's candidates and sent to clients in the answer's Link headers. None: host "
-        "candidates only, no server contacted.",
+        description=(
+            "STUN/TURN servers for WebRTC, as `RTCConfiguration.iceServers` "
+            'JSON (`[{"urls": ["turn:turn.example.net:3478"], "username": "u", '
+            '"credential": "p"}]`): used for the service\'s own candidates and '
+            "sent to clients in the answer's `Link` headers. None: host "
+            "candidates only, and no server is contacted."
+        ),
     )
     webrtc_udp_ports: str | None = Field(
         None,
         pattern=r"^\d{1,5}-\d{1,5}$",
-        description="The UDP ports WebRTC binds, `first-last` (a firewall's or a Kubernetes "
-        "hostPort range); default: any free port.",
+        description=(
+            "The UDP ports WebRTC binds, `first-last` (e.g. `40000-40199`: a "
+            "firewall's opening, a Kubernetes `hostPort` range); a session "
+            "takes one port per host address and ICE transport (a browser "
+            "bundles its audio and data channel onto one). Unset: any free "
+            "port."
+        ),
     )
     webrtc_announced_address: str | None = Field(
         None,
-        description="The IP address the host candidates announce, in place of the interface's "
-        "(a node's or NAT's public address, its UDP ports mapped one to one: a Kubernetes "
-        "hostPort, a published Docker port).",
+        description=(
+            "The IP address host candidates announce instead of the "
+            "interface's: a node's or NAT's public address whose UDP ports map "
+            "one to one (a Kubernetes `hostPort`, a published Docker port)."
+        ),
     )
     webrtc_max_sessions: int = Field(
-        64, ge=0, description="WebRTC sessions one process holds at once (503 beyond)."
+        64,
+        ge=0,
+        description=(
+            "WebRTC sessions one process holds at once (503 `at_capacity` "
+            "beyond); on `serve` each holds a stream slot from its config on, "
+            "as a socket does."
+        ),
     )
     webrtc_max_pending: int = Field(
         32,
         ge=0,
-        description="WebRTC offers one process has answered that are still waiting for their "
-        "peer (no data channel and config yet), in all (503 beyond). A pending offer holds no "
-        "stream slot: it takes one when its config arrives.",
+        description=(
+            "Answered WebRTC offers still waiting for their peer (no data "
+            "channel and config yet), in all (503 `too_many_pending` beyond). A "
+            "pending offer holds no stream slot: an offer that never connects "
+            "costs only its peer connection."
+        ),
     )
     webrtc_max_pending_per_key: int = Field(
-        8, ge=0, description="Pending WebRTC offers of one API key (429 beyond)."
+        8, ge=0, description="Pending offers of one API key (429 `too_many_pending` beyond)."
     )
     webrtc_max_pending_per_address: int = Field(
         4,
         ge=0,
-        description="Pending WebRTC offers from one client address (429 beyond): a page opens "
-        "one session at a time.",
+        description=(
+            "Pending offers from one client address (429 `too_many_pending` "
+            "beyond): a page opens one session at a time."
+        ),
     )
     webrtc_private_candidates: bool = Field(
         False,
-        description="Send ICE checks to a client's private addresses (10/8, 172.16/12, "
-        "192.168/16, fc00::/7 and the like): on for a service on a private network. Link-local, "
-        "unspecified, multicast and broadcast addresses are never checked, loopback only when "
-        "the service binds a loopback address.",
+        description=(
+            "Send ICE checks to a client's private addresses (10/8, 172.16/12, "
+            "192.168/16, fc00::/7, 100.64/10): on for a service on a private "
+            "network. Link-local (169.254/16, fe80::/10), unspecified, "
+            "multicast and broadcast addresses are never checked, loopback only "
+            "when the service binds a loopback address; each refusal is counted "
+            "in `voicehost_webrtc_candidates_refused_total{reason}`."
+        ),
     )
     webrtc_connect_timeout_seconds: float = Field(
-        15.0, gt=0, description="A WebRTC session whose data channel has not opened by then ends."
+        15.0,
+        gt=0,
+        description=(
+            "A WebRTC session whose data channel has not opened by then ends "
+            "(`webrtc_connect_failed` in `voicehost_errors_total`), its peer "
+            "connection freed (a pending offer holds no stream slot)."
+        ),
+        json_schema_extra={"default_doc": "`15`"},
     )
     webrtc_consent_seconds: float = Field(
         30.0,
         gt=0,
-        description="A WebRTC peer that answers no ICE consent check for this long is gone: its "
-        "session ends and its stream is freed.",
+        description=(
+            "A WebRTC peer that answers no ICE consent check for this long (RFC "
+            "7675's 30 s) has vanished: its session ends, its stream and engine "
+            "request are freed (`webrtc_peer_lost`)."
+        ),
+        json_schema_extra={"default_doc": "`30`"},
     )
 
-    # Authentication
     api_keys: list[ApiKey] = Field(
-        default_factory=list, description="API keys: a JSON list of {id, tenant, scopes, sha256}."
+        default_factory=list,
+        description=(
+            'API keys: a JSON list of `{"id", "tenant", "scopes", "sha256"}` '
+            "(see Authentication). With no key configured here or in the file, "
+            "auth is off and the service binds to localhost only."
+        ),
+        json_schema_extra={"default_doc": "unset"},
     )
-    api_keys_file: Path | None = Field(None, description="A JSON file of more API keys.")
+    api_keys_file: Path | None = Field(
+        None,
+        description=(
+            "A JSON file holding more keys, in the same format; read at "
+            "start-up (a file that cannot be read or holds a bad entry stops "
+            "the start-up)."
+        ),
+    )
     internal_token: SecretStr | None = Field(
-        None, description="Shared secret of gateways and workers (internal routes, forwarding)."
+        None,
+        description=(
+            "A cluster's shared secret (at least 16 characters, the same on "
+            "gateways and workers): gateways send it with each forwarded "
+            "request, and `/internal/*` and `voicehost drain` need it. Required "
+            "on a gateway or worker that has keys; a worker with only the token "
+            "answers nothing but its gateways."
+        ),
     )
-    metrics_public: bool = Field(True, description="Serve /metrics without a key (else admin).")
+    metrics_public: bool = Field(
+        True,
+        description=(
+            "`/metrics` without a key; `false`: with keys configured, it needs an `admin` key."
+        ),
+    )
     token_secret: SecretStr | None = Field(
         None,
         min_length=32,
-        description="Signs the speech tokens of POST /v1/tokens (the same on every gateway and "
-        "worker). Default: derived from VOICEHOST_INTERNAL_TOKEN, else from the keys' hashes; "
-        "changing it (or removing a key) ends the tokens minted before.",
+        description=(
+            "Signs the speech tokens of `POST /v1/tokens` (at least 32 "
+            "characters; the same on every gateway and worker). Unset: derived "
+            "from `VOICEHOST_INTERNAL_TOKEN`, else from the keys' hashes. "
+            "Changing it ends the tokens minted before."
+        ),
     )
 
-    # Audit trail and usage
     audit_path: Path | None = Field(
         None,
-        description="The audit log, JSONL (default: audit.jsonl beside the adapters folder; in "
-        "a cluster, the mirror on the shared store, audit/audit.jsonl).",
+        description=(
+            "The audit log (JSONL, hash-chained; see [Audit trail and "
+            "usage](docs/API.md#audit-trail-and-usage-get-v1audit-get-v1usage)). "
+            "In a cluster this is the mirror of the Redis stream on the shared "
+            "store."
+        ),
+        json_schema_extra={
+            "default_doc": (
+                "`audit.jsonl` beside `VOICEHOST_ADAPTERS_DIR`; in a cluster "
+                "`<shared>/audit/audit.jsonl`"
+            )
+        },
     )
     usage_path: Path | None = Field(
-        None, description="One server's usage buckets, JSONL (default: beside the audit log)."
+        None,
+        description=(
+            "One server's usage, per minute (a cluster sums it in Redis and "
+            "mirrors it to `<shared>/usage/`)."
+        ),
+        json_schema_extra={"default_doc": "`usage.jsonl` beside the audit log"},
     )
     usage_flush_seconds: float = Field(
-        1.0, gt=0, description="How often counted usage is added to its store (file or Redis)."
+        1.0,
+        gt=0,
+        description=(
+            "How often the usage counted in a process is added to its store "
+            "(the file, or Redis): never per chunk."
+        ),
     )
     usage_retention_days: float = Field(
-        400.0, gt=0, description="How long a cluster's per-minute usage buckets stay in Redis."
+        400.0,
+        gt=0,
+        description="How long a cluster's per-minute usage buckets stay in Redis.",
+        json_schema_extra={"default_doc": "`400`"},
     )
-    # Pronunciation lexicons
     lexicons_dir: Path = Field(
-        Path("lexicons"), description="Lexicons of `serve`: <dir>/<tenant>/<name>.json."
+        Path("lexicons"),
+        description=(
+            "Pronunciation lexicons of `serve`, `<dir>/<tenant>/<name>.json` "
+            "(`_shared/`: open mode's); a cluster keeps them in "
+            "`VOICEHOST_SHARED_DIR/lexicons/` with Redis in front."
+        ),
     )
-    lexicon_max_entries: int = Field(1000, ge=1, description="Entries one lexicon holds (413).")
+    lexicon_max_entries: int = Field(
+        1000, ge=1, description="Entries one lexicon may hold (413 `lexicon_too_large`)."
+    )
     lexicon_max_entry_chars: int = Field(
-        200, ge=1, description="Longest grapheme or alias of an entry (400)."
+        200,
+        ge=1,
+        description=("Longest grapheme or alias of an entry (400 `lexicon_entry_too_long`)."),
     )
-    lexicons_per_tenant: int = Field(100, ge=1, description="Lexicons one tenant keeps (400).")
+    lexicons_per_tenant: int = Field(
+        100, ge=1, description="Lexicons one tenant may keep (400 `too_many_lexicons`)."
+    )
 
-    # Text
     segment_max_chars: int = Field(
-        300, ge=80, description="Longest text segment; longer input is split at sentences."
+        300,
+        ge=80,
+        description=(
+            "Longest text segment: input is split at sentence ends into "
+            "segments of at most this many characters (a longer sentence at a "
+            "clause, else a space), each one engine request."
+        ),
     )
     continuity_frames: int = Field(
-        48, ge=0, description="Frames of the previous segment a segment's prompt carries."
+        48,
+        ge=0,
+        description=(
+            "Frames (of 85 ms) of the previous segment, with about the words "
+            "spoken in them, that each segment's prompt carries so a long text "
+            "keeps one voice and pace; 0: none."
+        ),
     )
     segment_prefetch: int = Field(
-        1, ge=1, description="Segments of a long input generated at once when continuity is off."
+        1,
+        ge=1,
+        description=(
+            "Segments of a long input generated at once (batched by the engine, "
+            "held until played) when a request turns `continuity` off; with "
+            "continuity each segment waits for the frames of the one before. "
+            "More finishes long texts sooner at the cost of engine slots."
+        ),
     )
     trim_threshold_db: float = Field(
-        -45.0, description="Level under which leading audio is trimmed (trim_silence)."
+        -45.0,
+        description=(
+            "With `trim_silence`, audio at the start of a stream quieter than "
+            "this (RMS of 10 ms blocks, dBFS) is dropped, at most 1 s."
+        ),
+        json_schema_extra={"default_doc": "`-45`"},
     )
     aligner_model: Path | None = Field(
         None,
-        description="Word timing by forced alignment: a local folder with a CTC model and its "
-        "processor (wav2vec2 / MMS, as transformers saves them); none: the built-in estimate.",
+        description=(
+            'Word timing (`timestamps: "word"`, the captioned endpoint) by '
+            "forced alignment: a local folder with a CTC model and its "
+            "processor as transformers saves them (wav2vec2, MMS: "
+            "`AutoModelForCTC`, `AutoProcessor`; never downloaded), loaded at "
+            "start-up, run off the event loop; its streams say `aligner: "
+            '"ctc:<folder name>"`. None: the built-in estimate (`estimated`, no '
+            "model)."
+        ),
+        json_schema_extra={"default_doc": "none"},
     )
 
-    # Engine
     quantization: str = Field(
-        "auto", description="auto (FP8 on CUDA >= 8.9), none, or a vLLM name."
+        "auto",
+        description=(
+            "`auto`: FP8 (dynamic, W8A8) on CUDA GPUs of compute capability >= "
+            "8.9, none elsewhere; `none`; or any vLLM method name."
+        ),
     )
-    dtype: str = Field("auto", description="Model dtype (auto: bfloat16 on GPU, float32 on CPU).")
+    dtype: str = Field(
+        "auto",
+        description=(
+            "`auto`: bfloat16 on GPU, float32 on CPU (where bf16 rounding would "
+            "make seeded output depend on the batch)."
+        ),
+    )
     kv_cache_dtype: str = Field(
-        "auto", description="KV cache dtype (auto: fp8 on CUDA >= 8.9, the model's elsewhere)."
+        "auto",
+        description=(
+            "`auto`: `fp8` (e4m3) on CUDA GPUs of compute capability >= 8.9, "
+            "where a token's keys and values take half the memory of bf16 and "
+            "twice the streams fit; vLLM's `auto` (the model's dtype) "
+            "elsewhere; or any vLLM `kv_cache_dtype`. Shown at start-up and by "
+            "`voicehost doctor`."
+        ),
     )
-    max_model_len: int = Field(8192, description="Context length (prompt + audio tokens).")
+    max_model_len: int = Field(
+        8192,
+        description=(
+            "Context length: prompt + audio tokens, about 90 s of speech (the "
+            "model's 131072 would waste KV cache)."
+        ),
+    )
     max_loras: int | Literal["auto"] = Field(
-        "auto", description="Distinct adapters in one batch (auto: 8 on CPU, 8-64 on a GPU)."
+        "auto",
+        description=(
+            "Distinct adapters in one batch. `auto`: 8 on the CPU engine; on a "
+            "GPU, as many slots as 5% of its memory holds at "
+            "`VOICEHOST_MAX_LORA_RANK`, in steps of 8, from 8 to 64, never "
+            'above `VOICEHOST_MAX_NUM_SEQS` (see "LoRA slots on a GPU" below). '
+            "A number is taken as given."
+        ),
     )
     max_lora_rank: int = Field(16, description="Highest adapter rank accepted.")
     max_cpu_loras: int = Field(64, description="Adapters kept loaded in the engine's cache.")
     max_num_seqs: int = Field(64, description="Streams batched in one engine step.")
     frontends: int | Literal["auto"] = Field(
         1,
-        description="Serving processes sharing one engine core, all on the one port "
-        "(--frontends); auto: one per 2 cores beyond the engine core's 2, at most 16, on a GPU "
-        "(1 on the CPU engine).",
+        description=(
+            "Serving processes sharing one vLLM engine core, all accepting on "
+            "the one port (`voicehost serve --frontends N`): each has its own "
+            "event loop, GIL, SNAC codec and encoders, so a host's CPU keeps up "
+            "with its GPU. `auto`: on a GPU, one per 2 cores beyond 2 (at most "
+            "16); 1 on the CPU engine. Responses name the front end in "
+            "`X-Voicehost-Frontend`. What is one per host stays one: the "
+            "capacity, each key's quota and measured-capacity admission count "
+            "every front end's streams; `/metrics`, `/v1/usage`, `/readyz` and "
+            "`/internal/load` answer for the host from any front end; a drain "
+            "of one drains them all; the audit chain is one chain and front end "
+            "0 runs the clone jobs. A `worker` with N front ends is one ring "
+            "member reporting the host's load. A front end that dies (killed, "
+            "crashed) ends the host at once, its other front ends killed with "
+            "it so that every stream is cut as the host's death would cut it (a "
+            "gateway says `upstream_cut`) rather than drained behind a ring "
+            "that has dropped it, and the host exits 1 for its supervisor to "
+            "restart it, even if a stop signal came meanwhile; the engine core "
+            "that dies stops the host too (exit code 1); a core that dies while "
+            "the host drains ends the drained streams with the error at once "
+            "(exit 1, unless the core ended on the stop's own signal, as on "
+            "Ctrl-C)."
+        ),
     )
     stream_interval: int = Field(
         7,
         ge=1,
-        description="Tokens vLLM gathers for a request before it hands them over (its first "
-        "token at once): 7, a frame, wakes the serving process once per frame, not per token.",
+        description=(
+            "Tokens vLLM gathers for a request before it hands them to the "
+            "serving process (the first at once): 7, one frame, so the process "
+            "wakes once per frame, not per token. The first audio still needs "
+            "its 21 tokens; it leaves at most one engine step later "
+            "(`docs/BENCHMARKS.md`). `1`: every token."
+        ),
     )
     gpu_memory_utilization: float | None = Field(
-        None, description="Share of accelerator memory for vLLM (auto: 0.9 GPU, 0.3 CPU)."
+        None,
+        description=(
+            "Share of GPU memory that vLLM takes (on CPU the KV cache size "
+            "comes from `VLLM_CPU_KVCACHE_SPACE`)."
+        ),
+        json_schema_extra={"default_doc": "`0.9` on GPU, `0.3` on CPU"},
     )
-    cpu_kv_cache_gib: int = Field(1, description="KV cache GiB for the CPU engine.")
-    enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start).")
+    cpu_kv_cache_gib: int = Field(
+        1,
+        description=(
+            "KV cache of the CPU engine, in GiB, used when "
+            "`VLLM_CPU_KVCACHE_SPACE` is not set (the Makefile sets it to 1)."
+        ),
+    )
+    enforce_eager: bool = Field(
+        False, description="Disable CUDA graphs (faster start, slower steps)."
+    )
 
-    # Cluster (voicehost worker / gateway)
-    redis_url: str | None = Field(None, description="Redis of the cluster (worker and gateway).")
-    worker_id: str | None = Field(None, description="A worker's stable id (default: host-port).")
+    redis_url: str | None = Field(
+        None,
+        description=(
+            "Redis of a cluster (`--redis`); `worker` and `gateway` need it, `serve` never uses it."
+        ),
+    )
+    worker_id: str | None = Field(
+        None,
+        description=(
+            "A worker's stable id (`--worker-id`): its place on the ring follows from it."
+        ),
+        json_schema_extra={"default_doc": "`<hostname>-<port>`"},
+    )
     advertise_url: str | None = Field(
-        None, description="URL gateways use to reach this worker (default: http://host:port)."
+        None,
+        description="URL gateways reach a worker at (`--advertise-url`).",
+        json_schema_extra={"default_doc": "`http://<host>:<port>`"},
     )
-    heartbeat_seconds: float = Field(1.0, description="How often a worker heartbeats.")
-    worker_ttl_seconds: float = Field(5.0, description="A silent worker leaves after this long.")
-    membership_poll_seconds: float = Field(1.0, description="How often gateways read members.")
+    heartbeat_seconds: float = Field(
+        1.0,
+        description=(
+            "How often a worker rewrites its member record (and so re-registers "
+            "after a Redis restart or flush)."
+        ),
+    )
+    worker_ttl_seconds: float = Field(
+        5.0,
+        description=(
+            "A worker whose heartbeats stop leaves the ring after this long "
+            "(plus one gateway poll)."
+        ),
+    )
+    membership_poll_seconds: float = Field(
+        1.0, description="How often gateways read the membership."
+    )
     registry_reconcile_seconds: float = Field(
-        2.0, gt=0, description="How often the voice records are checked against the shared store."
+        2.0,
+        gt=0,
+        description=(
+            "How often workers and gateways check the voice records in Redis "
+            "against the shared store, and restore the missing ones."
+        ),
     )
-    session_ttl_seconds: float = Field(600.0, description="Life of an idle session pin.")
-    load_factor: float = Field(1.25, description="Bounded-load c: a worker takes <= c x average.")
+    session_ttl_seconds: float = Field(
+        600.0,
+        description="Life of an idle session pin (`X-Session-Id` -> worker).",
+        json_schema_extra={"default_doc": "`600`"},
+    )
+    load_factor: float = Field(
+        1.25,
+        description=(
+            "Bounded-load factor c: no worker takes a new stream beyond `ceil(c "
+            "x (in-flight + 1) / workers)`."
+        ),
+    )
     hot_voice_streams: int = Field(
-        8, description="In-flight streams of one voice per extra worker it is replicated to."
+        8,
+        description=(
+            "A voice with this many streams in flight at a gateway spreads over "
+            "one more ring successor (per multiple)."
+        ),
     )
     worker_capacity: int | None = Field(
         None,
         ge=1,
-        description="Streams this process admits at once and reports to the cluster: those it "
-        "keeps real-time (beyond: 503; default max_num_seqs).",
+        description=(
+            "Streams this process admits at once, and reports to the cluster: "
+            "set it to the streams it keeps real-time (`voicehost bench`'s \"max "
+            'real-time concurrency"). Beyond it, a new stream gets 503 with '
+            "`Retry-After: 1` at once."
+        ),
+        json_schema_extra={"default_doc": "`VOICEHOST_MAX_NUM_SEQS`"},
     )
     realtime_tokens_per_second: float | None = Field(
         None,
         ge=0,
-        description="Audio tokens/s that play in real time (auto: 82, Orpheus' 7 per 85 ms "
-        "frame; off with --dev, whose CPU engine is not real time); a new stream is admitted "
-        "only while the per-stream rate measured and predicted with it stays at least margin x "
-        "this (0: off, the static capacity alone).",
+        description=(
+            "Admission from measured capacity: the worker measures its engine's "
+            "audio tokens/s per request at each batch size "
+            "(`voicehost_request_tokens_per_second{batch}`) and admits a new "
+            "stream only while the rate predicted with one more stays at least "
+            "`VOICEHOST_REALTIME_MARGIN` x this (Orpheus plays 82 tokens/s); "
+            "else 503 `at_capacity` with `Retry-After` at once. The static "
+            "capacity stays the upper bound; workers report the headroom left "
+            "to gateways, which pass a worker with none over. 0: off."
+        ),
+        json_schema_extra={"default_doc": "`82` (off with `--dev`)"},
     )
     realtime_margin: float = Field(
-        1.2, gt=0, description="How far above real time each stream must stay to admit one more."
+        1.2,
+        gt=0,
+        description=("How far above real time every stream must stay for one more to be admitted."),
     )
     key_max_streams: int = Field(
-        0, ge=0, description="Streams one API key may hold at once (beyond: 429; 0: no quota)."
+        0,
+        ge=0,
+        description=(
+            "Streams one API key may hold at once (0: no quota): on `serve`, in "
+            "the process; in a cluster, in the whole cluster (each stream holds "
+            "a lease in Redis, `vh:lease:<key id>`, refreshed while it runs, so "
+            "a crashed worker's leases expire within 15 s; while Redis is away, "
+            "per worker, said once in the log). Beyond it, 429 with "
+            "`Retry-After: 1`. A key's entry may set its own (`max_streams`)."
+        ),
     )
     drain_timeout_seconds: float = Field(
-        60.0, ge=0, description="On SIGTERM, how long streams in flight may take to finish."
+        60.0,
+        ge=0,
+        description=(
+            "On SIGTERM (or SIGINT) the process stops admitting (`/readyz` "
+            "503), lets streams in flight finish for up to this long, then "
+            "exits; a second signal exits at once."
+        ),
+        json_schema_extra={"default_doc": "`60`"},
     )
     shared_dir: Path = Field(
-        Path("shared"), description="Shared store of the cluster: adapters and clone jobs."
+        Path("shared"),
+        description=(
+            "The cluster's shared store (mounted by every worker and gateway): "
+            "`adapters/<voice>/<checksum>/` and clone `jobs/`."
+        ),
     )
     adapter_cache_dir: Path = Field(
         default_factory=lambda: _default_dev_dir().parent / "adapters",
-        description="A worker's local cache of adapters fetched from the shared store.",
+        description="A worker's local copies of adapters, verified by checksum.",
+        json_schema_extra={"default_doc": "`~/.cache/voicehost/adapters`"},
     )
-    adapter_cache_mb: float = Field(2048.0, description="Size cap of the adapter cache (LRU).")
+    adapter_cache_mb: float = Field(
+        2048.0,
+        description=("Size cap of that cache; least recently used adapters are evicted beyond it."),
+        json_schema_extra={"default_doc": "`2048`"},
+    )
     redis_timeout_seconds: float = Field(0.5, description="Redis socket and connect timeout.")
-    redis_retries: int = Field(2, description="Retries of a failed Redis command.")
+    redis_retries: int = Field(
+        2,
+        description=(
+            "Retries (exponential backoff, 50 ms to 500 ms) of a Redis command "
+            "that failed to connect or timed out."
+        ),
+    )
     redis_pool_size: int = Field(32, description="Redis connections per process.")
-    proxy_connections: int = Field(256, description="Gateway keep-alive connections to workers.")
+    proxy_connections: int = Field(
+        256,
+        description=("A gateway's keep-alive connections to workers (one shared client session)."),
+    )
     upstream_timeout_seconds: float = Field(
-        120.0, description="A worker silent this long (before or within a stream) has failed."
+        120.0,
+        description=(
+            "A worker silent this long, before its first byte or within a "
+            "stream, has failed (a crashed worker is noticed at once; this "
+            "covers a wedged one or a lost network)."
+        ),
+        json_schema_extra={"default_doc": "`120`"},
     )
 
-    # Sampling (Orpheus' stable defaults)
     temperature: float = Field(0.6, description="Sampling temperature.")
     top_p: float = Field(0.8, description="Nucleus sampling.")
-    repetition_penalty: float = Field(1.1, description="Higher also speeds speech up.")
+    repetition_penalty: float = Field(
+        1.1, description="Repetition penalty; higher also speeds speech up."
+    )
     constrained_sampling: bool = Field(
-        True, description="Sample only the audio tokens of the next frame position (whole frames)."
+        True,
+        description=(
+            "Position-constrained sampling: at each step only the 4096 audio "
+            "tokens of the next frame position may be sampled, and the stop "
+            "token only after a whole frame, so every stream is whole frames "
+            "(`voicehost/model/frame_constraint.py`, a vLLM batch-level logits "
+            "processor)."
+        ),
     )
 
-    # Decoding
     lookahead_frames: Literal[0, 1, 2] = Field(
-        2, description="Right context per decode: 2 is exact, 0 and 1 trade exactness for latency."
+        2,
+        description=(
+            "Right context of each decode: 2 equals a one-shot decode; 0 and 1 "
+            "start sooner but differ."
+        ),
     )
-    codec_device: str | None = Field(None, description="SNAC device (auto: cuda if available).")
+    codec_device: str | None = Field(
+        None,
+        description="Where SNAC runs.",
+        json_schema_extra={"default_doc": "`cuda` if available, else `cpu`"},
+    )
     codec_batch_window_ms: float = Field(
-        10.0, ge=0, description="Longest wait to batch SNAC decodes of other streams."
+        10.0,
+        ge=0,
+        description=(
+            "Longest wait for other streams' windows before a batched SNAC "
+            "decode (none when every live stream has one pending)."
+        ),
+        json_schema_extra={"default_doc": "`10`"},
     )
-    codec_max_batch: int = Field(64, ge=1, description="Most stream windows in one SNAC decode.")
+    codec_max_batch: int = Field(64, ge=1, description="Most stream windows in one batched decode.")
     codec_max_chunk_frames: int = Field(
-        16, ge=1, description="Most new frames per decode once a stream is well ahead."
+        16,
+        ge=1,
+        description=(
+            "Most new frames per decode once a stream is far ahead of playback "
+            "(chunks grow from 1 with the lead)."
+        ),
     )
     codec_threads: int | None = Field(
-        None, ge=1, description="CPU threads for SNAC on CPU (auto: half the cores)."
+        None,
+        ge=1,
+        description="CPU threads for SNAC when it runs on the CPU.",
+        json_schema_extra={"default_doc": "half the cores"},
     )
     codec_cuda_graphs: bool = Field(
-        True, description="On a GPU, replay SNAC calls from CUDA graphs of bucketed shapes."
+        True,
+        description=(
+            "On a GPU, pad small SNAC calls (at most 256 frames once padded) to "
+            "fixed (streams, frames) buckets and replay each from a CUDA graph, "
+            "all captured at start-up (a capture that fails turns graphs off). "
+            "No effect on CPU."
+        ),
     )
-    codec_noise: bool = Field(True, description="Keep SNAC's decoder noise (as trained).")
+    codec_noise: bool = Field(
+        True,
+        description=(
+            "Keep SNAC's decoder noise, as trained (off: audio is a pure function of the tokens)."
+        ),
+    )
 
-    # Audio out
     encode_threads: int | None = Field(
-        None, ge=1, description="Threads that resample and encode audio (auto: the cores)."
+        None,
+        ge=1,
+        description=(
+            "Threads that resample and encode audio (mp3, opus, aac, flac, "
+            "G.711, and any format at another rate than 24000) off the event "
+            "loop, a stream's chunks one at a time and in order; pcm and wav at "
+            "24000 are converted on the loop."
+        ),
+        json_schema_extra={"default_doc": "the cores this process may use"},
     )
     encode_processes: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",
-        description="Encoding processes per serving process, 0 to 64 (0: encode on its "
-        "threads); auto: 2 on a GPU, 0 on the CPU engine.",
+        description=(
+            "Encoding processes per serving process (0 to 64): the same work in "
+            "processes of its own, fed PCM over a Unix socket, instead of on "
+            "its threads (0). A front end then hands no GIL back and forth with "
+            "encoding threads (see [docs/BENCHMARKS.md](docs/BENCHMARKS.md)). "
+            "`auto`: 2 on a GPU (with `VOICEHOST_FRONTENDS=auto`, a front end "
+            "and its two encoders share 2 cores), 0 on the CPU engine. An "
+            "encoding process that dies ends its streams with `encoding_failed` "
+            "and is replaced for the next."
+        ),
     )
 
     @field_validator("webrtc_udp_ports")
