@@ -233,6 +233,16 @@ async def hot_server(server: Server) -> AsyncIterator[Server]:
         yield server
 
 
+@pytest.fixture
+async def hot_sampling(server: Server) -> AsyncIterator[Server]:
+    """The shared server sampling as ``HOT_SETTINGS`` do, its admission as it was (measured
+    admission off, as on every dev server): a test of what hot sampling makes runs its streams
+    at once rather than as admission lets them in one by one."""
+    sampling = {k: v for k, v in HOT_SETTINGS.items() if not k.startswith("realtime_")}
+    async with helpers.runtime_settings(server, **sampling):
+        yield server
+
+
 @pytest.fixture(scope="session")
 def dev_model() -> DevModelPaths:
     return ensure_dev_model(DEV_DIR)

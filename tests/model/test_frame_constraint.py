@@ -165,21 +165,21 @@ COUNTED = (
 )
 
 
-async def test_at_a_high_temperature_every_stream_is_whole_well_formed_frames(hot_server):
+async def test_at_a_high_temperature_every_stream_is_whole_well_formed_frames(hot_sampling):
     voices = ["tara", "dev-a", "dev-b", "dev-c", "leo", "dev-a"]
     text = "Hot sampling still makes whole frames."
-    logged = len(hot_server.log_text())  # the shared server's log so far: only what follows counts
+    logged = len(hot_sampling.log_text())  # the shared server's log so far: what follows counts
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
 
         async def counted() -> dict[str, float]:
-            async with http.get(hot_server.url + "/metrics") as response:
+            async with http.get(hot_sampling.url + "/metrics") as response:
                 metrics = await response.text()
             return {name: counter(metrics, name) for name in COUNTED}
 
         async def speak(voice: str, seed: int) -> bytes:
             body = {"input": text, "voice": voice, "response_format": "pcm", "seed": seed}
-            for _ in range(600):  # this server admits from measured capacity: retry when told
-                async with http.post(hot_server.url + "/v1/audio/speech", json=body) as response:
+            for _ in range(600):  # refused while full: retried, as a client would
+                async with http.post(hot_sampling.url + "/v1/audio/speech", json=body) as response:
                     if response.status == 503 and "Retry-After" in response.headers:
                         await asyncio.sleep(0.1)  # a client would wait its Retry-After
                         continue
@@ -195,7 +195,7 @@ async def test_at_a_high_temperature_every_stream_is_whole_well_formed_frames(ho
     assert all(audio)
     assert malformed == 0
     assert stray == 0
-    log = hot_server.log_text()
+    log = hot_sampling.log_text()
     assert "malformed frames and" not in log[logged:]  # logged for every stream that lost one
     assert "dev settings changed at run time" in log[:logged]  # it was hot
     # the prompts go to vLLM rendered (the raw-prompt path is deprecated in 0.32)
