@@ -21,8 +21,6 @@ from voicehost.ids import is_voice_id
 from voicehost.model import orpheus
 from voicehost.model.devmodel import DevModelPaths
 from voicehost.tenancy.keys import ApiKey
-from voicehost.tenancy.lexicons import LexiconLimits
-from voicehost.voices.validation import AdapterRules, ModelShape
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 # OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female
@@ -991,12 +989,6 @@ class Settings(BaseSettings):
             return self.base_model_name
         return "voicehost-dev" if self.dev else self.served_model().rstrip("/").split("/")[-1]
 
-    def adapter_rules(self, shape: ModelShape | None = None) -> AdapterRules:
-        """What adapters must be to be served: the served model by its configured name, path or
-        hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
-        aliases = (self.served_model(),) if self.served_model() != self.served_base_name() else ()
-        return AdapterRules(self.served_base_name(), self.max_lora_rank, shape, aliases)
-
     def audit_file(self, cluster: bool = False) -> Path:
         """Where the audit log is written: one server's file, or a cluster's mirror."""
         if self.audit_path is not None:
@@ -1012,11 +1004,6 @@ class Settings(BaseSettings):
     def usage_mirror_dir(self) -> Path:
         """A cluster's mirror of its usage on the shared store: a file per counting process."""
         return self.shared_dir / "usage"
-
-    def lexicon_limits(self) -> LexiconLimits:
-        return LexiconLimits(
-            self.lexicon_max_entries, self.lexicon_max_entry_chars, self.lexicons_per_tenant
-        )
 
     def adapter_roots(self) -> list[Path]:
         """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""

@@ -32,7 +32,7 @@ from voicehost.speech.capacity import RateMeter, Realtime
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
 from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
-from voicehost.tenancy.lexicons import FolderLexicons, LexiconStore
+from voicehost.tenancy.lexicons import FolderLexicons, LexiconLimits, LexiconStore
 from voicehost.tenancy.usage import FileUsageStore, UsageLedger, UsageStore
 from voicehost.voices.folders import FolderVoiceDirectory
 from voicehost.voices.validation import MANIFEST, AdapterRules, ModelShape, read_json_object
@@ -176,16 +176,20 @@ class ServingProcess:
             self.audit = FileAuditTrail(settings.audit_file())
             usage = FileUsageStore(settings.usage_file())
             self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
-                settings.adapter_roots(), settings.builtin_voices, settings.adapter_rules()
+                settings.adapter_roots(),
+                settings.builtin_voices,
+                AdapterRules.from_settings(settings),
             )
             self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
             self.lexicons: LexiconStore = FolderLexicons(
-                settings.lexicons_dir, settings.lexicon_limits()
+                settings.lexicons_dir, LexiconLimits.from_settings(settings)
             )
         else:
             self.folder_voices = None
-            self.voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
+            self.voices = cluster.voice_directory(
+                settings.builtin_voices, AdapterRules.from_settings(settings)
+            )
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
             self.audit, usage = cluster.audit_trail(), cluster.usage_store()
@@ -402,7 +406,7 @@ class ServingProcess:
             raise FileNotFoundError(f"the model folder {model} does not exist")
         config = Path(s.served_model()) / "config.json"
         if config.is_file():
-            self.voices.rules = s.adapter_rules(ModelShape.from_config(config))
+            self.voices.rules = AdapterRules.from_settings(s, ModelShape.from_config(config))
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.

@@ -14,12 +14,13 @@ import logging
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.worker import WorkerCluster
 from voicehost.config import Settings
+from voicehost.voices.validation import AdapterRules
 
 
 async def main() -> None:
     settings = Settings()
     cluster = WorkerCluster(settings)
-    voices = cluster.voice_directory(settings.builtin_voices, settings.adapter_rules())
+    voices = cluster.voice_directory(settings.builtin_voices, AdapterRules.from_settings(settings))
     jobs = CloneJobs(
         settings.shared_dir / "jobs",
         registrar(voices),

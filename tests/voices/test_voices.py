@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from voicehost.voices.folders import FolderVoiceDirectory
-from voicehost.voices.validation import InvalidAdapter, validate_adapter
+from voicehost.voices.validation import AdapterRules, InvalidAdapter, validate_adapter
 
 pytestmark = pytest.mark.unit
 
@@ -201,7 +201,7 @@ def test_the_served_model_is_accepted_by_its_name_path_or_folder_and_the_error_s
 ):
     from voicehost.config import Settings
 
-    rules = Settings(dev=True, dev_dir=dev_model.root).adapter_rules()
+    rules = AdapterRules.from_settings(Settings(dev=True, dev_dir=dev_model.root))
     for declared in (str(dev_model.model), "model", "voicehost-dev", "some/hub/voicehost-dev"):
         edit_json(adapter / "adapter_config.json", base_model_name_or_path=declared)
         assert validate_adapter(adapter, rules).voice_id == "my-voice", declared

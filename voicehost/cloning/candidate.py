@@ -200,7 +200,9 @@ def _candidate(folder: Path, rules: AdapterRules, voice_id: str | None) -> Voice
 def _rules(settings: Settings) -> AdapterRules:
     """The served engine's adapter rules, with the model's shapes when its config is at hand."""
     config = Path(settings.served_model()) / "config.json"
-    return settings.adapter_rules(ModelShape.from_config(config) if config.is_file() else None)
+    return AdapterRules.from_settings(
+        settings, ModelShape.from_config(config) if config.is_file() else None
+    )
 
 
 async def _each(segments: Sequence[Segment]) -> AsyncIterator[Segment]:

@@ -69,7 +69,7 @@ from voicehost.metrics import SpeechMetrics
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.validation import ModelShape
+from voicehost.voices.validation import AdapterRules, ModelShape
 from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Gateway:
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         config = Path(settings.served_model()) / "config.json"
         shape = ModelShape.from_config(config) if config.is_file() else None
-        rules = settings.adapter_rules(shape)
+        rules = AdapterRules.from_settings(settings, shape)
         store = SharedDirStore(settings.shared_dir)
         self.voices = RedisVoiceDirectory(
             self.redis, store, settings.builtin_voices, rules, owner="gateway"

@@ -72,5 +72,6 @@ class RedisLexicons:
 def shared_lexicons(redis: Redis, settings: Settings) -> RedisLexicons:
     """The cluster's lexicons, the same on every worker and gateway."""
     return RedisLexicons(
-        redis, FolderLexicons(settings.shared_dir / "lexicons", settings.lexicon_limits())
+        redis,
+        FolderLexicons(settings.shared_dir / "lexicons", LexiconLimits.from_settings(settings)),
     )

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import iterparse
@@ -29,6 +29,9 @@ from defusedxml.ElementTree import iterparse
 from voicehost.ids import child
 from voicehost.text import TAG
 from voicehost.text.lexicon import LexiconEntry
+
+if TYPE_CHECKING:
+    from voicehost.config import Settings
 
 LEXICON_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 PLS_NAMESPACE = "http://www.w3.org/2005/01/pronunciation-lexicon"
@@ -77,6 +80,14 @@ class LexiconLimits:
     max_entries: int = 1000
     max_entry_chars: int = 200
     per_tenant: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LexiconLimits:
+        return cls(
+            settings.lexicon_max_entries,
+            settings.lexicon_max_entry_chars,
+            settings.lexicons_per_tenant,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,11 +192,16 @@ def codec_round_trip(settings: Settings) -> list[Check]:
 
 
 def adapters(settings: Settings) -> list[Check]:
-    from voicehost.voices.validation import InvalidAdapter, ModelShape, validate_adapter
+    from voicehost.voices.validation import (
+        AdapterRules,
+        InvalidAdapter,
+        ModelShape,
+        validate_adapter,
+    )
 
     model = Path(settings.served_model())
     shape = ModelShape.from_config(model / "config.json") if model.is_dir() else None
-    rules = settings.adapter_rules(shape)
+    rules = AdapterRules.from_settings(settings, shape)
     rows = []
     for root in settings.adapter_roots():
         folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

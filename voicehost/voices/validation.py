@@ -14,10 +14,13 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 from voicehost.voices.voice import Voice, VoiceStatus
+
+if TYPE_CHECKING:
+    from voicehost.config import Settings
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -108,6 +111,14 @@ class AdapterRules:
 
     def base_names(self) -> list[str]:
         return list(dict.fromkeys([self.base_model, *self.aliases]))
+
+    @classmethod
+    def from_settings(cls, settings: Settings, shape: ModelShape | None = None) -> AdapterRules:
+        """What adapters must be to be served: the served model by its configured name, path
+        or hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
+        served, name = settings.served_model(), settings.served_base_name()
+        aliases = (served,) if served != name else ()
+        return cls(name, settings.max_lora_rank, shape, aliases)
 
 
 def _last_part(name: str) -> str:
