@@ -143,11 +143,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     deadline = started + PACED_WAIT_SECONDS
     while not _others_paced_or_done(item.config) and time.monotonic() < deadline:
         time.sleep(0.5)
-    waited = time.monotonic() - started
-    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:  # a lane's idle time, for whoever balances the lanes
-        lane = selected_lane(item.config)
-        reporter.write_line(f"lane {lane}: waited {waited:.1f} s for the other at its paced tests")
+    _waited.append(time.monotonic() - started)
+
+
+_waited: list[float] = []  # how long this lane waited for the other at its paced tests
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """A lane's idle time, for whoever balances the lanes (said after the run: a line written
+    while a test sets up is captured with it)."""
+    if _waited:
+        lane = selected_lane(terminalreporter.config)
+        terminalreporter.write_line(
+            f"lane {lane}: waited {_waited[0]:.1f} s for the other lane at its paced tests"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
