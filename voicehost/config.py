@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,7 +20,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from voicehost.ids import is_voice_id
 from voicehost.model import orpheus
 from voicehost.model.devmodel import DevModelPaths
-from voicehost.tenancy.keys import ApiKey
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 # OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female
@@ -386,7 +385,7 @@ class Settings(BaseSettings):
         json_schema_extra={"default_doc": "`30`"},
     )
 
-    api_keys: list[ApiKey] = Field(
+    api_keys: list[dict[str, Any]] = Field(
         default_factory=list,
         description=(
             'API keys: a JSON list of `{"id", "tenant", "scopes", "sha256"}` '

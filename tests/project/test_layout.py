@@ -44,7 +44,6 @@ CONFIG_IMPORTS = {
     "voicehost.ids",
     "voicehost.model.orpheus",
     "voicehost.model.devmodel",
-    "voicehost.tenancy.keys",
 }
 
 

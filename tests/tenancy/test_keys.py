@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from voicehost.config import Settings
 from voicehost.tenancy.keys import (
     ApiKey,
     AuthConfigError,
@@ -80,6 +81,17 @@ def test_the_keys_are_the_env_list_then_the_files(tmp_path):
     assert [k.id for k in read_keys(env, keys_file)] == ["a", "b", "c"]
     assert [k.id for k in read_keys(env, None)] == ["a"]
     assert read_keys([], write(tmp_path / "empty.json", [])) == []
+
+
+def test_the_env_lists_entries_are_checked_here_and_a_bad_one_is_named(monkeypatch):
+    """The settings hold ``VOICEHOST_API_KEYS`` as JSON objects (config imports no tenancy
+    module); read_keys checks each, and one it cannot use is an AuthConfigError naming the
+    variable (``serve`` says it and exits 2 before anything slow)."""
+    monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps([entry("a", "key-a")]))
+    assert [k.id for k in read_keys(Settings().api_keys, None)] == ["a"]
+    monkeypatch.setenv("VOICEHOST_API_KEYS", json.dumps([{**entry("a", "key-a"), "scopes": ["x"]}]))
+    with pytest.raises(AuthConfigError, match=r"^VOICEHOST_API_KEYS: "):
+        read_keys(Settings().api_keys, None)
 
 
 def test_two_entries_with_one_hash_are_refused_whatever_their_ids(tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,9 +125,15 @@ def owner_tenant(principal: Principal | None) -> str | None:
     return principal.tenant if principal is not None else None
 
 
-def read_keys(keys: Iterable[ApiKey], keys_file: Path | None) -> list[ApiKey]:
-    """The configured keys: ``keys`` plus the JSON list in ``keys_file``."""
-    found = list(keys)
+def read_keys(
+    keys: Iterable[ApiKey | Mapping[str, object]], keys_file: Path | None
+) -> list[ApiKey]:
+    """The configured keys: ``keys`` (``VOICEHOST_API_KEYS``' entries, checked here: the
+    settings hold them as JSON objects) plus the JSON list in ``keys_file``."""
+    try:
+        found = [ApiKey.model_validate(entry) for entry in keys]
+    except ValidationError as exc:
+        raise AuthConfigError(f"VOICEHOST_API_KEYS: {exc}") from exc
     if keys_file is not None:
         try:
             data = json.loads(keys_file.read_text())
