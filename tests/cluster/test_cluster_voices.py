@@ -97,6 +97,19 @@ async def test_a_voice_another_process_is_restoring_is_rebuilding_not_not_found(
     with pytest.raises(RegistryRebuilding) as rebuilding:
         await redis_directory.find("acme-voice")
     assert rebuilding.value.tenant == "acme"
+    # the claim made between a lookup's first read (nothing) and its check: the same 503
+    await redis_directory.redis.delete(voice_key("acme-voice"))
+    first_read = redis_directory.record
+
+    async def read_then_claimed(voice_id: str, version: int | None = None):
+        found = await first_read(voice_id, version)
+        await other._claim(voice_id)  # the other reconciler, just after this read
+        return found
+
+    redis_directory.record = read_then_claimed
+    with pytest.raises(RegistryRebuilding):
+        await redis_directory.find("acme-voice")
+    redis_directory.record = first_read
     await redis_directory.redis.delete(voice_key("acme-voice"))  # the claim expired unfinished
     assert await redis_directory.reconcile() == 0
     assert (await redis_directory.find("acme-voice")).tenant == "acme"

@@ -512,9 +512,13 @@ class RedisVoiceDirectory:
         record = await self.record(voice_id, version)
         claimed = record is not None and record.get("status") == CLAIMED
         if record is None or claimed:  # a claim: a reconcile may be restoring it right now
-            if (owner := await self._lost(voice_id, claimed)) is not None:
+            owner = await self._lost(voice_id, claimed)
+            if owner is None:  # restored meanwhile, or claimed meanwhile: read it again
+                record = await self.record(voice_id, version)
+                if record is not None and record.get("status") == CLAIMED:
+                    owner = await self._lost(voice_id, claimed=True)
+            if owner is not None:
                 raise RegistryRebuilding(voice_id, owner.tenant, owner.held)
-            record = await self.record(voice_id, version)
         return record
 
     async def _lost(self, voice_id: str, claimed: bool = False) -> Owner | None:
