@@ -153,24 +153,20 @@ class Settings(BaseSettings):
     max_upload_mb: float = Field(
         200.0,
         description=("Largest upload to `POST /v1/voices`; larger gets 413 while it streams in."),
-        json_schema_extra={"default_doc": "`200`"},
     )
     max_upload_minutes: float = Field(
         60.0,
         description=(
             "Most decoded audio in one upload (413), counted while decoding, never from headers."
         ),
-        json_schema_extra={"default_doc": "`60`"},
     )
     max_adapter_mb: float = Field(
         256.0,
         description="Largest file of an uploaded adapter (413 `adapter_too_large`).",
-        json_schema_extra={"default_doc": "`256`"},
     )
     min_speech_seconds: float = Field(
         30.0,
         description="Least usable speech (after trimming) a clone needs (400).",
-        json_schema_extra={"default_doc": "`30`"},
     )
     clone_epochs: int = Field(3, description="Training epochs of a clone job.")
     job_lease_seconds: float = Field(
@@ -181,7 +177,6 @@ class Settings(BaseSettings):
             "whose runner stopped for this long is taken over from its "
             "checkpoint."
         ),
-        json_schema_extra={"default_doc": "`15`"},
     )
     speaker_encoder: str | None = Field(
         None,
@@ -291,7 +286,6 @@ class Settings(BaseSettings):
             "A realtime WebSocket with no message for this long and nothing "
             "left to speak is closed (`idle_timeout`)."
         ),
-        json_schema_extra={"default_doc": "`30`"},
     )
 
     ice_servers: list[IceServer] = Field(
@@ -372,7 +366,6 @@ class Settings(BaseSettings):
             "(`webrtc_connect_failed` in `voicehost_errors_total`), its peer "
             "connection freed (a pending offer holds no stream slot)."
         ),
-        json_schema_extra={"default_doc": "`15`"},
     )
     webrtc_consent_seconds: float = Field(
         30.0,
@@ -382,7 +375,6 @@ class Settings(BaseSettings):
             "7675's 30 s) has vanished: its session ends, its stream and engine "
             "request are freed (`webrtc_peer_lost`)."
         ),
-        json_schema_extra={"default_doc": "`30`"},
     )
 
     api_keys: list[dict[str, Any]] = Field(
@@ -464,7 +456,6 @@ class Settings(BaseSettings):
         400.0,
         gt=0,
         description="How long a cluster's per-minute usage buckets stay in Redis.",
-        json_schema_extra={"default_doc": "`400`"},
     )
     lexicons_dir: Path = Field(
         Path("lexicons"),
@@ -520,7 +511,6 @@ class Settings(BaseSettings):
             "With `trim_silence`, audio at the start of a stream quieter than "
             "this (RMS of 10 ms blocks, dBFS) is dropped, at most 1 s."
         ),
-        json_schema_extra={"default_doc": "`-45`"},
     )
     aligner_model: Path | None = Field(
         None,
@@ -682,7 +672,6 @@ class Settings(BaseSettings):
     session_ttl_seconds: float = Field(
         600.0,
         description="Life of an idle session pin (`X-Session-Id` -> worker).",
-        json_schema_extra={"default_doc": "`600`"},
     )
     load_factor: float = Field(
         1.25,
@@ -749,7 +738,6 @@ class Settings(BaseSettings):
             "503), lets streams in flight finish for up to this long, then "
             "exits; a second signal exits at once."
         ),
-        json_schema_extra={"default_doc": "`60`"},
     )
     shared_dir: Path = Field(
         Path("shared"),
@@ -766,7 +754,6 @@ class Settings(BaseSettings):
     adapter_cache_mb: float = Field(
         2048.0,
         description=("Size cap of that cache; least recently used adapters are evicted beyond it."),
-        json_schema_extra={"default_doc": "`2048`"},
     )
     redis_timeout_seconds: float = Field(0.5, description="Redis socket and connect timeout.")
     redis_retries: int = Field(
@@ -788,7 +775,6 @@ class Settings(BaseSettings):
             "stream, has failed (a crashed worker is noticed at once; this "
             "covers a wedged one or a lost network)."
         ),
-        json_schema_extra={"default_doc": "`120`"},
     )
 
     temperature: float = Field(0.6, description="Sampling temperature.")
@@ -826,7 +812,6 @@ class Settings(BaseSettings):
             "Longest wait for other streams' windows before a batched SNAC "
             "decode (none when every live stream has one pending)."
         ),
-        json_schema_extra={"default_doc": "`10`"},
     )
     codec_max_batch: int = Field(64, ge=1, description="Most stream windows in one batched decode.")
     codec_max_chunk_frames: int = Field(

@@ -45,6 +45,8 @@ def shown_default(field: FieldInfo) -> str:
         value = value.model_dump(mode="json")
     if isinstance(value, list | dict):
         return f"`{json.dumps(value, default=str)}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 30, not 30.0: a setting reads either
     return f"`{value}`"
 
 
