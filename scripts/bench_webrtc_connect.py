@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -43,8 +44,6 @@ TURN_USER, TURN_PASSWORD = "bench", "bench-secret"
 
 def local_address() -> str:
     """This machine's address that is not loopback (the relay's, and what it relays to)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(("192.0.2.254", 9))  # no packet is sent: the route picks the address
         return probe.getsockname()[0]

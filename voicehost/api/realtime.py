@@ -185,7 +185,7 @@ class RealtimeSession:
                     await self.send(error_event("invalid_message", "send text messages (JSON)"))
                     continue
                 if message is None:
-                    if not self.ended or self._busy(0.0):
+                    if not self.ended or self.in_segment or not self.queue.empty():
                         log.info("realtime session: the listener left before its end")
                     return
                 try:
