@@ -71,6 +71,7 @@ bench: install-test
 # The README's configuration tables, made from the settings' own descriptions (config.py).
 docs: install
 	$(BIN)/python -m voicehost.tools.settings_doc --write
+	$(BIN)/python -m voicehost.tools.errors_doc --write
 
 # Re-resolves both locks from pyproject.toml (uv resolves; pip installs from them).
 lock:

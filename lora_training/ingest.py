@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from voicehost.errors import ServiceError
 from voicehost.model.orpheus import SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -32,16 +33,22 @@ TARGET_LUFS = -20.0
 MAX_GAIN_DB = 30.0  # never blow noise up into "speech"
 
 
-class UnreadableAudio(ValueError):
+class UnreadableAudio(ServiceError, ValueError):
     """A file that is not audio we can decode."""
+
+    code = "not_audio"
 
 
 class UnsupportedAudio(UnreadableAudio):
     """Audio in a container or codec, or at a sample rate or channel count, that is not taken."""
 
+    code = "unsupported_audio"
+
 
 class AudioTooLong(UnreadableAudio):
     """Audio that decodes past (or whose header claims more than) the duration cap."""
+
+    code = "audio_too_long"
 
 
 SAMPLE_RATES = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000})

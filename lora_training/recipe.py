@@ -29,6 +29,7 @@ from lora_training.tokenise import Utterance, build_dataset
 from lora_training.train import TrainSettings, train
 from lora_training.transcripts import SpeechRecognizer, find_transcripts, require_transcripts
 from lora_training.trim import TrimmedClip, TrimSettings, percentiles_ms, trim
+from voicehost.errors import ServiceError
 from voicehost.model import orpheus
 from voicehost.model.orpheus import PAD, SAMPLE_RATE
 
@@ -39,8 +40,10 @@ MIN_REFERENCES = 3  # clips held out of training as the speaker's references...
 REFERENCE_SHARE = 0.1  # ... or this share of the clips, if more
 
 
-class NotEnoughSpeech(ValueError):
+class NotEnoughSpeech(ServiceError, ValueError):
     """Less usable speech than a voice needs (``report``: the data report, when measured)."""
+
+    code = "not_enough_speech"
 
     def __init__(self, message: str, report: DataReport | None = None) -> None:
         super().__init__(message)

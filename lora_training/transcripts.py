@@ -9,11 +9,15 @@ from typing import Protocol
 
 import numpy as np
 
+from voicehost.errors import ServiceError
+
 SIDECAR_SUFFIXES = (".txt", ".lab")
 
 
-class MissingTranscripts(ValueError):
+class MissingTranscripts(ServiceError, ValueError):
     """Clips without text, and no way to get it."""
+
+    code = "missing_transcripts"
 
 
 class SpeechRecognizer(Protocol):

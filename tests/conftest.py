@@ -140,6 +140,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         early.stop()
     for thread in helpers.stopping:  # every process stopped in the background has ended
         thread.join()
+    if helpers.undocumented:  # answers the OpenAPI document does not list (helpers.undocumented)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                "FAILED: error answers their OpenAPI operation does not list (add them to "
+                "voicehost.api.errors): " + "; ".join(helpers.undocumented)
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not helpers.booted:
         return
     # the engine budget (tests/project/test_engine_budget.py): what this run booted

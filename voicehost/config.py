@@ -331,7 +331,7 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Answered WebRTC offers still waiting for their peer (no data "
-            "channel and config yet), in all (503 `too_many_pending` beyond). A "
+            "channel and config yet), in all (503 `at_capacity` beyond). A "
             "pending offer holds no stream slot: an offer that never connects "
             "costs only its peer connection."
         ),

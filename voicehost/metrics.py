@@ -132,6 +132,13 @@ class SpeechMetrics:
             registry=r,
         )
         self.errors = Counter("voicehost_errors", "Errors by kind.", ["kind"], registry=r)
+        self.undocumented_errors = Counter(
+            "voicehost_undocumented_errors",
+            "Error answers their operation's OpenAPI text does not list (a bug: the error table, "
+            "voicehost.api.errors, is missing a row or an operation).",
+            ["operation", "code"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "voicehost_stream_errors",
             "Streams that failed after their first byte (cut, or ended with an error event), "

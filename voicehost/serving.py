@@ -21,6 +21,7 @@ from voicehost.audio.encoding import FormatEncoderPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
+from voicehost.errors import ServiceError
 from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
@@ -99,8 +100,11 @@ class ClusterLink(Protocol):
     async def close(self) -> None: ...
 
 
-class NotReady(RuntimeError):
-    """The engine is still starting (or failed to start)."""
+class NotReady(ServiceError, RuntimeError):
+    """The engine is still starting, failed to start or died, or the process is draining:
+    another process may answer (``Retry-After: 1``)."""
+
+    code = "not_ready"
 
 
 def is_missing_folder(model: str) -> bool:

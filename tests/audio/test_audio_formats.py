@@ -17,7 +17,7 @@ from voicehost.audio.formats import (
     FORMATS,
     SAMPLE_RATES,
     FormatEncoder,
-    UnsupportedAudio,
+    UnsupportedFormat,
     content_type,
     encoding_rate,
     output_rate,
@@ -345,12 +345,12 @@ def test_opus_encodes_at_the_next_opus_rate_and_plays_at_48_khz(rate: int, encod
     [("ogg", None), ("MP3", None), ("wav", 12345), ("pcm", 0), ("mulaw", 16000), ("alaw", 24000)],
 )
 def test_unsupported_formats_and_rates_are_refused(fmt: str, rate: int | None) -> None:
-    with pytest.raises(UnsupportedAudio):
+    with pytest.raises(UnsupportedFormat):
         FormatEncoder(fmt, rate)
 
 
 def test_unknown_format_has_no_content_type() -> None:
-    with pytest.raises(UnsupportedAudio, match="use one of pcm, wav"):
+    with pytest.raises(UnsupportedFormat, match="use one of pcm, wav"):
         content_type("webm")
 
 
@@ -380,12 +380,12 @@ def test_a_finished_encoder_takes_no_more_audio() -> None:
 @pytest.mark.unit
 def test_refused_rates_say_which_rates_are_taken():
     with pytest.raises(
-        UnsupportedAudio,
+        UnsupportedFormat,
         match=r"sample_rate 12345 is not supported; use one of 8000, 16000, 22050, 24000, 44100, "
         r"48000$",
     ):
         FormatEncoder("wav", 12345)
     with pytest.raises(
-        UnsupportedAudio, match=r"alaw is G\.711 telephone audio at 8000 Hz only, not 16000 Hz"
+        UnsupportedFormat, match=r"alaw is G\.711 telephone audio at 8000 Hz only, not 16000 Hz"
     ):
         FormatEncoder("alaw", 16000)

@@ -26,7 +26,7 @@ def test_a_full_process_refuses_with_503_and_frees_the_slot_when_a_stream_ends()
         with pytest.raises(Refused) as refused:
             with admission.admit(None):
                 pass
-        assert (refused.value.status, refused.value.code) == (503, "at_capacity")
+        assert refused.value.code == "at_capacity"
         assert refused.value.retry_after >= 1
         assert admission.active == 2
     assert admission.active == 0
@@ -41,18 +41,18 @@ def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
         with pytest.raises(Refused) as refused:
             with admission.admit("a"):
                 pass
-        assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
+        assert refused.value.code == "quota_exceeded"
         with admission.admit("b"), admission.admit(None):
             # full: a key within its quota is told the process is full
             with pytest.raises(Refused) as full:
                 with admission.admit("c"):
                     pass
-            assert full.value.status == 503
+            assert full.value.code == "at_capacity"
             # a key over its quota is told so, full or not
             with pytest.raises(Refused) as over:
                 with admission.admit("a"):
                     pass
-            assert over.value.status == 429
+            assert over.value.code == "quota_exceeded"
     assert admission.active == 0 and admission.board.by_key == {}
 
 
@@ -117,7 +117,7 @@ def test_without_a_quota_one_key_may_use_the_whole_capacity():
         assert admission.board.by_key == {"a": 3}
         with pytest.raises(Refused) as full, admission.admit("a"):
             pass
-        assert full.value.status == 503
+        assert full.value.code == "at_capacity"
     assert admission.board.by_key == {}
 
 
@@ -166,13 +166,13 @@ def test_front_ends_of_one_host_share_its_capacity_and_each_key_quota(tmp_path):
         for admission in (first, second):
             with pytest.raises(Refused) as over, admission.admit("a"):
                 pass
-            assert over.value.status == 429
+            assert over.value.code == "quota_exceeded"
         with second.admit("b"):
             # 3 streams on the host: full for every key, on either front end
             for admission in (first, second):
                 with pytest.raises(Refused) as full, admission.admit("c"):
                     pass
-                assert full.value.status == 503
+                assert full.value.code == "at_capacity"
             assert first.streams() == second.streams() == 3
             assert (first.active, second.active) == (1, 2)  # what each one's drain waits for
             assert first.headroom() == second.headroom() == 0
@@ -196,7 +196,7 @@ def test_a_token_bound_to_a_stream_count_holds_it_across_front_ends_beside_its_k
         for admission in (first, second):  # the token holds its one stream on the host
             with pytest.raises(Refused) as over, admission.admit("web", token=page):
                 pass
-            assert (over.value.status, over.value.code) == (429, "quota_exceeded")
+            assert over.value.code == "quota_exceeded"
             assert "this token" in over.value.message
         with second.admit("web", token=other), first.admit("web", token=other):
             # the key's quota (3) holds over all of its tokens' streams

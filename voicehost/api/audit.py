@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError, query_value
+from voicehost.api.edge import SERVICE, query_value
+from voicehost.api.errors import ApiError
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
@@ -27,12 +28,12 @@ def parse_time(value: str, name: str = "since") -> datetime:
     else:
         if math.isfinite(seconds) and 0 <= seconds < 1e11:
             return datetime.fromtimestamp(seconds, UTC)
-        raise ApiError(400, "invalid_request", f"{name}: Unix seconds out of range")
+        raise ApiError("invalid_request", f"{name}: Unix seconds out of range")
     try:
         return parse_iso(value)
     except ValueError:
         raise ApiError(
-            400, "invalid_request", f"{name}: an ISO 8601 time or Unix seconds, not {value!r}"
+            "invalid_request", f"{name}: an ISO 8601 time or Unix seconds, not {value!r}"
         ) from None
 
 
@@ -43,9 +44,9 @@ def _int(request: web.Request, name: str, default: int, low: int, high: int) -> 
     try:
         number = int(value)
     except ValueError:
-        raise ApiError(400, "invalid_request", f"{name}: an integer, not {value!r}") from None
+        raise ApiError("invalid_request", f"{name}: an integer, not {value!r}") from None
     if not low <= number <= high:
-        raise ApiError(400, "invalid_request", f"{name}: from {low} to {high}")
+        raise ApiError("invalid_request", f"{name}: from {low} to {high}")
     return number
 
 
@@ -60,7 +61,7 @@ async def list_audit(request: web.Request) -> web.Response:
     if voice is not None and not (
         is_voice_id(voice) or voice in request.app[SERVICE].voices.builtin
     ):
-        raise ApiError(400, "invalid_voice_id", f"voice must match {VOICE_ID_PATTERN.pattern}")
+        raise ApiError("invalid_voice_id", f"voice must match {VOICE_ID_PATTERN.pattern}")
     since = query_value(request, "since")
     query = AuditQuery(
         voice=voice,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from aiohttp import web
 from pydantic import ValidationError
 
+from voicehost.errors import ServiceError
 from voicehost.tenancy.keys import (
     SPEECH_TOKEN,
     ApiKey,
@@ -144,13 +145,13 @@ class Authenticator:
         try:
             token = self.tokens.read(credential)
         except InvalidToken as exc:
-            raise AccessDenied(401, exc.code, exc.message) from exc
+            raise AccessDenied(exc.code, exc.message) from exc
         key = next((entry for entry in self.keys if entry.id == token.key_id), None)
         if key is None:
-            raise AccessDenied(401, "invalid_token", "the token's API key is no longer valid")
+            raise AccessDenied("invalid_token", "the token's API key is no longer valid")
         if token.origin is not None and origin != token.origin:
             message = f"this token speaks only for pages of {token.origin}"
-            raise AccessDenied(403, "origin_not_allowed", message)
+            raise AccessDenied("origin_not_allowed", message)
         speaks = "synthesize" in key.scopes or "admin" in key.scopes
         voices = None if token.voices is None else frozenset(token.voices)
         scopes = frozenset({SPEECH_TOKEN} if speaks else ())
@@ -283,16 +284,12 @@ AUTH = web.AppKey("auth", Authenticator)
 PRINCIPAL = web.RequestKey("principal", object)  # Principal | None, set by the edge's middleware
 
 
-class AccessDenied(Exception):
-    """A caller the route does not admit: 401 (no key, a wrong one) or 403 (scope, internal)."""
+class AccessDenied(ServiceError):
+    """A caller the route does not admit: 401 (no key, a wrong one) or 403 (scope, internal),
+    as the error table says of ``code``."""
 
-    def __init__(
-        self, status: int, code: str, message: str, principal: Principal | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+    def __init__(self, code: str, message: str, principal: Principal | None = None) -> None:
+        super().__init__(message, code=code)
         self.principal = principal  # a known key refused for its scope (audited)
 
 
@@ -324,34 +321,30 @@ def identify(auth: Authenticator, request: web.Request) -> Principal | None:
     gateway = auth.is_gateway(request.headers.get(INTERNAL_TOKEN_HEADER))
     if access == INTERNAL:
         if not gateway:
-            raise AccessDenied(
-                403, "forbidden", "internal routes accept only the cluster's gateway"
-            )
+            raise AccessDenied("forbidden", "internal routes accept only the cluster's gateway")
         return None
     if gateway:
         try:
             principal = forwarded_principal(request.headers)
         except ValueError as exc:
-            raise AccessDenied(401, "invalid_principal", str(exc)) from exc
+            raise AccessDenied("invalid_principal", str(exc)) from exc
     else:
         key = presented_key(request)
         if key is None:
-            raise AccessDenied(
-                401, "missing_api_key", "send an API key: Authorization: Bearer <key>"
-            )
+            raise AccessDenied("missing_api_key", "send an API key: Authorization: Bearer <key>")
         if is_token(key):
             principal = auth.token_principal(key, request.headers.get("Origin"))
         else:
             principal = auth.authenticate(key)
             if principal is None:
-                raise AccessDenied(401, "invalid_api_key", "the API key is not valid")
+                raise AccessDenied("invalid_api_key", "the API key is not valid")
     if principal is not None and request.match_info.http_exception is None:
         assert not isinstance(access, str)  # public and internal returned above
         if not principal.allows(access):
             if SPEECH_TOKEN in principal.scopes:
                 message = "a speech token opens speech only (HTTP, SSE, the socket, WebRTC)"
-                raise AccessDenied(403, "token_not_allowed", message, principal)
+                raise AccessDenied("token_not_allowed", message, principal)
             wanted = " or ".join(f"'{s}'" for s in sorted(access - {SPEECH_TOKEN}))
             message = f"this API key needs the {wanted} scope"
-            raise AccessDenied(403, "insufficient_scope", message, principal)
+            raise AccessDenied("insufficient_scope", message, principal)
     return principal

@@ -33,6 +33,7 @@ from voicehost.api.auth import (
     identify,
     request_principal,
 )
+from voicehost.api.errors import ApiError, documented, kind_of
 from voicehost.api.listeners import Listener
 from voicehost.api.schemas import (
     CaptionedSpeechRequest,
@@ -42,9 +43,10 @@ from voicehost.api.schemas import (
     SpeechRequest,
 )
 from voicehost.audio.encoding import EncodingFailed
-from voicehost.audio.formats import UnsupportedAudio, output_rate
+from voicehost.audio.formats import output_rate
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
+from voicehost.errors import ServiceError
 from voicehost.ids import (
     JOB_ID_PATTERN,
     VERSION_PATTERN,
@@ -55,7 +57,7 @@ from voicehost.ids import (
     split_voice_ref,
 )
 from voicehost.metrics import SpeechMetrics
-from voicehost.serving import NotReady, ServingProcess
+from voicehost.serving import ServingProcess
 from voicehost.speech.admission import Refused
 from voicehost.speech.alignment import Aligner
 from voicehost.speech.synthesis import SpeakOptions
@@ -63,7 +65,7 @@ from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.tenancy.lexicons import LexiconStore
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.voice import RegistryIncomplete, RegistryRebuilding, Voice, VoiceDirectory
+from voicehost.voices.voice import RegistryRebuilding, Voice, VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +93,15 @@ class VoiceService(Protocol):
 
 
 SERVICE = web.AppKey("service", VoiceService)
+# (method, path) -> (its OpenAPI operation, whether an API key guards it): what an error answer
+# is checked against (``check_documented``); set by ``voicehost.api.routes``
+OPERATIONS = web.AppKey("operations", dict)
 SERVING = web.AppKey(
     "serving", ServingProcess
 )  # the engine's process (serve, worker): not a gateway
 
 
 # --- the one error shape ---------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def error_body(code: str, message: str) -> dict[str, object]:
@@ -176,46 +171,61 @@ def validation_message(exc: ValidationError, whole: str = "body") -> str:
     )
 
 
+def answer(request: web.Request, exc: ServiceError) -> web.Response:
+    """``exc`` as the one error shape, with the table's status (``voicehost.api.errors``):
+    ``Retry-After`` where waiting helps (an admission refusal's own seconds, else 1),
+    ``WWW-Authenticate`` on a 401; counted and checked against the operation's documentation."""
+    kind = kind_of(exc)
+    response = error_response(kind.status, exc.code, exc.message)
+    if kind.retry_after:
+        response.headers["Retry-After"] = str(getattr(exc, "retry_after", 1))
+    if kind.status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
+    service = request.app.get(SERVICE)  # (a bare app of the auth tests has none)
+    if service is not None:
+        service.metrics.errors.labels(exc.code).inc()
+        check_documented(request, exc.code)
+    return response
+
+
+def check_documented(request: web.Request, code: str) -> None:
+    """An error answer its operation's OpenAPI text does not list is counted
+    (``voicehost_undocumented_errors_total``) and logged: the suite's servers fail on one."""
+    route = request.match_info.route
+    resource = route.resource
+    if resource is None or request.match_info.http_exception is not None:
+        return  # the router's own 404 or 405: no operation
+    method = "GET" if request.method == "HEAD" else request.method
+    found = request.app.get(OPERATIONS, {}).get((method, resource.canonical))
+    if found is None:
+        return  # an internal route: no public operation
+    operation, keyed = found
+    if not documented(operation, keyed, code):
+        request.app[SERVICE].metrics.undocumented_errors.labels(operation, code).inc()
+        log.error("%s answered %r, which its OpenAPI operation does not list", operation, code)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure of a handler as the one error shape, with its status (and Retry-After
-    where waiting helps)."""
-    errors = request.app[SERVICE].metrics.errors
+    """Every failure of a handler as the one error shape: a ``ServiceError`` (the domain's,
+    or a handler's ``ApiError``) with the error table's status; Redis unreachable, a body that
+    cannot be read and aiohttp's own HTTP errors likewise; anything else a logged 500."""
     try:
         return await handler(request)
-    except ApiError as exc:
-        errors.labels(exc.code).inc()
-        return error_response(exc.status, exc.code, exc.message)
-    except NotReady as exc:  # warming up, draining or failed: another process may answer
-        response = error_response(503, "not_ready", str(exc))
-        response.headers["Retry-After"] = "1"
-        return response
-    except Refused as exc:
-        errors.labels(exc.code).inc()
-        response = error_response(exc.status, exc.code, exc.message)
-        response.headers["Retry-After"] = str(exc.retry_after)
-        return response
     except RegistryRebuilding as exc:  # a voice route's lookup in Redis's gap
         if not can_see(request_principal(request), exc.tenant, held=exc.held):
-            missing = voice_not_found(exc.voice_id)  # as outside the gap: not theirs to know
-            return error_response(missing.status, missing.code, missing.message)
-        response = error_response(503, "registry_rebuilding", str(exc))
-        response.headers["Retry-After"] = "1"
-        return response
-    except RegistryIncomplete as exc:  # a list in Redis's gap would omit voices
-        response = error_response(503, "registry_rebuilding", str(exc))
-        response.headers["Retry-After"] = "1"
-        return response
+            return answer(request, voice_not_found(exc.voice_id))  # as outside the gap
+        return answer(request, exc)
+    except ServiceError as exc:
+        return answer(request, exc)
     except RedisError as exc:
-        errors.labels("redis_unavailable").inc()
         log.warning("redis unavailable on %s %s: %s", request.method, request.path, exc)
-        response = error_response(503, "redis_unavailable", "the cluster's Redis is unavailable")
-        response.headers["Retry-After"] = "1"  # not this process's fault: another may answer
-        return response
+        return answer(request, ApiError("redis_unavailable", "the cluster's Redis is unavailable"))
     except web.RequestPayloadError as exc:  # a body aiohttp could not decode, or cut short
-        errors.labels("invalid_body").inc()
         reason = str(exc).split("message:", 1)[-1].strip() or "it ended early"
-        response = error_response(400, "invalid_body", f"the request body is unreadable: {reason}")
+        response = answer(
+            request, ApiError("invalid_body", f"the request body is unreadable: {reason}")
+        )
         response.force_close()  # the connection's framing is lost: say so, then close it
         # and the rest of the body is not read: aiohttp would read it after the response to
         # keep the connection, meet the same error, and log it as an unhandled exception
@@ -223,20 +233,21 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except web.HTTPRequestEntityTooLarge:
         message = f"a JSON body is at most {MAX_JSON_BODY_BYTES} bytes"
-        return error_response(413, "body_too_large", message)
+        return answer(request, ApiError("body_too_large", message))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+        code = exc.reason.lower().replace(" ", "_")
+        response = error_response(exc.status, code, exc.reason)
+        check_documented(request, code)
         if "Allow" in exc.headers:  # a 405 says which methods the route takes
             response.headers["Allow"] = exc.headers["Allow"]
         return response
     except ConnectionResetError:
         raise  # the client went away; nothing to answer
     except Exception as exc:
-        errors.labels("internal").inc()
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+        return answer(request, ApiError("internal", f"internal error: {type(exc).__name__}"))
 
 
 @web.middleware
@@ -249,10 +260,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         service = request.app.get(SERVICE)  # (a bare app of the auth tests has none)
         if exc.principal is not None and service is not None:  # a key refused for its scope
             await service.audit.record(scope_refusal(request, exc))
-        response = error_response(exc.status, exc.code, exc.message)
-        if exc.status == 401:
-            response.headers["WWW-Authenticate"] = 'Bearer realm="voicehost"'
-        return response
+        return answer(request, exc)
     principal = request[PRINCIPAL]
     auth = request.app[AUTH]
     if (
@@ -262,9 +270,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     ):
         if (retry := auth.over_rate(principal.key_id)) is not None:
             message = "this API key has made its most requests this minute"
-            response = error_response(429, "rate_limited", message)
-            response.headers["Retry-After"] = str(retry)
-            return response
+            return answer(request, Refused("rate_limited", message, retry))
     return await handler(request)
 
 
@@ -350,9 +356,9 @@ async def read_json_object(request: web.Request) -> dict[str, object]:
     try:
         payload = load_json(await request.text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+        raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+        raise ApiError("invalid_request", "the body must be a JSON object")
     return payload
 
 
@@ -362,15 +368,12 @@ async def read_body(request: web.Request, model: type[Body]) -> Body:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise ApiError(400, "invalid_request", validation_message(exc)) from exc
+        raise ApiError("invalid_request", validation_message(exc)) from exc
 
 
 def check_audio_options(body: SpeechOptions) -> int:
     """The output sample rate of ``body``'s format and rate; 400 if they cannot be served."""
-    try:
-        return output_rate(body.response_format, body.sample_rate)
-    except UnsupportedAudio as exc:
-        raise ApiError(400, "unsupported_format", str(exc)) from exc
+    return output_rate(body.response_format, body.sample_rate)  # or UnsupportedFormat
 
 
 def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
@@ -378,17 +381,15 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
     answer has no place for it (raw audio; the captioned endpoint's JSON has one); 413 past
     ``max_chars``."""
     if not any(ch.isalnum() for ch in body.input):
-        raise ApiError(400, "empty_input", "input is empty or has nothing to say")
+        raise ApiError("empty_input", "input is empty or has nothing to say")
     if len(body.input) > max_chars:
         raise ApiError(
-            413,
             "input_too_long",
             f"input has {len(body.input)} characters; the limit is {max_chars}",
         )
     captioned = isinstance(body, CaptionedSpeechRequest)
     if body.timestamps == "word" and body.stream_format != "sse" and not captioned:
         raise ApiError(
-            400,
             "invalid_request",
             'word timestamps come as SSE events: stream_format "sse" (or POST '
             "/v1/audio/speech/captioned for the audio and its words at once)",
@@ -414,7 +415,7 @@ def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> 
 
 def voice_not_found(voice_id: str) -> ApiError:
     """The one answer for a voice that does not exist, or is another tenant's."""
-    return ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+    return ApiError("voice_not_found", f"voice {voice_id!r} does not exist")
 
 
 async def find_voice(
@@ -434,16 +435,16 @@ async def find_voice(
     is looked up as the voice its alias names; a voice of that id it can see comes first."""
     voice_id, version = split_voice_ref(ref)
     if voice_id not in directory.builtin and not is_voice_id(voice_id):
-        raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+        raise ApiError("invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     if principal is not None and principal.voices is not None and voice_id not in principal.voices:
         allowed = ", ".join(sorted(principal.voices))
-        raise ApiError(403, "voice_not_allowed", f"this token speaks only {allowed}")
+        raise ApiError("voice_not_allowed", f"this token speaks only {allowed}")
     try:
         voice = await directory.find(voice_id, version)
     except RegistryRebuilding as exc:  # it exists: retry soon (a socket gets retry_after too)
         if not can_see(principal, exc.tenant, held=exc.held):
             raise voice_not_found(ref) from None  # another's: as outside the gap
-        raise Refused(503, "registry_rebuilding", str(exc), 1) from exc
+        raise Refused("registry_rebuilding", str(exc), 1) from exc
     seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
     if not seen and version is None and aliases and voice_id in aliases:
         target = aliases[voice_id]
@@ -453,11 +454,11 @@ async def find_voice(
             if exc.code != "voice_not_found":
                 raise
             message = f"voice {voice_id!r} is an alias of {target!r}, which does not exist"
-            raise ApiError(404, "voice_not_found", message) from None
+            raise ApiError("voice_not_found", message) from None
     if voice is None:
         broken = directory.broken(voice_id, version)
         if broken is not None and (principal is None or principal.admin):
-            raise ApiError(422, "voice_unusable", f"voice {ref!r} is unusable: {broken}")
+            raise ApiError("voice_unusable", f"voice {ref!r} is unusable: {broken}")
         raise voice_not_found(ref)
     if not can_see(principal, voice.tenant, held=voice.status == "held"):
         raise voice_not_found(ref)
@@ -468,7 +469,7 @@ def path_version(request: web.Request) -> int:
     """The version number in the route's path: 400 unless it is one (1, 2, ...)."""
     value = request.match_info["version"]
     if not is_version(value):
-        raise ApiError(400, "invalid_version", f"version must match {VERSION_PATTERN.pattern}")
+        raise ApiError("invalid_version", f"version must match {VERSION_PATTERN.pattern}")
     return int(value)
 
 
@@ -484,7 +485,7 @@ def path_id(request: web.Request, key: str) -> str:
     value = request.match_info[key]
     valid, pattern = PATH_IDS[key]
     if not valid(value):
-        raise ApiError(400, f"invalid_{key}", f"{key} must match {pattern.pattern}")
+        raise ApiError(f"invalid_{key}", f"{key} must match {pattern.pattern}")
     return value
 
 

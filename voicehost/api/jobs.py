@@ -9,10 +9,10 @@ from aiohttp import web
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVICE,
-    ApiError,
     path_id,
     record,
 )
+from voicehost.api.errors import ApiError
 from voicehost.api.schemas import (
     CloneJobInfo,
 )
@@ -29,7 +29,7 @@ def _job(request: web.Request) -> CloneJob:
     job_id = path_id(request, "job_id")
     job = request.app[SERVICE].jobs.get(job_id)
     if job is None or not can_see(request_principal(request), job.tenant):
-        raise ApiError(404, "job_not_found", f"job {job_id!r} does not exist")
+        raise ApiError("job_not_found", f"job {job_id!r} does not exist")
     return job
 
 
@@ -45,7 +45,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     job = _job(request)
     if job.status in FINISHED:
         if service.jobs.is_running(job.id):
-            raise ApiError(409, "job_busy", "the job's worker is still stopping; try again")
+            raise ApiError("job_busy", "the job's worker is still stopping; try again")
         await asyncio.to_thread(service.jobs.discard, job.id)
         await record(request, "job.deleted", tenant=job.tenant, voice=job.voice_id, job=job.id)
         return web.Response(status=204)
@@ -58,12 +58,11 @@ async def retry_job(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     job = _job(request)
     if service.jobs.is_running(job.id):
-        raise ApiError(409, "job_not_retryable", "the job's worker is still stopping; try again")
+        raise ApiError("job_not_retryable", "the job's worker is still stopping; try again")
     if not job.new_version and await service.voices.exists(job.voice_id):
-        raise ApiError(409, "voice_exists", f"voice {job.voice_id!r} exists now")
+        raise ApiError("voice_exists", f"voice {job.voice_id!r} exists now")
     if job.status not in RETRYABLE:
         raise ApiError(
-            409,
             "job_not_retryable",
             f"job is {job.status}; a failed, cancelled or queued job retries, or one whose "
             "runner was lost",

@@ -15,7 +15,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, ApiError, VoiceService, load_json, validation_message
+from voicehost.api.edge import SERVICE, VoiceService, load_json, validation_message
+from voicehost.api.errors import ApiError
 from voicehost.api.schemas import (
     LexiconDetail,
     LexiconInfo,
@@ -27,8 +28,6 @@ from voicehost.api.schemas import (
 from voicehost.tenancy.keys import Principal, owner_tenant
 from voicehost.tenancy.lexicons import (
     LEXICON_NAME_PATTERN,
-    EntryTooLong,
-    LexiconError,
     LexiconTooLarge,
     StoredLexicon,
     checked_entries,
@@ -41,25 +40,18 @@ from voicehost.voices.voice import Voice
 log = logging.getLogger(__name__)
 
 PLS_TYPES = frozenset({"application/pls+xml", "application/xml", "text/xml"})
-STATUS = {LexiconTooLarge: 413, EntryTooLong: 400}
 MANIFEST_KEY = "lexicon"  # a voice's default lexicon, named in its voice.json
 
 
 def _name(request: web.Request) -> str:
     name = request.match_info["name"]
     if not is_lexicon_name(name):
-        raise ApiError(
-            400, "invalid_lexicon_name", f"name must match {LEXICON_NAME_PATTERN.pattern}"
-        )
+        raise ApiError("invalid_lexicon_name", f"name must match {LEXICON_NAME_PATTERN.pattern}")
     return name
 
 
 def lexicon_not_found(name: str) -> ApiError:
-    return ApiError(404, "lexicon_not_found", f"lexicon {name!r} does not exist")
-
-
-def _refused(exc: LexiconError) -> ApiError:
-    return ApiError(STATUS.get(type(exc), 400), exc.code, str(exc))
+    return ApiError("lexicon_not_found", f"lexicon {name!r} does not exist")
 
 
 def _info(lexicon: StoredLexicon) -> LexiconInfo:
@@ -75,26 +67,23 @@ def _entries(
     pls = request.content_type in PLS_TYPES or (
         request.content_type != "application/json" and body.lstrip()[:1] == b"<"
     )
+    if pls:
+        return parse_pls(body, limits)
     try:
-        if pls:
-            return parse_pls(body, limits)
-        try:
-            payload = load_json(body.decode())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
-        if not isinstance(payload, dict):
-            raise ApiError(400, "invalid_request", "the body must be a JSON object")
-        entries = payload.get("entries")
-        if isinstance(entries, list) and len(entries) > limits.max_entries:  # before reading each
-            raise LexiconTooLarge(f"a lexicon holds at most {limits.max_entries} entries")
-        try:
-            upload = LexiconUpload.model_validate(payload)
-        except ValidationError as exc:
-            raise ApiError(400, "invalid_request", validation_message(exc)) from exc
-        found = (LexiconEntry(e.grapheme, e.alias, e.case_sensitive) for e in upload.entries)
-        return checked_entries(found, limits), 0
-    except LexiconError as exc:
-        raise _refused(exc) from exc
+        payload = load_json(body.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError("invalid_request", "the body must be a JSON object")
+    entries = payload.get("entries")
+    if isinstance(entries, list) and len(entries) > limits.max_entries:  # before reading each
+        raise LexiconTooLarge(f"a lexicon holds at most {limits.max_entries} entries")
+    try:
+        upload = LexiconUpload.model_validate(payload)
+    except ValidationError as exc:
+        raise ApiError("invalid_request", validation_message(exc)) from exc
+    found = (LexiconEntry(e.grapheme, e.alias, e.case_sensitive) for e in upload.entries)
+    return checked_entries(found, limits), 0
 
 
 async def put_lexicon(request: web.Request) -> web.Response:
@@ -103,10 +92,7 @@ async def put_lexicon(request: web.Request) -> web.Response:
     name = _name(request)
     entries, skipped = _entries(service, request, await request.read())
     tenant = owner_tenant(request_principal(request))
-    try:
-        new = await service.lexicons.put(tenant, name, entries)
-    except LexiconError as exc:
-        raise _refused(exc) from exc
+    new = await service.lexicons.put(tenant, name, entries)
     stored = await service.lexicons.get(tenant, name)
     if stored is None:  # deleted meanwhile
         raise lexicon_not_found(name)

@@ -7,7 +7,8 @@ import time
 
 from aiohttp import web
 
-from voicehost.api.edge import SERVICE, ApiError
+from voicehost.api.edge import SERVICE
+from voicehost.api.errors import ApiError
 from voicehost.api.schemas import OPENAI_SPEECH_MODELS, ModelInfo, ModelList
 from voicehost.config import Settings
 
@@ -35,5 +36,5 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if name not in model_names(request.app[SERVICE].settings):
-        raise ApiError(404, "model_not_found", f"model {name!r} does not exist; see GET /v1/models")
+        raise ApiError("model_not_found", f"model {name!r} does not exist; see GET /v1/models")
     return web.json_response(ModelInfo(id=name, created=STARTED).model_dump())

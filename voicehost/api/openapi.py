@@ -1,7 +1,9 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of the public API.
 
 Request and response bodies are the pydantic models of ``voicehost.api.schemas``, turned into
-JSON Schema here; this module only says which route takes and answers what.
+JSON Schema here; this module only says which route takes and answers what. Each operation's
+error answers come from the API's error table (``voicehost.api.errors``), added as the document
+is built.
 ``tests/api/test_openapi`` keeps it true: the paths come from the app's route table
 (``voicehost.api.routes``), each route's operation from here by its id.
 """
@@ -20,6 +22,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from voicehost import __version__
 from voicehost.api.auth import PUBLIC, WS_ROUTE, Access
+from voicehost.api.errors import ErrorKind, answered_by
 from voicehost.api.realtime import MESSAGES
 from voicehost.api.schemas import (
     AuditPage,
@@ -85,26 +88,6 @@ MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
     (ErrorResponse, "serialization"),
 )
 
-# Answered by the API-key layer (voicehost.api.auth) when keys are configured, on every route but
-# the probes and this document; the other codes of a route come from its handler.
-AUTH_ERRORS: dict[int, str] = {
-    401: "`missing_api_key` / `invalid_api_key` (auth, when API keys are configured): send "
-    "`Authorization: Bearer <key>` (or `X-API-Key`); `invalid_token` / `token_expired`: a speech "
-    "token that is not valid, has expired, or whose key is gone.",
-    403: "`insufficient_scope` (auth): the key lacks the route's scope; `token_not_allowed`: a "
-    "speech token on a route other than speech; `origin_not_allowed`: a token bound to another "
-    "page's `Origin`.",
-    429: "`rate_limited` (auth): the key's own `requests_per_minute` are spent; retry after "
-    "`Retry-After` seconds.",
-}
-# Answered by admission control (voicehost.speech.admission) to a stream: a speech request or a
-# socket.
-ADMISSION_ERRORS: dict[int, str] = {
-    429: "`quota_exceeded` (admission): the key already holds its most streams; retry after "
-    "`Retry-After` seconds.",
-    503: "`at_capacity` (admission): the server holds all the real-time streams it can; retry "
-    "after `Retry-After` seconds.",
-}
 RETRY_AFTER = {
     "Retry-After": {
         "description": "Seconds to wait before trying again.",
@@ -121,8 +104,6 @@ VOICE_VERSION = {
 WWW_AUTHENTICATE = {
     "WWW-Authenticate": {"description": "`Bearer realm=...`", "schema": {"type": "string"}}
 }
-UNAVAILABLE = "`not_ready`: the engine is warming up, failed or died."
-REDIS_DOWN = "`redis_unavailable`: the cluster's Redis is unreachable (cluster mode)."
 SECURITY_SCHEMES: Json = {
     "bearerAuth": {"type": "http", "scheme": "bearer"},
     "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
@@ -161,19 +142,20 @@ def status_body(value: str) -> Json:
     return {"type": "object", "properties": {"status": {"const": value}}, "required": ["status"]}
 
 
-def errors(codes: dict[int, str], *, keyed: bool = True, stream: bool = False) -> dict[str, Json]:
-    """Error responses (``{"error": {"code", "message"}}``) by status: the handler's ``codes``,
-    plus the API-key errors on a ``keyed`` route and admission's on a ``stream``."""
-    merged = dict(codes)
-    for status, text in (
-        (AUTH_ERRORS if keyed else {}) | (ADMISSION_ERRORS if stream else {})
-    ).items():
-        merged[status] = f"{merged[status]} {text}" if status in merged else text
+def error_answers(operation_id: str, keyed: bool) -> dict[str, Json]:
+    """The error answers of an operation, by status, from the API's error table
+    (``voicehost.api.errors``): each code it may answer with what it means (the API-key
+    layer's on a ``keyed`` route), ``Retry-After`` where waiting helps, ``WWW-Authenticate``
+    on a 401."""
+    by_status: dict[int, list[ErrorKind]] = {}
+    for kind in answered_by(operation_id, keyed):
+        by_status.setdefault(kind.status, []).append(kind)
     answers: dict[str, Json] = {}
-    for status in sorted(merged):
-        headers = RETRY_AFTER if status == 429 or (status == 503 and stream) else None
+    for status, kinds in sorted(by_status.items()):
+        text = " ".join(f"`{kind.code}`: {kind.meaning}" for kind in kinds)
+        headers = RETRY_AFTER if any(kind.retry_after for kind in kinds) else None
         headers = WWW_AUTHENTICATE if status == 401 else headers
-        answers[str(status)] = json_body(ref(ErrorResponse), merged[status], headers)
+        answers[str(status)] = json_body(ref(ErrorResponse), text, headers)
     return answers
 
 
@@ -297,24 +279,6 @@ def speech_operations() -> dict[str, Json]:
                 "content": audio,
                 "headers": VOICE_VERSION,
             },
-            **errors(
-                {
-                    400: "`invalid_json` (not JSON, nested too deeply, an unpaired surrogate) "
-                    "/ `invalid_request` / `invalid_voice_id` / `empty_input` / "
-                    "`unsupported_format`.",
-                    404: "`voice_not_found` (no such voice, or no such version: `voice@n`) / "
-                    "`lexicon_not_found`.",
-                    413: "`input_too_long`: over `VOICEHOST_MAX_INPUT_CHARS` (also once its "
-                    "lexicons have rewritten it), or over the model's context; "
-                    "`body_too_large`: a JSON body over 1 MiB.",
-                    422: "`voice_unusable`: the voice's adapter failed validation.",
-                    500: "`synthesis_failed` / `no_audio`: the engine failed before the first "
-                    "audio.",
-                    502: "`upstream_failed`: a gateway's workers failed (cluster mode).",
-                    503: f"{UNAVAILABLE} {REDIS_DOWN} `no_workers` (gateway).",
-                },
-                stream=True,
-            ),
         },
         tag="speech",
         body={
@@ -335,19 +299,6 @@ def speech_operations() -> dict[str, Json]:
                 "The audio (base64, in `response_format`) and each word's span and times.",
                 VOICE_VERSION,
             ),
-            **errors(
-                {
-                    400: "As `speak`'s.",
-                    404: "As `speak`'s.",
-                    413: "As `speak`'s.",
-                    422: "As `speak`'s.",
-                    500: "`synthesis_failed` / `no_audio` / `encoding_failed`: nothing is "
-                    "answered but the error.",
-                    502: "`upstream_failed`: a gateway's workers failed (cluster mode).",
-                    503: f"{UNAVAILABLE} {REDIS_DOWN} `no_workers` (gateway).",
-                },
-                stream=True,
-            ),
         },
         tag="speech",
         description="The same request as `POST /v1/audio/speech`, its words timed as with "
@@ -366,13 +317,6 @@ def speech_operations() -> dict[str, Json]:
         "Mint a short-lived speech token for a browser",
         {
             "201": json_body(ref(TokenResponse), "The token, and when it expires."),
-            **errors(
-                {
-                    400: "`invalid_request` (a TTL over an hour, an origin that is not "
-                    "`scheme://host`), `invalid_voice_id`.",
-                    409: "`no_api_keys`: a server without keys (speak without one).",
-                }
-            ),
         },
         tag="speech",
         description=(
@@ -414,10 +358,6 @@ def realtime_operation() -> Json:
         "Realtime speech: text in as it comes, audio out (WebSocket)",
         {
             "101": {"description": "Switched to the WebSocket protocol."},
-            **errors(
-                {400: "`bad_request`: not a WebSocket upgrade request.", 503: UNAVAILABLE},
-                stream=True,
-            ),
         },
         tag="speech",
         description=description,
@@ -439,7 +379,6 @@ def webrtc_operations() -> dict[str, Json]:
         "to a link-local, unspecified, multicast or broadcast candidate, nor to loopback or "
         "private ones unless the service allows them."
     )
-    missing = "`session_not_found`: no such session of this key's."
     return {
         "speak_webrtc": operation(
             "Realtime speech over WebRTC: an SDP offer in, the answer out",
@@ -458,20 +397,6 @@ def webrtc_operations() -> dict[str, Json]:
                         },
                     },
                 },
-                **errors(
-                    {
-                        400: "`invalid_sdp` (not SDP; a section without its DTLS fingerprint "
-                        "or ICE credentials; no candidate ICE may check), `no_audio` (no "
-                        "receiving Opus audio), `no_data_channel`.",
-                        413: "`body_too_large`: an offer over 64 KiB.",
-                        415: "`unsupported_media_type`: not `application/sdp`.",
-                        429: "`too_many_pending`: this key, or this client address, has its "
-                        "most offers waiting for their peers.",
-                        503: UNAVAILABLE + " `at_capacity`: this server holds its most WebRTC "
-                        "sessions; `too_many_pending`: its most offers wait for their peers.",
-                    },
-                    stream=True,
-                ),
             },
             tag="speech",
             description=description,
@@ -481,14 +406,6 @@ def webrtc_operations() -> dict[str, Json]:
             "Trickled ICE candidates for a WebRTC session",
             {
                 "204": {"description": "Added."},
-                **errors(
-                    {
-                        400: "`invalid_sdp`: not a trickle-ICE fragment (RFC 8840), or a "
-                        "candidate line that is not one.",
-                        404: missing,
-                        415: "`unsupported_media_type`: not `application/trickle-ice-sdpfrag`.",
-                    }
-                ),
             },
             tag="speech",
             body={
@@ -498,17 +415,20 @@ def webrtc_operations() -> dict[str, Json]:
         ),
         "end_webrtc": operation(
             "End a WebRTC session",
-            {"204": {"description": "Ended; its stream is freed."}, **errors({404: missing})},
+            {
+                "204": {"description": "Ended; its stream is freed."},
+            },
             tag="speech",
         ),
     }
 
 
 def voice_operations() -> dict[str, Json]:
-    redis = {503: REDIS_DOWN}
     listing = operation(
         "The voices that can be spoken, and adapters that failed validation",
-        {"200": json_body(ref(VoiceList), "Every voice the caller may use."), **errors(redis)},
+        {
+            "200": json_body(ref(VoiceList), "Every voice the caller may use."),
+        },
         tag="voices",
     )
     file = {"type": "string", "format": "binary"}
@@ -577,27 +497,10 @@ def voice_operations() -> dict[str, Json]:
                 wrapped("voice", VoiceDetail), "The adapter is registered.", {"Location": location}
             ),
             "202": json_body(job, "A clone job is queued.", {"Location": location}),
-            **errors(
-                {
-                    400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
-                    "`ambiguous_upload` / `invalid_transcripts` / `missing_transcripts` / "
-                    "`not_enough_speech` / `invalid_adapter` / `consent_required` / "
-                    "`invalid_consent` / `invalid_request`.",
-                    409: "`voice_exists`.",
-                    413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
-                    415: "`unsupported_media_type`: not multipart; `not_audio`: a file that is "
-                    "not audio; `unsupported_audio`: audio of a rate, channel count or codec "
-                    "outside the allowlists.",
-                    422: "`consent_speaker_mismatch`: the consent recording's speaker is not the "
-                    "training audio's.",
-                    **redis,
-                }
-            ),
         },
         tag="voices",
         body={"required": True, "content": {"multipart/form-data": {"schema": upload}}},
     )
-    not_found = {400: "`invalid_voice_id`: not a voice id.", 404: "`voice_not_found`.", **redis}
     version_upload = copy.deepcopy(upload)
     for shape in version_upload["oneOf"]:
         shape["properties"].pop("voice_id")
@@ -608,9 +511,6 @@ def voice_operations() -> dict[str, Json]:
             "passes the gate goes live).",
         }
     versioned = wrapped("version", VersionInfo)
-    read_only = "`voice_read_only`: a built-in voice, or a shared one (admins only)."
-    bad_version = "`invalid_voice_id` / `invalid_version`: not a voice id or version number."
-    no_version = "`voice_not_found` / `version_not_found`."
     add_version = operation(
         "Add a version: clone it from audio (a job) or register a ready-made adapter",
         {
@@ -620,22 +520,6 @@ def voice_operations() -> dict[str, Json]:
             "202": json_body(
                 job, "A clone job for the next version is queued.", {"Location": location}
             ),
-            **errors(
-                {
-                    400: "`invalid_multipart` / `invalid_voice_id` / `no_audio` / "
-                    "`ambiguous_upload` / `invalid_transcripts` / `missing_transcripts` / "
-                    "`not_enough_speech` / `invalid_adapter` / `consent_required` / "
-                    "`invalid_consent` / `invalid_request`.",
-                    403: read_only,
-                    404: "`voice_not_found`.",
-                    409: "`version_exists`: the voice has a version with this adapter; "
-                    "`job_in_progress`: a version of it is being trained.",
-                    413: "`upload_too_large` / `audio_too_long` / `adapter_too_large`.",
-                    415: "`unsupported_media_type` / `not_audio` / `unsupported_audio`.",
-                    422: "`consent_speaker_mismatch`.",
-                    **redis,
-                }
-            ),
         },
         tag="voices",
         description="A version is immutable: one adapter (by checksum) with its own manifest, "
@@ -643,7 +527,6 @@ def voice_operations() -> dict[str, Json]:
         "record as a new voice does.",
         body={"required": True, "content": {"multipart/form-data": {"schema": version_upload}}},
     )
-    no_job = {400: "`invalid_job_id`: not a job id.", 404: "`job_not_found`.", **redis}
     return {
         "list_audio_voices": listing,
         "list_voices": {**listing, "summary": "The voices (same as GET /v1/audio/voices)"},
@@ -652,7 +535,6 @@ def voice_operations() -> dict[str, Json]:
             "A voice and its manifest",
             {
                 "200": json_body(wrapped("voice", VoiceDetail), "The voice."),
-                **errors(not_found),
             },
             tag="voices",
         ),
@@ -660,13 +542,6 @@ def voice_operations() -> dict[str, Json]:
             "Remove an adapter voice: every version, and its consent records",
             {
                 "204": {"description": "Removed."},
-                **errors(
-                    {
-                        403: "`voice_read_only`: a built-in or dev voice, or a shared one "
-                        "(admins only).",
-                        **not_found,
-                    }
-                ),
             },
             tag="voices",
         ),
@@ -674,17 +549,6 @@ def voice_operations() -> dict[str, Json]:
             "Publish a held voice: make it ready anyway",
             {
                 "200": json_body(wrapped("voice", VoiceDetail), "The voice, ready now."),
-                **errors(
-                    {
-                        400: "`invalid_voice_id`: not a voice id; `invalid_json` / "
-                        '`invalid_request`: the body is not `{"reason": "..."}`.',
-                        404: "`voice_not_found`: none, another tenant's, or a held voice "
-                        "the caller may not manage.",
-                        409: "`voice_not_held`: the voice is ready already (or built in).",
-                        413: "`body_too_large`: a JSON body over 1 MiB.",
-                        **redis,
-                    }
-                ),
             },
             tag="voices",
             description="A clone that measured below the evaluation gate is held: listed "
@@ -706,7 +570,6 @@ def voice_operations() -> dict[str, Json]:
             "A voice's versions, oldest first, and which is live",
             {
                 "200": json_body(ref(VersionList), "The versions."),
-                **errors(not_found),
             },
             tag="voices",
         ),
@@ -714,16 +577,6 @@ def voice_operations() -> dict[str, Json]:
             "Make a version the live one (roll forward or back), at once everywhere",
             {
                 "200": json_body(versioned, "The version, live now."),
-                **errors(
-                    {
-                        400: bad_version,
-                        403: read_only,
-                        404: no_version,
-                        409: "`version_held`: a held version (publish it first).",
-                        422: "`voice_unusable`: its adapter failed validation.",
-                        **redis,
-                    }
-                ),
             },
             tag="voices",
             description="The version it replaces stays servable when pinned (`voice@n`); "
@@ -733,22 +586,14 @@ def voice_operations() -> dict[str, Json]:
             "Remove a version (not the live one)",
             {
                 "204": {"description": "Removed."},
-                **errors(
-                    {
-                        400: bad_version,
-                        403: read_only,
-                        404: no_version,
-                        409: "`version_live`: the live version (promote another first, or "
-                        "delete the voice).",
-                        **redis,
-                    }
-                ),
             },
             tag="voices",
         ),
         "get_job": operation(
             "A clone job's state and progress",
-            {"200": json_body(job, "The job."), **errors(no_job)},
+            {
+                "200": json_body(job, "The job."),
+            },
             tag="jobs",
         ),
         "cancel_job": operation(
@@ -756,7 +601,6 @@ def voice_operations() -> dict[str, Json]:
             {
                 "200": json_body(job, "The job, cancelled."),
                 "204": {"description": "The finished job is deleted."},
-                **errors({409: "`job_busy`: its worker is still stopping.", **no_job}),
             },
             tag="jobs",
         ),
@@ -764,14 +608,6 @@ def voice_operations() -> dict[str, Json]:
             "Queue a job nobody runs again: failed, cancelled, queued or runner_lost",
             {
                 "202": json_body(job, "The job, queued."),
-                **errors(
-                    {
-                        409: "`job_not_retryable` / `voice_exists`: the job is done, held or "
-                        "held by a runner (running, or its worker is stopping), or the voice id "
-                        "is taken.",
-                        **no_job,
-                    }
-                ),
             },
             tag="jobs",
         ),
@@ -796,15 +632,12 @@ def audit_operations() -> dict[str, Json]:
         "From this time on: ISO 8601 (UTC unless it names a zone) or Unix seconds.",
         {"type": "string"},
     )
-    bad_query = {400: "`invalid_request`: a query parameter out of range or not understood."}
-    audit_bad = {
-        400: "`invalid_request`: a query parameter out of range or not understood; "
-        "`invalid_voice_id`: `voice` is not a voice id."
-    }
     return {
         "list_audit": operation(
             "The audit trail: every change to voices and jobs, and scope refusals",
-            {"200": json_body(ref(AuditPage), "Events in order."), **errors(audit_bad)},
+            {
+                "200": json_body(ref(AuditPage), "Events in order."),
+            },
             tag="audit",
             description="Admins read every event (and the log's `head`); a tenant's key "
             "(`voices` scope) only the events of its tenant's voices and jobs. Each event "
@@ -832,7 +665,9 @@ def audit_operations() -> dict[str, Json]:
         ),
         "usage_report": operation(
             "Characters and audio seconds sent, per API key, tenant and voice",
-            {"200": json_body(ref(UsageReport), "The sums."), **errors(bad_query)},
+            {
+                "200": json_body(ref(UsageReport), "The sums."),
+            },
             tag="usage",
             description="Counted as audio is sent (a stream cancelled half-way counts what "
             "was sent), summed per minute over every worker of a cluster. Admins read "
@@ -846,8 +681,6 @@ def audit_operations() -> dict[str, Json]:
 
 
 def lexicon_operations() -> dict[str, Json]:
-    bad_name = {400: "`invalid_lexicon_name`: not a lexicon name.", 503: REDIS_DOWN}
-    missing = {**bad_name, 404: "`lexicon_not_found`: none of the caller's tenant."}
     saved = json_body(ref(LexiconSaved), "Stored.")
     upload = {
         "required": True,
@@ -870,7 +703,9 @@ def lexicon_operations() -> dict[str, Json]:
     return {
         "list_lexicons": operation(
             "The caller's tenant's pronunciation lexicons",
-            {"200": json_body(ref(LexiconList), "Each lexicon."), **errors({503: REDIS_DOWN})},
+            {
+                "200": json_body(ref(LexiconList), "Each lexicon."),
+            },
             tag="lexicons",
         ),
         "put_lexicon": operation(
@@ -878,19 +713,6 @@ def lexicon_operations() -> dict[str, Json]:
             {
                 "200": saved,
                 "201": {**json_body(ref(LexiconSaved), "Stored, new."), "headers": location},
-                **errors(
-                    {
-                        **bad_name,
-                        400: "`invalid_lexicon_name` / `invalid_json` / `invalid_request` / "
-                        "`invalid_lexicon`: not a lexicon; `unsafe_lexicon`: a PLS document "
-                        "with a DTD, entities or nesting deeper than 8, refused unexpanded; "
-                        "`lexicon_entry_too_long`: over `VOICEHOST_LEXICON_MAX_ENTRY_CHARS`; "
-                        "`too_many_lexicons`: the tenant keeps "
-                        "`VOICEHOST_LEXICONS_PER_TENANT` already.",
-                        413: "`lexicon_too_large`: over `VOICEHOST_LEXICON_MAX_ENTRIES` "
-                        "entries; `body_too_large`: a body over 1 MiB.",
-                    }
-                ),
             },
             tag="lexicons",
             body=upload,
@@ -899,13 +721,14 @@ def lexicon_operations() -> dict[str, Json]:
             "A lexicon and its entries",
             {
                 "200": json_body(wrapped("lexicon", LexiconDetail), "The lexicon."),
-                **errors(missing),
             },
             tag="lexicons",
         ),
         "delete_lexicon": operation(
             "Delete a lexicon",
-            {"204": {"description": "Deleted."}, **errors(missing)},
+            {
+                "204": {"description": "Deleted."},
+            },
             tag="lexicons",
         ),
     }
@@ -915,25 +738,23 @@ def model_operations() -> dict[str, Json]:
     return {
         "list_models": operation(
             "The model names a speech request may send (OpenAI's shape)",
-            {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")}
-            | errors({}),
+            {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")},
             tag="models",
         ),
         "get_model": operation(
             "One model name (OpenAI's shape)",
-            {"200": json_body(ref(ModelInfo), "The model.")} | errors({404: "`model_not_found`."}),
+            {"200": json_body(ref(ModelInfo), "The model.")},
             tag="models",
         ),
     }
 
 
 def service_operations() -> dict[str, Json]:
-    def probe(summary: str, value: str, unavailable: str) -> Json:
+    def probe(summary: str, value: str) -> Json:
         return operation(
             summary,
             {
                 "200": json_body(status_body(value), "Yes."),
-                **errors({503: unavailable}, keyed=False),
             },
             tag="service",
         )
@@ -942,12 +763,10 @@ def service_operations() -> dict[str, Json]:
         "healthz": probe(
             "Liveness: can this process serve?",
             "ok",
-            "`failed`: start-up failed or the engine died.",
         ),
         "readyz": probe(
             "Readiness: is the engine warm (and not draining)?",
             "ready",
-            "`not_ready` / `no_workers`: not yet, or draining.",
         ),
         "metrics": operation(
             "Prometheus metrics (needs an admin key when `VOICEHOST_METRICS_PUBLIC` is off)",
@@ -956,7 +775,6 @@ def service_operations() -> dict[str, Json]:
                     "description": "Prometheus text format 0.0.4.",
                     "content": {"text/plain": {"schema": {"type": "string"}}},
                 },
-                **errors({}),
             },
             tag="service",
         ),
@@ -984,7 +802,6 @@ def playground_operations() -> dict[str, Json]:
                 "description": "The file, with its content type.",
                 "content": {media: {"schema": TEXT} for media in sorted(typed)},
             },
-            **errors({404: "`not_found`: the playground has no such file."}, keyed=False),
         },
         tag="playground",
     )
@@ -1035,19 +852,15 @@ def cluster_operations() -> dict[str, Json]:
     return {
         "cluster_view": operation(
             "The workers this gateway routes to, with their load (a gateway's own route)",
-            {"200": json_body(view, "The workers."), **errors({})},
+            {
+                "200": json_body(view, "The workers."),
+            },
             tag="cluster",
         ),
         "cluster_route": operation(
             "Each voice's owner on the ring (a gateway's own route)",
             {
                 "200": json_body(owners, "The owners, by voice."),
-                **errors(
-                    {
-                        400: "`invalid_json` / `invalid_request`.",
-                        413: "`body_too_large`: a JSON body over 1 MiB.",
-                    }
-                ),
             },
             tag="cluster",
             body={"required": True, "content": {"application/json": {"schema": ref(RouteRequest)}}},
@@ -1082,6 +895,7 @@ def build_document(routes: Iterable[DocumentedRoute], own: Mapping[str, Json]) -
         if operation_id not in known:
             raise ValueError(f"{method} {path}: no OpenAPI operation {operation_id!r}")
         op = {**copy.deepcopy(known[operation_id]), "operationId": operation_id}
+        op["responses"] |= error_answers(operation_id, keyed=access != PUBLIC)
         if access == PUBLIC:
             op["security"] = []
         else:

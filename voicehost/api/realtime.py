@@ -29,7 +29,6 @@ from voicehost.api.auth import request_principal
 from voicehost.api.captions import WordClock, word_fields
 from voicehost.api.edge import (
     SERVING,
-    ApiError,
     check_audio_options,
     end_broken_stream,
     error_event,
@@ -40,10 +39,12 @@ from voicehost.api.edge import (
     stream_failure,
     validation_message,
 )
+from voicehost.api.errors import kind_of
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.listeners import Listener, NotText, SocketListener
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio.formats import content_type
+from voicehost.errors import ServiceError
 from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.serving import NotReady, ServingProcess
 from voicehost.speech.admission import Refused
@@ -393,19 +394,20 @@ async def serve_socket(
 
 async def serve_listener(listener: Listener, idle: float, work: SessionWork) -> None:
     """Read a listener's config, then run ``work`` on it (a server's session, a gateway's
-    relay). A bad config, or an ``ApiError`` from ``work`` (an unknown voice, no worker), is
-    refused with its code; a refusal that waiting may lift (``Refused``: every worker full, a
-    key at its quota; Redis away) with its code and ``retry_after``; any other failure ends
+    relay). A bad config, or a ``ServiceError`` from ``work`` (an unknown voice, no worker), is
+    refused with its code, and with ``retry_after`` where the error table says waiting helps
+    (every worker full, a key at its quota, Redis away); any other failure ends
     the session with an ``internal`` error event: once a session is open, nothing here answers
     in HTTP."""
     try:
         config = await read_config(listener, idle)
         check_audio_options(config)
         await work(listener, config)
-    except (ProtocolError, ApiError) as exc:
+    except ProtocolError as exc:
         await refuse(listener, exc.code, exc.message)
-    except Refused as exc:
-        await refuse(listener, exc.code, exc.message, exc.retry_after)
+    except ServiceError as exc:  # the error table's: with when to retry where waiting helps
+        retry = getattr(exc, "retry_after", 1) if kind_of(exc).retry_after else None
+        await refuse(listener, exc.code, exc.message, retry)
     except RedisError as exc:
         log.warning("redis unavailable on a realtime session: %s", exc)
         await refuse(listener, "redis_unavailable", "the cluster's Redis is unavailable", 1)
@@ -438,9 +440,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
             synthesizer = serving.require_synthesizer()
             # a session holds one stream slot while it is open
             await admitted.enter_async_context(serving.admit(principal))
-        except NotReady as exc:
-            return refused_upgrade(Refused(503, "not_ready", str(exc), retry_after=1))
-        except Refused as exc:
+        except (NotReady, Refused) as exc:
             serving.metrics.errors.labels(exc.code).inc()
             return refused_upgrade(exc)
 
@@ -470,10 +470,10 @@ def speaking(
     return session
 
 
-def refused_upgrade(refusal: Refused) -> web.Response:
+def refused_upgrade(refusal: Refused | NotReady) -> web.Response:
     """The HTTP answer to an upgrade that cannot be admitted now, as the error middleware gives
     any refusal, plus its code in ``ERROR_CODE_HEADER``."""
-    response = error_response(refusal.status, refusal.code, refusal.message)
-    response.headers["Retry-After"] = str(refusal.retry_after)
+    response = error_response(kind_of(refusal).status, refusal.code, refusal.message)
+    response.headers["Retry-After"] = str(getattr(refusal, "retry_after", 1))
     response.headers[ERROR_CODE_HEADER] = refusal.code
     return response

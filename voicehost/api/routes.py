@@ -33,6 +33,7 @@ from voicehost.api.auth import (
 )
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
+    OPERATIONS,
     SERVICE,
     Handler,
     VoiceService,
@@ -153,6 +154,9 @@ def public_app(
         handler = slots[route.handler] if isinstance(route.handler, str) else route.handler
         add_route(app, route, handler)
     app[ROUTE_ACCESS] = route_access(routes)
+    app[OPERATIONS] = {
+        (r.method, r.path): (r.operation, r.access != PUBLIC) for r in routes if r.operation
+    }
     app[DOCUMENT] = build_document(documented(routes), own_operations or {})
     return app
 

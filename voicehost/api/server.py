@@ -24,7 +24,6 @@ from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
     VERSION_HEADER,
-    ApiError,
     check_speech_request,
     end_broken_stream,
     error_response,
@@ -35,6 +34,7 @@ from voicehost.api.edge import (
     stream_failure,
     validation_message,
 )
+from voicehost.api.errors import ApiError
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
 from voicehost.api.schemas import (
@@ -46,12 +46,12 @@ from voicehost.api.schemas import (
 from voicehost.audio.encoding import FormatStream
 from voicehost.audio.formats import content_type
 from voicehost.config import Settings
-from voicehost.model.engine import InputTooLong
+from voicehost.errors import ServiceError
 from voicehost.serving import ClusterLink, FrontEnd, ServingProcess
 from voicehost.speech.synthesis import SegmentStarted, SpeechEvent, SpokenWord
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.segment import Segment
-from voicehost.text.stage import TextStage, TextTooLong
+from voicehost.text.stage import TextStage
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,7 @@ async def speak(request: web.Request, captioned: bool) -> web.StreamResponse:
     voice = await find_voice(serving.voices, body.voice, principal, serving.settings.voice_aliases)
     lexicon = await speech_lexicon(serving, body.lexicons, voice, principal)
     stage = TextStage(lexicon, serving.settings.segment_max_chars, body.normalize)
-    try:
-        segments = stage.whole(body.input, serving.settings.max_input_chars)
-    except TextTooLong as exc:
-        raise ApiError(413, "input_too_long", str(exc)) from exc
+    segments = stage.whole(body.input, serving.settings.max_input_chars)  # or TextTooLong
     options = speak_options(body, serving.settings, serving.aligner)
     tally = serving.usage.tally(principal, voice.voice_id)  # counts what is sent
     async with serving.admit(principal):
@@ -141,14 +138,15 @@ async def respond(
     async with aclosing(events), aclosing(spoken(events, tally)) as items:
         try:
             first = await anext(items)
-        except InputTooLong as exc:
-            raise ApiError(413, "input_too_long", str(exc)) from exc
+        except ServiceError:
+            raise  # the service's own (input_too_long, not_ready): the error table answers it
         except StopAsyncIteration:
-            raise ApiError(500, "no_audio", "the model produced no audio for this input") from None
+            message = "the model produced no audio for this input"
+            raise ApiError("no_speech_produced", message) from None
         except Exception as exc:
             serving.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
-            raise ApiError(500, "synthesis_failed", f"synthesis failed: {exc}") from exc
+            raise ApiError("synthesis_failed", f"synthesis failed: {exc}") from exc
         encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
         out = Outgoing(encoder, first, items, tally, headers)
         if isinstance(body, CaptionedSpeechRequest):
@@ -267,7 +265,7 @@ async def send_captioned(
         stage, (code, message) = stream_failure(sent)
         serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
         log.error("captioned speech failed: %s: %s", type(sent).__name__, sent)
-        raise ApiError(500, code, message)
+        raise ApiError(code, message)
     encoder = out.encoder
     payload = CaptionedSpeech(
         audio=base64.b64encode(bytes(audio)).decode(),
@@ -330,9 +328,9 @@ async def change_dev_settings(request: web.Request) -> web.Response:
     try:
         values = request.app[SERVING].change_dev_settings(payload)
     except ValidationError as exc:
-        raise ApiError(400, "invalid_request", validation_message(exc)) from exc
+        raise ApiError("invalid_request", validation_message(exc)) from exc
     except ValueError as exc:
-        raise ApiError(400, "invalid_request", str(exc)) from exc
+        raise ApiError("invalid_request", str(exc)) from exc
     return web.json_response(values)
 
 

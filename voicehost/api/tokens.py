@@ -10,7 +10,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from voicehost.api.auth import AUTH, request_principal
-from voicehost.api.edge import ApiError, read_body
+from voicehost.api.edge import read_body
+from voicehost.api.errors import ApiError
 from voicehost.ids import VOICE_ID_PATTERN
 from voicehost.tenancy.tokens import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 
@@ -57,11 +58,11 @@ async def mint_token(request: web.Request) -> web.Response:
     (there is nothing for a token to stand in for)."""
     principal = request_principal(request)
     if principal is None:
-        raise ApiError(409, "no_api_keys", "this server runs without API keys: speak without one")
+        raise ApiError("no_api_keys", "this server runs without API keys: speak without one")
     body = await read_body(request, TokenRequest)
     for voice in body.voices or ():
         if not VOICE_ID_PATTERN.fullmatch(voice):
-            raise ApiError(400, "invalid_voice_id", f"{voice!r} is not a voice id")
+            raise ApiError("invalid_voice_id", f"{voice!r} is not a voice id")
     token, minted = request.app[AUTH].tokens.mint(
         principal.key_id, body.ttl_seconds, body.voices, body.origin, max_streams=body.max_streams
     )

@@ -21,13 +21,9 @@ from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
-from lora_training.ingest import AudioTooLong, UnreadableAudio, UnsupportedAudio
-from lora_training.recipe import NotEnoughSpeech
-from lora_training.transcripts import MissingTranscripts, read_metadata
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVICE,
-    ApiError,
     VoiceService,
     load_json,
     path_id,
@@ -35,17 +31,18 @@ from voicehost.api.edge import (
     validation_message,
     voice_not_found,
 )
+from voicehost.api.errors import ApiError
 from voicehost.api.jobs import job_info
 from voicehost.api.schemas import ConsentRecord, VersionInfo
 from voicehost.api.voices import managed_voice, version_info, voice_detail
-from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
     TRANSCRIPTS,
     CloneRequest,
-    RefusedFile,
     check_audio,
+    check_consent_recording,
     queue_clone,
+    store_transcripts,
 )
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 from voicehost.tenancy.keys import owner_tenant
@@ -58,10 +55,7 @@ from voicehost.voices.validation import (
     voice_tenant,
 )
 from voicehost.voices.voice import (
-    DuplicateVersion,
     NoSuchVersion,
-    ReadOnlyVoice,
-    VoiceExists,
 )
 
 CHUNK = 1 << 16
@@ -96,15 +90,15 @@ async def _receive(request: web.Request, folder: Path, max_bytes: int) -> Upload
     The size cap is enforced while reading: an oversized upload stops at the cap with 413.
     """
     if not request.content_type.startswith("multipart/"):
-        raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
+        raise ApiError("unsupported_media_type", "send multipart/form-data")
     try:
         reader = await request.multipart()
     except (ValueError, AssertionError) as exc:
-        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+        raise ApiError("invalid_multipart", f"the multipart body is malformed: {exc}") from exc
     try:
         return await _read_parts(reader, folder, max_bytes)
     except (ValueError, AssertionError, HttpProcessingError) as exc:  # a truncated or bad body
-        raise ApiError(400, "invalid_multipart", f"the multipart body is malformed: {exc}") from exc
+        raise ApiError("invalid_multipart", f"the multipart body is malformed: {exc}") from exc
 
 
 async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> Upload:
@@ -113,22 +107,20 @@ async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> 
     index = 0
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
-            raise ApiError(400, "invalid_multipart", "nested multipart bodies are not taken")
+            raise ApiError("invalid_multipart", "nested multipart bodies are not taken")
         if part.filename is None or not part.name:  # a field; a part without a name is dropped
             value = bytearray()  # raw: a Content-Encoding is never inflated
             while chunk := await part.read_chunk(CHUNK):
                 value += chunk
                 if len(value) > MAX_FIELD_BYTES or received + len(value) > max_bytes:
-                    raise ApiError(
-                        413, "upload_too_large", f"form field {part.name!r} is too large"
-                    )
+                    raise ApiError("upload_too_large", f"form field {part.name!r} is too large")
             received += len(value)
             if part.name:
                 upload.fields[part.name] = value.decode("utf-8", errors="replace").strip()
             continue
         index += 1
         if index > MAX_FILES:
-            raise ApiError(413, "upload_too_large", f"uploads are limited to {MAX_FILES} files")
+            raise ApiError("upload_too_large", f"uploads are limited to {MAX_FILES} files")
         sent = unquote(part.filename)  # some clients percent-encode file names
         target = folder / _safe_name(sent, index)
         while target.exists():
@@ -138,9 +130,7 @@ async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> 
             while chunk := await part.read_chunk(CHUNK):
                 received += len(chunk)
                 if received > max_bytes:
-                    raise ApiError(
-                        413, "upload_too_large", f"uploads are limited to {max_bytes} bytes"
-                    )
+                    raise ApiError("upload_too_large", f"uploads are limited to {max_bytes} bytes")
                 sink.write(chunk)
         upload.files.setdefault(part.name, []).append(target)
     return upload
@@ -150,21 +140,21 @@ async def _voice_id(service: VoiceService, fields: dict[str, str]) -> str:
     voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
     if not is_voice_id(voice_id):
-        raise ApiError(400, "invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+        raise ApiError("invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
     await _ensure_free(service, voice_id)
     return voice_id
 
 
 async def _ensure_no_job(service: VoiceService, voice_id: str) -> None:
     if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
-        raise ApiError(409, "job_in_progress", f"a version of {voice_id!r} is being trained")
+        raise ApiError("job_in_progress", f"a version of {voice_id!r} is being trained")
 
 
 async def _ensure_free(service: VoiceService, voice_id: str) -> None:
     if await service.voices.exists(voice_id):
-        raise ApiError(409, "voice_exists", f"voice {voice_id!r} already exists")
+        raise ApiError("voice_exists", f"voice {voice_id!r} already exists")
     if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
-        raise ApiError(409, "voice_exists", f"voice {voice_id!r} is being trained")
+        raise ApiError("voice_exists", f"voice {voice_id!r} is being trained")
 
 
 async def create_voice(request: web.Request) -> web.Response:
@@ -207,16 +197,14 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
         adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
         if adapter and upload.files.get("audio"):
             raise ApiError(
-                400, "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
+                "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
             )
         if recording is not None and consent_record is None:
-            raise ApiError(
-                400, "consent_required", "a consent recording goes with its 'consent' record"
-            )
+            raise ApiError("consent_required", "a consent recording goes with its 'consent' record")
         if adapter:
             if recording is not None:
                 raise ApiError(
-                    400, "invalid_consent", "a consent recording is checked against audio to clone"
+                    "invalid_consent", "a consent recording is checked against audio to clone"
                 )
             response, added = await _register_adapter(
                 service, voice_id, upload, inputs, tenant, consent_record, version_of, promote
@@ -235,7 +223,6 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             return response
         if consent_record is None and settings.consent_required():
             raise ApiError(
-                400,
                 "consent_required",
                 "cloning from audio needs a 'consent' part: the speaker's name, the statement "
                 "they agreed to, who collected it, when, and the purpose",
@@ -278,7 +265,7 @@ def _form_flag(fields: dict[str, str], name: str, default: bool) -> bool:
     if not value:
         return default
     if value not in ("true", "false"):
-        raise ApiError(400, "invalid_request", f"{name} must be true or false")
+        raise ApiError("invalid_request", f"{name} must be true or false")
     return value == "true"
 
 
@@ -297,53 +284,28 @@ def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | N
         else:
             path.unlink()
     if len(recordings) > 1:
-        raise ApiError(400, "invalid_consent", "send one 'consent_recording' file")
+        raise ApiError("invalid_consent", "send one 'consent_recording' file")
     if text is None:
         return None, recording
     try:
         payload = load_json(text)
     except ValueError as exc:
-        raise ApiError(400, "invalid_consent", f"'consent' is not valid JSON: {exc}") from exc
+        raise ApiError("invalid_consent", f"'consent' is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
-        raise ApiError(400, "invalid_consent", "'consent' must be a JSON object")
+        raise ApiError("invalid_consent", "'consent' must be a JSON object")
     try:
         record = ConsentRecord.model_validate(payload)
     except ValidationError as exc:
-        raise ApiError(400, "invalid_consent", validation_message(exc, "consent")) from exc
+        raise ApiError("invalid_consent", validation_message(exc, "consent")) from exc
     return record.model_dump(mode="json"), recording
 
 
 async def _check_consent_recording(
     service: VoiceService, recording: Path, clips: list[Path]
 ) -> float:
-    """The consent recording's similarity to the training audio's speaker: 422
-    ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
-    settings = service.settings
-    try:
-        encoder = await asyncio.to_thread(shared_embedder, settings.speaker_encoder)
-        return await asyncio.to_thread(
-            consent.check_recording, encoder, recording, clips, settings.consent_min_similarity
-        )
-    except consent.ConsentMismatch as exc:
-        raise ApiError(422, "consent_speaker_mismatch", str(exc)) from exc
-    except AudioTooLong as exc:
-        raise ApiError(413, "audio_too_long", f"the consent recording: {exc}") from exc
-    except UnreadableAudio as exc:
-        raise ApiError(
-            415, "not_audio", f"the consent recording is not audio we can read: {exc}"
-        ) from exc
-
-
-def _store_transcripts(upload: Path, target: Path, renamed: dict[str, str]) -> None:
-    """Save an uploaded ``metadata.csv`` keyed by the names the audio files were saved under."""
-    try:
-        texts = read_metadata(upload)
-    except (UnicodeDecodeError, ValueError) as exc:
-        message = f"transcripts must be UTF-8 lines of file|text: {exc}"
-        raise ApiError(400, "invalid_transcripts", message) from exc
-    upload.unlink()
-    lines = [f"{renamed.get(stem, stem)}|{text}" for stem, text in texts.items()]
-    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    """The consent recording heard against the training audio (``intake``), off the loop:
+    422 ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
+    return await asyncio.to_thread(check_consent_recording, service.settings, recording, clips)
 
 
 async def _check_audio(service: VoiceService, upload: Upload, inputs: Path) -> None:
@@ -352,22 +314,10 @@ async def _check_audio(service: VoiceService, upload: Upload, inputs: Path) -> N
     400 for clips without transcripts or too little audio."""
     audio = upload.files.get("audio", [])
     if not audio:
-        raise ApiError(400, "no_audio", "send one or more 'audio' files (or an adapter)")
+        raise ApiError("no_audio", "send one or more 'audio' files (or an adapter)")
     for path in upload.files.get("transcripts", []):
-        _store_transcripts(path, inputs / TRANSCRIPTS, upload.renamed)
-    try:
-        await asyncio.to_thread(check_audio, audio, inputs, service.settings)
-    except RefusedFile as exc:
-        name, reason = exc.file.name, exc.reason
-        if isinstance(reason, AudioTooLong):
-            raise ApiError(413, "audio_too_long", f"{name}: {reason}") from exc
-        if isinstance(reason, UnsupportedAudio):
-            raise ApiError(415, "unsupported_audio", f"{name}: {reason}") from exc
-        raise ApiError(415, "not_audio", f"{name} is not audio we can read: {reason}") from exc
-    except NotEnoughSpeech as exc:
-        raise ApiError(400, "not_enough_speech", str(exc)) from exc
-    except MissingTranscripts as exc:
-        raise ApiError(400, "missing_transcripts", str(exc)) from exc
+        store_transcripts(path, inputs / TRANSCRIPTS, upload.renamed)
+    await asyncio.to_thread(check_audio, audio, inputs, service.settings)
 
 
 async def _register_adapter(
@@ -389,18 +339,18 @@ async def _register_adapter(
     staging.mkdir()
     for part, name in ADAPTER_PARTS.items():
         if len(files.get(part, [])) != 1:
-            raise ApiError(400, "invalid_adapter", f"send exactly one '{part}' file")
+            raise ApiError("invalid_adapter", f"send exactly one '{part}' file")
         if files[part][0].suffix.lower() in PICKLE_SUFFIXES:
             message = f"'{part}' is named like a pickle file: safetensors only"
-            raise ApiError(400, "invalid_adapter", message)
+            raise ApiError("invalid_adapter", message)
         if files[part][0].stat().st_size > max_bytes:
-            raise ApiError(413, "adapter_too_large", f"adapters are limited to {max_bytes} bytes")
+            raise ApiError("adapter_too_large", f"adapters are limited to {max_bytes} bytes")
         files[part][0].replace(staging / name)
     manifest_part = files.get("voice", [])
     try:  # the weights are first read by the directory's validation, after the config
         manifest = read_json_object(manifest_part[0]) if manifest_part else {}
-    except InvalidAdapter as exc:
-        raise ApiError(400, "invalid_adapter", f"'voice': {exc}") from exc
+    except InvalidAdapter as exc:  # the message names the part
+        raise InvalidAdapter(f"'voice': {exc}") from exc
     manifest.pop(consent.CONSENT, None)  # only a validated record is stored as consent
     manifest = {
         "base_model": service.settings.served_base_name(),
@@ -413,21 +363,13 @@ async def _register_adapter(
         manifest[consent.CONSENT] = consent_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     assign_tenant(staging, tenant)  # the caller's tenant, whatever the uploaded manifest says
-    try:
+    try:  # the directory's own errors (invalid_adapter, voice_exists, ...) are the answer
         if version_of is not None:
             added = await service.voices.add_version(voice_id, staging, promote)
         else:
             await service.voices.add(voice_id, staging)
-    except InvalidAdapter as exc:
-        raise ApiError(400, "invalid_adapter", str(exc)) from exc
-    except VoiceExists as exc:
-        raise ApiError(409, "voice_exists", str(exc)) from exc
-    except DuplicateVersion as exc:
-        raise ApiError(409, "version_exists", str(exc)) from exc
-    except NoSuchVersion as exc:  # deleted meanwhile
+    except NoSuchVersion as exc:  # the voice was deleted meanwhile
         raise voice_not_found(voice_id) from exc
-    except ReadOnlyVoice as exc:
-        raise ApiError(403, "voice_read_only", str(exc)) from exc
     if version_of is not None:
         info = await version_info(service, voice_id, added.version, None)
         response = web.json_response(

@@ -12,7 +12,6 @@ from aiohttp import web
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVICE,
-    ApiError,
     VoiceService,
     path_id,
     path_version,
@@ -20,6 +19,7 @@ from voicehost.api.edge import (
     record,
     voice_not_found,
 )
+from voicehost.api.errors import ApiError
 from voicehost.api.schemas import (
     PublishRequest,
     VersionInfo,
@@ -32,16 +32,11 @@ from voicehost.cloning import consent
 from voicehost.ids import now_iso
 from voicehost.tenancy.keys import Principal, can_manage, can_see
 from voicehost.voices.validation import (
-    InvalidAdapter,
     voice_status,
     voice_tenant,
 )
 from voicehost.voices.voice import (
-    HeldVersion,
-    LiveVersion,
     NoSuchVersion,
-    NotHeld,
-    ReadOnlyVoice,
     VoiceDirectory,
     VoiceVersion,
 )
@@ -62,9 +57,9 @@ async def managed_voice(
     for a built-in voice or a shared one (admins only)."""
     detail = await voice_detail(service, voice_id, principal)
     if detail.kind == "builtin":
-        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is a built-in voice")
+        raise ApiError("voice_read_only", f"voice {voice_id!r} is a built-in voice")
     if not can_manage(principal, voice_tenant(detail.manifest)):
-        raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
+        raise ApiError("voice_read_only", f"voice {voice_id!r} is shared: admins only")
     return detail
 
 
@@ -87,7 +82,7 @@ async def version_info(
         if entry.version == version:
             tenant = voice_tenant(entry.manifest)
             return _version_of(entry, can_manage(principal, tenant))
-    raise ApiError(404, "version_not_found", f"voice {voice_id!r} has no version {version}")
+    raise ApiError("version_not_found", f"voice {voice_id!r} has no version {version}")
 
 
 async def list_versions(request: web.Request) -> web.Response:
@@ -115,16 +110,7 @@ async def promote_version(request: web.Request) -> web.Response:
     version = path_version(request)
     principal = request_principal(request)
     await managed_voice(service, voice_id, principal)
-    try:
-        await service.voices.promote(voice_id, version)
-    except NoSuchVersion as exc:
-        raise ApiError(404, "version_not_found", str(exc)) from exc
-    except HeldVersion as exc:
-        raise ApiError(409, "version_held", str(exc)) from exc
-    except InvalidAdapter as exc:
-        raise ApiError(422, "voice_unusable", f"version {version}: {exc}") from exc
-    except ReadOnlyVoice as exc:
-        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    await service.voices.promote(voice_id, version)
     info = await version_info(service, voice_id, version, principal)
     tenant = voice_tenant(info.manifest)
     await record(request, "voice.promoted", tenant=tenant, voice=voice_id, version=version)
@@ -139,14 +125,10 @@ async def delete_version(request: web.Request) -> web.Response:
     detail = await managed_voice(service, voice_id, request_principal(request))
     try:
         removed = await service.voices.remove_version(voice_id, version)
-    except LiveVersion as exc:
-        raise ApiError(409, "version_live", str(exc)) from exc
-    except NoSuchVersion as exc:
+    except NoSuchVersion as exc:  # the voice was deleted meanwhile
         raise voice_not_found(voice_id) from exc
-    except ReadOnlyVoice as exc:
-        raise ApiError(403, "voice_read_only", str(exc)) from exc
     if not removed:
-        raise ApiError(404, "version_not_found", f"voice {voice_id!r} has no version {version}")
+        raise ApiError("version_not_found", f"voice {voice_id!r} has no version {version}")
     tenant = voice_tenant(detail.manifest)
     await record(request, "voice.version_deleted", tenant=tenant, voice=voice_id, version=version)
     return web.Response(status=204)
@@ -224,14 +206,11 @@ async def delete_voice(request: web.Request) -> web.Response:
     if principal is not None and not principal.admin:  # 404 for another tenant's
         tenant = voice_tenant((await voice_detail(service, voice_id, principal)).manifest)
         if not can_manage(principal, tenant) and voice_id not in service.voices.builtin:
-            raise ApiError(403, "voice_read_only", f"voice {voice_id!r} is shared: admins only")
+            raise ApiError("voice_read_only", f"voice {voice_id!r} is shared: admins only")
     owner = voice_tenant(await service.voices.manifest(voice_id) or {})  # for its audit event
-    try:
-        removed = await service.voices.remove(voice_id)
-    except ReadOnlyVoice as exc:
-        raise ApiError(403, "voice_read_only", str(exc)) from exc
+    removed = await service.voices.remove(voice_id)
     if not removed:
-        raise ApiError(404, "voice_not_found", f"voice {voice_id!r} does not exist")
+        raise ApiError("voice_not_found", f"voice {voice_id!r} does not exist")
     await record(request, "voice.deleted", tenant=owner, voice=voice_id)
     return web.Response(status=204)
 
@@ -250,10 +229,7 @@ async def publish_voice(request: web.Request) -> web.Response:
         "by": principal.key_id if principal is not None else None,
         "at": now_iso(),
     }
-    try:
-        voice = await service.voices.publish(voice_id, published, body.version)
-    except NotHeld as exc:
-        raise ApiError(409, "voice_not_held", str(exc)) from exc
+    voice = await service.voices.publish(voice_id, published, body.version)
     if voice is None:  # deleted meanwhile
         raise voice_not_found(voice_id)
     detail = await voice_detail(service, voice_id, principal)

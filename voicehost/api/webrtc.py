@@ -47,7 +47,8 @@ from aiortc import (
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from voicehost.api.auth import is_loopback_host, request_principal
-from voicehost.api.edge import SERVICE, SERVING, ApiError
+from voicehost.api.edge import SERVICE, SERVING
+from voicehost.api.errors import ApiError
 from voicehost.api.listeners import Listener, NotText
 from voicehost.api.realtime import SessionWork, serve_listener, speaking
 from voicehost.api.schemas import RealtimeConfig
@@ -252,30 +253,30 @@ def read_offer(
     ``no_audio``, ``no_data_channel``); the candidates of an offer refused for having no
     usable one are told to ``refused``."""
     if request.content_type != SDP:
-        raise ApiError(415, "unsupported_media_type", f"send the SDP offer as {SDP}")
+        raise ApiError("unsupported_media_type", f"send the SDP offer as {SDP}")
     try:
         parsed = SessionDescription.parse(body)
     except Exception as exc:  # aiortc's parser raises what it meets: ValueError, KeyError ...
-        raise ApiError(400, "invalid_sdp", f"the offer is not SDP: {exc!r}") from exc
+        raise ApiError("invalid_sdp", f"the offer is not SDP: {exc!r}") from exc
     if not body.startswith("v=0") or not parsed.media:
-        raise ApiError(400, "invalid_sdp", "the offer is not SDP with media sections")
+        raise ApiError("invalid_sdp", "the offer is not SDP with media sections")
     audio = [m for m in parsed.media if m.kind == "audio"]
     receiving = [m for m in audio if m.direction in (None, "sendrecv", "recvonly")]
     if not receiving:
-        raise ApiError(400, "no_audio", "the offer has no audio section that receives")
+        raise ApiError("no_audio", "the offer has no audio section that receives")
     if not any(c.mimeType.lower() == "audio/opus" for m in receiving for c in m.rtp.codecs):
-        raise ApiError(400, "no_audio", "the offer's audio does not take Opus")
+        raise ApiError("no_audio", "the offer's audio does not take Opus")
     if not any(m.kind == "application" and (m.sctpmap or m.sctp_port) for m in parsed.media):
         missing = f"the offer has no data channel: open one labelled {DATA_CHANNEL!r}"
-        raise ApiError(400, "no_data_channel", missing)
+        raise ApiError("no_data_channel", missing)
     for media in parsed.media:
         if media.dtls is None or not media.dtls.fingerprints:
-            raise ApiError(400, "invalid_sdp", f"the offer's {media.kind} has no DTLS fingerprint")
+            raise ApiError("invalid_sdp", f"the offer's {media.kind} has no DTLS fingerprint")
         if media.dtls.role not in ("auto", "client", "server"):
-            raise ApiError(400, "invalid_sdp", f"the offer's DTLS setup role is {media.dtls.role}")
+            raise ApiError("invalid_sdp", f"the offer's DTLS setup role is {media.dtls.role}")
         if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
             missing = "no ICE credentials (a=ice-ufrag, a=ice-pwd)"
-            raise ApiError(400, "invalid_sdp", f"the offer's {media.kind} has {missing}")
+            raise ApiError("invalid_sdp", f"the offer's {media.kind} has {missing}")
     # each address once (the sections of a bundle name the same ones); an mDNS name is
     # screened once aioice has resolved it
     addresses = {c.ip for m in parsed.media for c in m.ice_candidates}
@@ -286,7 +287,7 @@ def read_offer(
             refused(reason)
         counts = Counter(reasons.values())
         listed = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
-        raise ApiError(400, "invalid_sdp", f"the offer has no usable ICE candidate ({listed})")
+        raise ApiError("invalid_sdp", f"the offer has no usable ICE candidate ({listed})")
     return RTCSessionDescription(sdp=body, type="offer")
 
 
@@ -314,13 +315,13 @@ def trickled_candidates(fragment: str) -> list[tuple[str | None, str]]:
             continue
         lines += 1
         if not line.startswith(FRAGMENT_LINES):
-            raise ApiError(400, "invalid_sdp", f"not a trickle-ice-sdpfrag line: {line[:80]!r}")
+            raise ApiError("invalid_sdp", f"not a trickle-ice-sdpfrag line: {line[:80]!r}")
         if line.startswith("a=mid:"):
             mid = line[len("a=mid:") :]
         elif line.startswith("a=candidate:"):
             found.append((mid, line[len("a=candidate:") :]))
     if not lines:
-        raise ApiError(400, "invalid_sdp", "the trickle-ice-sdpfrag is empty")
+        raise ApiError("invalid_sdp", "the trickle-ice-sdpfrag is empty")
     return found
 
 
@@ -497,19 +498,17 @@ class PeerSessions:
         retry = max(1, math.ceil(settings.webrtc_connect_timeout_seconds))
         waiting = list(self.pending.values())
         if len(waiting) >= settings.webrtc_max_pending:
-            raise Refused(
-                503, "too_many_pending", "this server has its most WebRTC offers pending", retry
-            )
+            raise Refused("at_capacity", "this server has its most WebRTC offers pending", retry)
         if key_id is not None and (
             sum(s.key_id == key_id for s in waiting) >= settings.webrtc_max_pending_per_key
         ):
             what = f"this API key has {settings.webrtc_max_pending_per_key} WebRTC offers pending"
-            raise Refused(429, "too_many_pending", what, retry)
+            raise Refused("too_many_pending", what, retry)
         if address is not None and (
             sum(s.address == address for s in waiting) >= settings.webrtc_max_pending_per_address
         ):
             what = f"{settings.webrtc_max_pending_per_address} WebRTC offers from {address} pending"
-            raise Refused(429, "too_many_pending", what, retry)
+            raise Refused("too_many_pending", what, retry)
 
     def find(self, request: web.Request, principal: Principal | None) -> PeerSession | Path:
         """The session the path names, this process's, or the mailbox of another front end's;
@@ -527,7 +526,7 @@ class PeerSessions:
                     owner = json.loads((mailbox / OWNER).read_text())["key_id"]
                     found = mailbox
         if found is None or owner != key_id:  # another's is as good as none
-            raise ApiError(404, "session_not_found", f"no WebRTC session {session_id!r}")
+            raise ApiError("session_not_found", f"no WebRTC session {session_id!r}")
         return found
 
     def open_mailbox(self, session: PeerSession) -> Path | None:
@@ -574,7 +573,7 @@ def read_candidates(fragment: str) -> list[RTCIceCandidate]:
         try:
             candidate = candidate_from_sdp(line)
         except (AssertionError, ValueError, IndexError) as exc:
-            raise ApiError(400, "invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
+            raise ApiError("invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
         candidate.sdpMid = mid
         candidate.sdpMLineIndex = None if mid is not None else 0
         candidates.append(candidate)
@@ -597,11 +596,11 @@ async def open_session(
         metrics = request.app[SERVICE].metrics
         body = await request.content.read(MAX_SDP_BYTES + 1)
         if len(body) > MAX_SDP_BYTES:
-            raise ApiError(413, "body_too_large", f"an offer is at most {MAX_SDP_BYTES} bytes")
+            raise ApiError("body_too_large", f"an offer is at most {MAX_SDP_BYTES} bytes")
         offer = read_offer(request, body.decode("utf-8", "replace"), _screen, _refused)
         if len(sessions.sessions) >= settings.webrtc_max_sessions:
             raise Refused(
-                503, "at_capacity", "this server holds its most WebRTC sessions", retry_after=1
+                "at_capacity", "this server holds its most WebRTC sessions", retry_after=1
             )
         sessions.check_pending(key_id, request.remote)
         pc = RTCPeerConnection(ice_configuration(settings.ice_servers))
@@ -617,7 +616,7 @@ async def open_session(
             pc.addTrack(listener.track)
             await pc.setLocalDescription(await pc.createAnswer())
         except (ValueError, KeyError, AttributeError) as exc:  # aiortc's, on an offer it can't take
-            raise ApiError(400, "invalid_sdp", f"the offer cannot be answered: {exc}") from exc
+            raise ApiError("invalid_sdp", f"the offer cannot be answered: {exc}") from exc
         # found by its DELETE or PATCH from the moment it is answered, on any front end
         sessions.sessions[session.session_id] = session
         metrics.webrtc_sessions.inc()
@@ -687,14 +686,14 @@ async def update_session(request: web.Request) -> web.Response:
     """``PATCH``: the client's trickled ICE candidates (``application/trickle-ice-sdpfrag``)."""
     target = request.app[PEERS].find(request, request_principal(request))
     if request.content_type != TRICKLE:
-        raise ApiError(415, "unsupported_media_type", f"send trickled candidates as {TRICKLE}")
+        raise ApiError("unsupported_media_type", f"send trickled candidates as {TRICKLE}")
     body = await request.content.read(MAX_SDP_BYTES + 1)
     if len(body) > MAX_SDP_BYTES:
-        raise ApiError(413, "body_too_large", f"a fragment is at most {MAX_SDP_BYTES} bytes")
+        raise ApiError("body_too_large", f"a fragment is at most {MAX_SDP_BYTES} bytes")
     try:
         fragment = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(400, "invalid_sdp", "the trickle-ice-sdpfrag is not UTF-8 text") from exc
+        raise ApiError("invalid_sdp", "the trickle-ice-sdpfrag is not UTF-8 text") from exc
     candidates = read_candidates(fragment)
     if isinstance(target, Path):
         post(target, f"candidates-{uuid.uuid4().hex}", fragment)

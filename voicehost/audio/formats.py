@@ -43,6 +43,7 @@ import numpy as np
 import soxr
 
 from voicehost.audio.tempo import TimeStretch, atempo_steps
+from voicehost.errors import ServiceError
 from voicehost.model.orpheus import SAMPLE_RATE
 
 STREAMING_SIZE = 0xFFFFFFFF  # "unknown length": players read until the stream ends
@@ -97,8 +98,10 @@ _CODECS: dict[str, _Codec] = {
 }
 
 
-class UnsupportedAudio(ValueError):
+class UnsupportedFormat(ServiceError, ValueError):
     """A format, or a format and sample rate, that this server cannot produce."""
+
+    code = "unsupported_format"
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
@@ -139,7 +142,7 @@ def wav_header(
 
 
 def content_type(fmt: str) -> str:
-    """The Content-Type of a ``fmt`` stream; raises ``UnsupportedAudio`` for an unknown format."""
+    """The Content-Type of a ``fmt`` stream; raises ``UnsupportedFormat`` for an unknown format."""
     _check_format(fmt)
     return CONTENT_TYPES[fmt]
 
@@ -148,7 +151,7 @@ def encoding_rate(fmt: str, sample_rate: int | None) -> int:
     """The rate ``fmt`` is encoded at when ``sample_rate`` is asked for (``None``: the default).
 
     Equal to ``output_rate`` except for opus, which encodes at the asked rate, or the next Opus
-    rate up, and is played back at 48 kHz. Raises ``UnsupportedAudio``.
+    rate up, and is played back at 48 kHz. Raises ``UnsupportedFormat``.
     """
     _check_format(fmt)
     telephone = fmt in TELEPHONE_FORMATS
@@ -156,9 +159,9 @@ def encoding_rate(fmt: str, sample_rate: int | None) -> int:
         return TELEPHONE_RATE if telephone else SAMPLE_RATE
     if sample_rate not in SAMPLE_RATES:
         rates = ", ".join(map(str, SAMPLE_RATES))
-        raise UnsupportedAudio(f"sample_rate {sample_rate} is not supported; use one of {rates}")
+        raise UnsupportedFormat(f"sample_rate {sample_rate} is not supported; use one of {rates}")
     if telephone and sample_rate != TELEPHONE_RATE:
-        raise UnsupportedAudio(
+        raise UnsupportedFormat(
             f"{fmt} is G.711 telephone audio at {TELEPHONE_RATE} Hz only, not {sample_rate} Hz"
         )
     if fmt == "opus":
@@ -170,7 +173,7 @@ def output_rate(fmt: str, sample_rate: int | None) -> int:
     """The sample rate a client decodes a ``fmt`` stream at, for the asked ``sample_rate``.
 
     ``None`` asks for the default: 24000 (the model's rate), 8000 for mulaw and alaw. Opus is
-    always 48000 (see the module docstring). Raises ``UnsupportedAudio`` for an unknown format,
+    always 48000 (see the module docstring). Raises ``UnsupportedFormat`` for an unknown format,
     a rate outside ``SAMPLE_RATES``, or mulaw/alaw at anything but 8000.
     """
     rate = encoding_rate(fmt, sample_rate)
@@ -179,7 +182,7 @@ def output_rate(fmt: str, sample_rate: int | None) -> int:
 
 def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
-        raise UnsupportedAudio(f"unknown audio format {fmt!r}; use one of {', '.join(FORMATS)}")
+        raise UnsupportedFormat(f"unknown audio format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
 class _ByteSink:
@@ -249,7 +252,7 @@ class FormatEncoder:
     Call ``encode`` for every chunk of float32 mono samples at 24 kHz in [-1, 1] (any length,
     0 included), then ``finish`` once; the concatenation of what they return is one complete
     stream of ``fmt`` at ``sample_rate`` (``output_rate``), played ``speed`` times as fast
-    (0.25 to 4.0, pitch kept). Raises ``UnsupportedAudio`` on construction for what
+    (0.25 to 4.0, pitch kept). Raises ``UnsupportedFormat`` on construction for what
     ``output_rate`` refuses, ``ValueError`` for a speed out of range. Not thread-safe; cheap to
     abandon mid-stream.
     """
@@ -300,7 +303,7 @@ class FormatEncoder:
 
 def check_stream(fmt: str, sample_rate: int | None, speed: float) -> int:
     """What ``FormatEncoder(fmt, sample_rate, speed)`` would refuse, refused without building
-    one (``UnsupportedAudio``, ``ValueError``); the stream's ``output_rate``."""
+    one (``UnsupportedFormat``, ``ValueError``); the stream's ``output_rate``."""
     if speed != 1.0:
         atempo_steps(speed)
     return output_rate(fmt, sample_rate)

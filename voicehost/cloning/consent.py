@@ -18,6 +18,7 @@ import numpy as np
 
 from voicehost.audio.channel import ChannelView
 from voicehost.audio.speaker import SpeakerEmbedder, centroid, similarity
+from voicehost.errors import ServiceError
 from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
 
 CONSENT = "consent"  # the manifest key of a version's consent record
@@ -28,8 +29,10 @@ MAX_CLIPS = 8  # training clips the recording is compared with (their speaker's 
 MAX_CLIP_SECONDS = 30.0
 
 
-class ConsentMismatch(ValueError):
+class ConsentMismatch(ServiceError, ValueError):
     """The consent recording's speaker is not the training audio's."""
+
+    code = "consent_speaker_mismatch"
 
     def __init__(self, measured: float, threshold: float) -> None:
         super().__init__(

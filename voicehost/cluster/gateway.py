@@ -34,7 +34,6 @@ from voicehost.api.edge import (
     REQUEST_ID_HEADER,
     VERSION_HEADER,
     WORKER_HEADER,
-    ApiError,
     check_speech_request,
     end_broken_stream,
     error_event,
@@ -43,6 +42,7 @@ from voicehost.api.edge import (
     read_body,
     request_id,
 )
+from voicehost.api.errors import ERRORS, ApiError
 from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import cluster_operations
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
@@ -255,16 +255,16 @@ async def _on_a_worker(
             yield opened
             return
     if not errors:
-        raise ApiError(503, "no_workers", "no worker is available; try again shortly")
+        raise ApiError("no_workers", "no worker is available; try again shortly")
     if len(refusals) == len(errors):  # no worker failed: each refused, for now
         retry = min(r.retry_after for r in refusals)
         codes = {r.code for r in refusals}
         if codes == {"at_capacity"}:
-            raise Refused(503, "at_capacity", "every worker tried is at capacity", retry)
-        code = codes.pop() if len(codes) == 1 else "unavailable"
+            raise Refused("at_capacity", "every worker tried is at capacity", retry)
+        code = codes.pop() if len(codes) == 1 else "no_workers"
         message = "; ".join(dict.fromkeys(r.message for r in refusals))
-        raise Refused(503, code, message, retry)
-    raise ApiError(502, "upstream_failed", "; ".join(errors))
+        raise Refused(code, message, retry)
+    raise ApiError("upstream_failed", "; ".join(errors))
 
 
 def _retry_after(headers: Mapping[str, str]) -> int | None:
@@ -332,17 +332,16 @@ async def _open_upstream_socket(
         if exc.status == 429:
             retry = retry or 1
             raise Refused(
-                429,
-                code or "quota_exceeded",
+                code if code in ERRORS else "quota_exceeded",
                 f"this API key already holds its most streams in the cluster; retry in {retry} s",
                 retry,
             ) from exc
         failure = f"{worker.worker_id}: upgrade refused with HTTP {exc.status} ({code or exc})"
         if exc.status not in RETRYABLE:
-            raise ApiError(502, "upstream_failed", failure) from exc
+            raise ApiError("upstream_failed", failure) from exc
         refusal = None
         if exc.status == 503 and retry is not None:
-            code = code or "unavailable"
+            code = code if code in ERRORS else "no_workers"
             refusal = Refusal(code, f"{worker.worker_id} refused the stream: {code}", retry)
         raise UpstreamFailed(failure, refusal) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:

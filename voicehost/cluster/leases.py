@@ -78,7 +78,6 @@ class KeyLeases:
             return
         if held < 0:
             raise Refused(
-                429,
                 "quota_exceeded",
                 f"{_whose(key_id)} already has {-held} streams in progress in the cluster"
                 " (its limit)",

@@ -59,6 +59,7 @@ from voicehost.voices.voice import (
     NotHeld,
     RegistryIncomplete,
     RegistryRebuilding,
+    UnusableVersion,
     Voice,
     VoiceStatus,
     VoiceVersion,
@@ -425,7 +426,8 @@ class RedisVoiceDirectory:
         await asyncio.to_thread(self.store.set_live, record["uri"])
         voice = await self.find(voice_id, version)
         if voice is None:
-            raise InvalidAdapter(self.broken(voice_id, version) or "the adapter is unusable")
+            broken = self.broken(voice_id, version) or "the adapter is unusable"
+            raise UnusableVersion(f"version {version}: {broken}")
         return voice
 
     async def remove_version(self, voice_id: str, version: int) -> bool:

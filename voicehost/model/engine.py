@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from voicehost import lifeline
 from voicehost.config import Settings
+from voicehost.errors import ServiceError
 from voicehost.model import orpheus
 from voicehost.model.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
 from voicehost.model.lora_ids import HostLoraIds
@@ -54,8 +55,10 @@ class EngineStopped(RuntimeError):
     """The engine's output for a request ended before the request finished."""
 
 
-class InputTooLong(ValueError):
+class InputTooLong(ServiceError, ValueError):
     """The prompt plus the speech it needs do not fit in the model's context."""
+
+    code = "input_too_long"
 
 
 def gpu_has_fp8() -> bool:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+from voicehost.errors import ServiceError
 from voicehost.speech.board import Board, LocalBoard
 from voicehost.speech.capacity import Realtime
 from voicehost.tenancy.keys import TokenStreams
@@ -25,14 +26,13 @@ class WorkerLoad:
     headroom: int  # streams more it predicts it keeps real time (at most capacity - active)
 
 
-class Refused(Exception):
-    """A stream that cannot be admitted now: answered ``status`` with ``Retry-After``."""
+class Refused(ServiceError):
+    """A stream (or a request) that cannot be admitted now: ``code`` says whose limit it is
+    (``quota_exceeded``: the caller's; ``at_capacity``: the server's), ``retry_after`` when
+    to try again."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+    def __init__(self, code: str, message: str, retry_after: int) -> None:
+        super().__init__(message, code=code)
         self.retry_after = retry_after
 
 
@@ -87,28 +87,24 @@ class Admission:
         per_key = self.per_key if per_key is None else per_key
         if held and per_key and held[0] >= per_key:
             raise Refused(
-                429,
                 "quota_exceeded",
                 f"this API key already has {held[0]} streams in progress (its limit)",
                 self.retry_after,
             )
         if token is not None and held[-1] >= token.limit:
             raise Refused(
-                429,
                 "quota_exceeded",
                 f"this token already has {held[-1]} streams in progress (its limit)",
                 self.retry_after,
             )
         if streams >= self.capacity:
             raise Refused(
-                503,
                 "at_capacity",
                 f"this server is at its capacity of {self.capacity} real-time streams",
                 self.retry_after,
             )
         if self.realtime is not None and (slower := self.realtime.refusal(streams)):
             raise Refused(
-                503,
                 "at_capacity",
                 f"this server is at its measured capacity: {slower}",
                 self.retry_after,

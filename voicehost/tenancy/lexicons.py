@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import iterparse
 
+from voicehost.errors import ServiceError
 from voicehost.ids import child
 from voicehost.text import TAG
 from voicehost.text.lexicon import LexiconEntry
@@ -45,7 +46,7 @@ def is_lexicon_name(value: object) -> bool:
     return isinstance(value, str) and LEXICON_NAME_PATTERN.fullmatch(value) is not None
 
 
-class LexiconError(ValueError):
+class LexiconError(ServiceError, ValueError):
     """A lexicon that is refused, with the API's code for why."""
 
     code = "invalid_lexicon"

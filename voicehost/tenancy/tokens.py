@@ -23,19 +23,19 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from voicehost.errors import ServiceError
+
 TOKEN_PREFIX = "vht_"
 DEFAULT_TTL_SECONDS = 60.0  # long enough for a page to open its stream, short if it leaks
 MAX_TTL_SECONDS = 3600.0
 
 
-class InvalidToken(ValueError):
+class InvalidToken(ServiceError, ValueError):
     """A token that is not one of this service's (``invalid_token``) or has expired
     (``token_expired``): a 401 either way."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(message, code=code)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from voicehost.errors import ServiceError
 from voicehost.text.lexicon import Lexicon, SpokenSegmenter
 from voicehost.text.normalize import normalize
 from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, fit, split_text
 
 
-class TextTooLong(ValueError):
+class TextTooLong(ServiceError, ValueError):
     """A lexicon's aliases make the input say more than the limit."""
+
+    code = "input_too_long"
 
     def __init__(self, said: int, limit: int) -> None:
         super().__init__(

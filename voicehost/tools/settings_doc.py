@@ -67,13 +67,19 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def made_between(text: str, start: str, end: str, made: str) -> str:
+    """``text`` with what lies from ``start`` to ``end`` replaced by ``made`` (which holds
+    both markers)."""
+    before, _, rest = text.partition(start)
+    _, found, after = rest.partition(end)
+    if not found:
+        raise ValueError(f"no markers {start} ... {end}")
+    return before + made + after
+
+
 def replaced(readme: str) -> str:
     """``readme`` with its settings' tables made anew."""
-    before, _, rest = readme.partition(START)
-    _, found, after = rest.partition(END)
-    if not found:
-        raise ValueError(f"the README has no settings markers ({START} ... {END})")
-    return before + table() + after
+    return made_between(readme, START, END, table())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from voicehost.voices.voice import (
     BrokenAdapter,
     NotHeld,
     ReadOnlyVoice,
+    UnusableVersion,
     Voice,
     VoiceVersion,
 )
@@ -335,7 +336,7 @@ class FolderVoiceDirectory:
             target = self._managed_folder(voice_id)
             found = self._versions.get(voice_id, {}).get(version)
             if isinstance(found, str):
-                raise InvalidAdapter(found)
+                raise UnusableVersion(f"version {version}: {found}")
             versioning.check_promotable(voice_id, version, None if found is None else found.status)
             assert found is not None
             pointer = read_live(target)

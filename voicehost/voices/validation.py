@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
+from voicehost.errors import ServiceError
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
 from voicehost.voices.voice import Voice, VoiceStatus
 
@@ -56,8 +57,10 @@ def servable_lora_config(rank: int, alpha: int):  # noqa: ANN201 - peft.LoraConf
     )
 
 
-class InvalidAdapter(ValueError):
+class InvalidAdapter(ServiceError, ValueError):
     """An adapter that vLLM must not load; the message says why."""
+
+    code = "invalid_adapter"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from voicehost.errors import ServiceError
+
 if TYPE_CHECKING:
     from voicehost.voices.validation import AdapterRules
 
@@ -27,39 +29,61 @@ VoiceStatus = Literal["ready", "held"]
 VersionStatus = Literal["candidate", "ready", "held", "retired"]
 
 
-class VoiceExists(ValueError):
+class VoiceExists(ServiceError, ValueError):
     """A voice with this id is already registered."""
 
+    code = "voice_exists"
 
-class ReadOnlyVoice(ValueError):
+
+class ReadOnlyVoice(ServiceError, ValueError):
     """A voice this service may not delete (a built-in voice, or one it does not manage)."""
 
+    code = "voice_read_only"
 
-class NotHeld(ValueError):
+
+class NotHeld(ServiceError, ValueError):
     """Publishing a voice that is not held (it is ready already, or a built-in voice)."""
 
+    code = "voice_not_held"
 
-class NoSuchVersion(LookupError):
+
+class NoSuchVersion(ServiceError, LookupError):
     """The voice has no such version."""
 
+    code = "version_not_found"
 
-class LiveVersion(ValueError):
+
+class LiveVersion(ServiceError, ValueError):
     """Deleting the live version of a voice (promote another one first)."""
 
+    code = "version_live"
 
-class HeldVersion(ValueError):
+
+class HeldVersion(ServiceError, ValueError):
     """Promoting a held version (publish it first)."""
 
+    code = "version_held"
 
-class DuplicateVersion(ValueError):
+
+class UnusableVersion(ServiceError, ValueError):
+    """Promoting a version whose adapter fails validation."""
+
+    code = "voice_unusable"
+
+
+class DuplicateVersion(ServiceError, ValueError):
     """A new version with the same adapter (checksum) as one the voice has."""
 
+    code = "version_exists"
 
-class RegistryRebuilding(LookupError):
+
+class RegistryRebuilding(ServiceError, LookupError):
     """A voice the cluster's store holds whose registry record is missing: Redis lost it and
     it is being rebuilt from the store (a 503 to retry, never a 404: the voice exists). Its
     ``tenant`` and ``held`` (read from the store) say who may be told so: to anyone else it
     is a voice that does not exist, as outside the gap."""
+
+    code = "registry_rebuilding"
 
     def __init__(self, voice_id: str, tenant: str | None = None, held: bool = False) -> None:
         super().__init__(
@@ -70,9 +94,11 @@ class RegistryRebuilding(LookupError):
         self.held = held
 
 
-class RegistryIncomplete(LookupError):
+class RegistryIncomplete(ServiceError, LookupError):
     """A list of the cluster's voices while its registry is being rebuilt: it would miss some
     (a 503 to retry, never a list that silently omits)."""
+
+    code = "registry_rebuilding"
 
     def __init__(self) -> None:
         super().__init__(
@@ -193,7 +219,8 @@ class VoiceDirectory(Protocol):
 
     async def promote(self, voice_id: str, version: int) -> Voice:
         """Make ``version`` the live one, in one atomic step; the one it replaces stays
-        servable when pinned. Raises ``NoSuchVersion``, ``HeldVersion``, ``ReadOnlyVoice``."""
+        servable when pinned. Raises ``NoSuchVersion``, ``HeldVersion``, ``ReadOnlyVoice``,
+        ``UnusableVersion``."""
         ...
 
     async def remove_version(self, voice_id: str, version: int) -> bool:
