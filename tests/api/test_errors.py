@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import lora_training
 import voicehost
-from voicehost.api.edge import OPERATIONS, SERVICE, error_middleware
+from voicehost.api.edge import ROUTE_OPERATIONS, SERVICE, error_middleware
 from voicehost.api.errors import ERRORS, KEYED, ApiError, answered_by, documented
 from voicehost.api.routes import PUBLIC_ROUTES, document
 from voicehost.errors import ServiceError
@@ -155,7 +155,7 @@ async def test_an_answer_its_operation_does_not_list_is_counted_and_logged(caplo
 
     app = web.Application(middlewares=[error_middleware])
     app[SERVICE] = Service()  # type: ignore[assignment]
-    app[OPERATIONS] = {("GET", "/v1/models/{model}"): ("get_model", True)}
+    app[ROUTE_OPERATIONS] = {("GET", "/v1/models/{model}"): ("get_model", True)}
     app.router.add_get("/v1/models/{model}", handler)
     async with TestClient(TestServer(app)) as client:
         first = await client.get("/v1/models/x")

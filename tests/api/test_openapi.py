@@ -64,6 +64,43 @@ def test_the_gateway_documents_its_public_routes_and_its_own(tmp_path, redis_ser
     assert app_routes(app) - GATEWAY_ONLY == documented(document())
 
 
+# The module that declares a slot route's operation: the slot's contract (who answers it is
+# each role's: serve speaks, a gateway proxies; health is the service's, in the route table)
+SLOT_RESOURCES = {
+    "speech": "voicehost.api.speech",
+    "speech_captioned": "voicehost.api.speech",
+    "speech_ws": "voicehost.api.realtime",
+    "speech_webrtc": "voicehost.api.webrtc",
+    "healthz": "voicehost.api.routes",
+    "readyz": "voicehost.api.routes",
+}
+
+
+@pytest.mark.unit
+def test_each_operation_is_declared_beside_its_handler():
+    """A resource is one place: a route's OpenAPI operation is in the module of its handler
+    (or of its slot's contract), never in the document's builder, which imports no resource."""
+    import importlib
+
+    from voicehost.api import openapi, routes
+
+    for route in PUBLIC_ROUTES:
+        if isinstance(route.handler, str):
+            module = importlib.import_module(SLOT_RESOURCES[route.handler])
+        else:
+            module = importlib.import_module(route.handler.__module__)
+        own = getattr(module, "OPERATIONS", None)
+        if module is routes:
+            own = routes._service_operations()
+        assert own is not None and route.operation in own, (route.operation, module.__name__)
+    imported = {
+        line.split()[1]
+        for line in open(openapi.__file__).read().splitlines()
+        if line.startswith("from voicehost.api.")
+    }
+    assert imported <= {"voicehost.api.auth", "voicehost.api.errors", "voicehost.api.schemas"}
+
+
 @pytest.mark.unit
 def test_document_is_valid_openapi_3_1():
     doc = document()

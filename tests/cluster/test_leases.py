@@ -19,7 +19,7 @@ async def test_a_key_holds_its_limit_across_workers_and_each_end_gives_one_back(
             with pytest.raises(Refused) as refused:
                 async with worker.hold("app", 2):
                     pass
-            assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
+            assert refused.value.code == "quota_exceeded"
             assert "2 streams in progress in the cluster" in refused.value.message
         async with w1.hold("other-key", 2):  # another key has its own leases
             pass

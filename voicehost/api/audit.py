@@ -12,6 +12,8 @@ from aiohttp import web
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, query_value
 from voicehost.api.errors import ApiError
+from voicehost.api.openapi import Json, Models, json_body, operation, query_param, ref
+from voicehost.api.schemas import AuditPage, UsageReport
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
@@ -117,3 +119,64 @@ async def usage_report(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    since = query_param(
+        "since",
+        "From this time on: ISO 8601 (UTC unless it names a zone) or Unix seconds.",
+        {"type": "string"},
+    )
+    return {
+        "list_audit": operation(
+            "The audit trail: every change to voices and jobs, and scope refusals",
+            {
+                "200": json_body(ref(AuditPage), "Events in order."),
+            },
+            tag="audit",
+            description="Admins read every event (and the log's `head`); a tenant's key "
+            "(`voices` scope) only the events of its tenant's voices and jobs. Each event "
+            "carries the SHA-256 of the one before it (`prev`); `voicehost audit verify` "
+            "checks the chain.",
+            parameters=[
+                query_param(
+                    "voice",
+                    "Only this voice's events (empty: every voice's).",
+                    # a voice id, or empty: an empty query value means unset
+                    {"type": "string", "pattern": "^(" + VOICE_ID_PATTERN.pattern[1:-1] + ")?$"},
+                ),
+                since,
+                query_param(
+                    "after",
+                    "Only events after this seq (paging: the answer's `next_after`).",
+                    {"type": "integer", "minimum": 0},
+                ),
+                query_param(
+                    "limit",
+                    "At most this many events (default 100).",
+                    {"type": "integer", "minimum": 1, "maximum": 1000},
+                ),
+            ],
+        ),
+        "usage_report": operation(
+            "Characters and audio seconds sent, per API key, tenant and voice",
+            {
+                "200": json_body(ref(UsageReport), "The sums."),
+            },
+            tag="usage",
+            description="Counted as audio is sent (a stream cancelled half-way counts what "
+            "was sent), summed per minute over every worker of a cluster. Admins read "
+            "every tenant's (or `tenant`'s); any other key its own tenant's.",
+            parameters=[
+                query_param("tenant", "Only this tenant (admins).", {"type": "string"}),
+                since,
+            ],
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ((AuditPage, "serialization"), (UsageReport, "serialization"))

@@ -95,7 +95,7 @@ class VoiceService(Protocol):
 SERVICE = web.AppKey("service", VoiceService)
 # (method, path) -> (its OpenAPI operation, whether an API key guards it): what an error answer
 # is checked against (``check_documented``); set by ``voicehost.api.routes``
-OPERATIONS = web.AppKey("operations", dict)
+ROUTE_OPERATIONS = web.AppKey("route_operations", dict)
 SERVING = web.AppKey(
     "serving", ServingProcess
 )  # the engine's process (serve, worker): not a gateway
@@ -196,7 +196,7 @@ def check_documented(request: web.Request, code: str) -> None:
     if resource is None or request.match_info.http_exception is not None:
         return  # the router's own 404 or 405: no operation
     method = "GET" if request.method == "HEAD" else request.method
-    found = request.app.get(OPERATIONS, {}).get((method, resource.canonical))
+    found = request.app.get(ROUTE_OPERATIONS, {}).get((method, resource.canonical))
     if found is None:
         return  # an internal route: no public operation
     operation, keyed = found

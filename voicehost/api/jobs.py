@@ -13,9 +13,8 @@ from voicehost.api.edge import (
     record,
 )
 from voicehost.api.errors import ApiError
-from voicehost.api.schemas import (
-    CloneJobInfo,
-)
+from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
+from voicehost.api.schemas import CloneJobInfo
 from voicehost.cloning.jobs import FINISHED, RETRYABLE, CloneJob
 from voicehost.tenancy.keys import can_see
 
@@ -70,3 +69,39 @@ async def retry_job(request: web.Request) -> web.Response:
     job = await service.jobs.retry(job.id)
     await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)
     return web.json_response({"job": job_info(job).model_dump()}, status=202)
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operations of the clone-job routes (their error answers: the error table's)."""
+    job = wrapped("job", CloneJobInfo)
+    return {
+        "get_job": operation(
+            "A clone job's state and progress",
+            {
+                "200": json_body(job, "The job."),
+            },
+            tag="jobs",
+        ),
+        "cancel_job": operation(
+            "Cancel a queued or running job; delete a finished one and its inputs",
+            {
+                "200": json_body(job, "The job, cancelled."),
+                "204": {"description": "The finished job is deleted."},
+            },
+            tag="jobs",
+        ),
+        "retry_job": operation(
+            "Queue a job nobody runs again: failed, cancelled, queued or runner_lost",
+            {
+                "202": json_body(job, "The job, queued."),
+            },
+            tag="jobs",
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ((CloneJobInfo, "serialization"),)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, VoiceService, load_json, validation_message
 from voicehost.api.errors import ApiError
+from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
 from voicehost.api.schemas import (
     LexiconDetail,
     LexiconInfo,
@@ -164,3 +165,69 @@ async def speech_lexicon(
 @functools.lru_cache(maxsize=64)
 def _merged(lexicons: tuple[StoredLexicon, ...]) -> Lexicon:
     return Lexicon.merged([lexicon.entries for lexicon in lexicons])
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    saved = json_body(ref(LexiconSaved), "Stored.")
+    upload = {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": ref(LexiconUpload),
+                "example": {"entries": [{"grapheme": "Kubernetes", "alias": "koo ber net ees"}]},
+            },
+            "application/pls+xml": {
+                "schema": {
+                    "type": "string",
+                    "description": "A W3C PLS 1.0 document: each `<lexeme>`'s `<grapheme>`s "
+                    "say its first `<alias>` (matched as written); lexemes with only "
+                    "`<phoneme>`s are skipped. No DTD, entities or external references.",
+                }
+            },
+        },
+    }
+    location = {"Location": {"description": "The lexicon's URL.", "schema": {"type": "string"}}}
+    return {
+        "list_lexicons": operation(
+            "The caller's tenant's pronunciation lexicons",
+            {
+                "200": json_body(ref(LexiconList), "Each lexicon."),
+            },
+            tag="lexicons",
+        ),
+        "put_lexicon": operation(
+            "Store a pronunciation lexicon (JSON or W3C PLS), replacing one of that name",
+            {
+                "200": saved,
+                "201": {**json_body(ref(LexiconSaved), "Stored, new."), "headers": location},
+            },
+            tag="lexicons",
+            body=upload,
+        ),
+        "get_lexicon": operation(
+            "A lexicon and its entries",
+            {
+                "200": json_body(wrapped("lexicon", LexiconDetail), "The lexicon."),
+            },
+            tag="lexicons",
+        ),
+        "delete_lexicon": operation(
+            "Delete a lexicon",
+            {
+                "204": {"description": "Deleted."},
+            },
+            tag="lexicons",
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = (
+    (LexiconUpload, "validation"),
+    (LexiconSaved, "serialization"),
+    (LexiconList, "serialization"),
+    (LexiconDetail, "serialization"),
+)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from voicehost.api.edge import SERVICE
 from voicehost.api.errors import ApiError
+from voicehost.api.openapi import Json, Models, json_body, operation, ref
 from voicehost.api.schemas import OPENAI_SPEECH_MODELS, ModelInfo, ModelList
 from voicehost.config import Settings
 
@@ -38,3 +39,25 @@ async def get_model(request: web.Request) -> web.Response:
     if name not in model_names(request.app[SERVICE].settings):
         raise ApiError("model_not_found", f"model {name!r} does not exist; see GET /v1/models")
     return web.json_response(ModelInfo(id=name, created=STARTED).model_dump())
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    return {
+        "list_models": operation(
+            "The model names a speech request may send (OpenAI's shape)",
+            {"200": json_body(ref(ModelList), "Every name; one model speaks them all.")},
+            tag="models",
+        ),
+        "get_model": operation(
+            "One model name (OpenAI's shape)",
+            {"200": json_body(ref(ModelInfo), "The model.")},
+            tag="models",
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ((ModelList, "serialization"), (ModelInfo, "serialization"))

@@ -16,6 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from voicehost.api.edge import error_response
+from voicehost.api.openapi import TEXT, Json, Models, operation
 
 STATIC = Path(__file__).with_name("static")
 PAGE = "index.html"
@@ -90,3 +91,35 @@ async def page(request: web.Request) -> web.Response:
 async def page_file(request: web.Request) -> web.Response:
     """``GET /playground/NAME``: one of the page's scripts, styles or images; 404 otherwise."""
     return _answer(request.match_info["file"])
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The web playground (``voicehost.api.playground``): open, it asks for a key itself."""
+    page = operation(
+        "The web playground: speak, clone, voices (a client of this API, in the browser)",
+        {"200": {"description": "The page.", "content": {"text/html": {"schema": TEXT}}}},
+        tag="playground",
+    )
+    typed = {"text/html", "text/css", "text/javascript", "image/svg+xml"}
+    page_file = operation(
+        "One of the playground's files (scripts, styles, images)",
+        {
+            "200": {
+                "description": "The file, with its content type.",
+                "content": {media: {"schema": TEXT} for media in sorted(typed)},
+            },
+        },
+        tag="playground",
+    )
+    return {
+        "playground": page,
+        "playground_alias": page,
+        "playground_file": page_file,
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ()

@@ -42,6 +42,7 @@ from voicehost.api.edge import (
 from voicehost.api.errors import kind_of
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.listeners import Listener, NotText, SocketListener
+from voicehost.api.openapi import REF_TEMPLATE, Json, Models, operation
 from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
 from voicehost.audio.formats import content_type
 from voicehost.errors import ServiceError
@@ -477,3 +478,43 @@ def refused_upgrade(refusal: Refused | NotReady) -> web.Response:
     response.headers["Retry-After"] = str(getattr(refusal, "retry_after", 1))
     response.headers[ERROR_CODE_HEADER] = refusal.code
     return response
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operation of the socket's upgrade (its error answers: the error table's)."""
+    kinds = ", ".join(
+        f"`{kind}` ([{model.__name__}]({REF_TEMPLATE.format(model=model.__name__)}))"
+        for kind, model in MESSAGES.items()
+    )
+    description = (
+        "A WebSocket (OpenAPI cannot describe one; this is its upgrade request). The client "
+        f"sends JSON text messages, by `type`: {kinds}. `config` comes first and once; then "
+        "`text` pieces as they come, `flush` (speak what is buffered), `cancel` (barge-in: stop "
+        "at once, drop what is queued) and finally `end`. The server answers `ready` (with the "
+        "voice's `version`), then per "
+        "segment `segment.started` (its span in the text sent), the audio as binary messages and "
+        "`segment.done`; `cancelled` after `cancel`; `done` and a normal close after `end`; "
+        '`{"type": "error", "error": {"code", "message"}}` for a bad message, a bad config '
+        "(closed with 1008) or `idle_timeout`."
+    )
+    return {
+        "speak_realtime": operation(
+            "Realtime speech: text in as it comes, audio out (WebSocket)",
+            {
+                "101": {"description": "Switched to the WebSocket protocol."},
+            },
+            tag="speech",
+            description=description,
+        )
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = (
+    (RealtimeConfig, "validation"),
+    (RealtimeText, "validation"),
+    (RealtimeControl, "validation"),
+)

@@ -19,7 +19,19 @@ from typing import Literal
 
 from aiohttp import web
 
-from voicehost.api import audit, jobs, lexicons, models, playground, tokens, uploads, voices, webrtc
+from voicehost.api import (
+    audit,
+    jobs,
+    lexicons,
+    models,
+    playground,
+    realtime,
+    speech,
+    tokens,
+    uploads,
+    voices,
+    webrtc,
+)
 from voicehost.api.auth import (
     ADMIN,
     AUTH,
@@ -33,7 +45,7 @@ from voicehost.api.auth import (
 )
 from voicehost.api.edge import (
     MAX_JSON_BODY_BYTES,
-    OPERATIONS,
+    ROUTE_OPERATIONS,
     SERVICE,
     Handler,
     VoiceService,
@@ -42,7 +54,16 @@ from voicehost.api.edge import (
     name_request,
     quiet_malformed_requests,
 )
-from voicehost.api.openapi import DOCUMENT, DocumentedRoute, Json, build_document, openapi
+from voicehost.api.openapi import (
+    DOCUMENT,
+    DocumentedRoute,
+    Json,
+    Models,
+    build_document,
+    json_body,
+    operation,
+    status_body,
+)
 from voicehost.config import Settings
 from voicehost.tenancy.keys import SPEECH_TOKEN
 
@@ -64,6 +85,11 @@ class Route:
     handler: Handler | Slot
     access: Access
     operation: str | None
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the document of the app's own routes."""
+    return web.json_response(request.app[DOCUMENT])
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -119,6 +145,55 @@ PUBLIC_ROUTES: tuple[Route, ...] = (
 )
 
 
+def _service_operations() -> dict[str, Json]:
+    """The OpenAPI operations of the service's own routes: health, metrics, this document."""
+
+    def probe(summary: str, value: str) -> Json:
+        return operation(summary, {"200": json_body(status_body(value), "Yes.")}, tag="service")
+
+    return {
+        "healthz": probe("Liveness: can this process serve?", "ok"),
+        "readyz": probe("Readiness: is the engine warm (and not draining)?", "ready"),
+        "metrics": operation(
+            "Prometheus metrics (needs an admin key when `VOICEHOST_METRICS_PUBLIC` is off)",
+            {
+                "200": {
+                    "description": "Prometheus text format 0.0.4.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+            },
+            tag="service",
+        ),
+        "openapi": operation(
+            "This document",
+            {"200": json_body({"type": "object"}, "The OpenAPI 3.1 document.")},
+            tag="service",
+        ),
+    }
+
+
+# Each resource's module holds its handlers, its OpenAPI operations and its models together;
+# the document is built from them (and the error table) for the routes an app answers.
+RESOURCES = (
+    speech,
+    realtime,
+    webrtc,
+    tokens,
+    voices,
+    uploads,
+    jobs,
+    audit,
+    lexicons,
+    models,
+    playground,
+)
+OPERATIONS: dict[str, Json] = {
+    **{name: op for resource in RESOURCES for name, op in resource.OPERATIONS.items()},
+    **_service_operations(),
+}
+MODELS: Models = tuple(model for resource in RESOURCES for model in resource.MODELS)
+
+
 def add_route(app: web.Application, route: Route, handler: Handler) -> None:
     if route.method == "GET":
         app.router.add_get(route.path, handler)  # and HEAD
@@ -133,10 +208,12 @@ def public_app(
     slots: Mapping[Slot, Handler],
     own_routes: Iterable[Route] = (),
     own_operations: Mapping[str, Json] | None = None,
+    own_models: Models = (),
 ) -> web.Application:
     """An application answering the public API and ``own_routes`` (with their OpenAPI
-    ``own_operations``), with the edge's middleware and ``role``'s authentication; ``slots``
-    fills the speech and health handlers. The caller adds its own lifecycle."""
+    ``own_operations`` and ``own_models``), with the edge's middleware and ``role``'s
+    authentication; ``slots`` fills the speech and health handlers. The caller adds its own
+    lifecycle."""
     app = web.Application(
         middlewares=[error_middleware, auth_middleware], client_max_size=MAX_JSON_BODY_BYTES
     )
@@ -154,16 +231,17 @@ def public_app(
         handler = slots[route.handler] if isinstance(route.handler, str) else route.handler
         add_route(app, route, handler)
     app[ROUTE_ACCESS] = route_access(routes)
-    app[OPERATIONS] = {
+    app[ROUTE_OPERATIONS] = {
         (r.method, r.path): (r.operation, r.access != PUBLIC) for r in routes if r.operation
     }
-    app[DOCUMENT] = build_document(documented(routes), own_operations or {})
+    known = {**OPERATIONS, **(own_operations or {})}
+    app[DOCUMENT] = build_document(documented(routes), known, (*MODELS, *own_models))
     return app
 
 
 def document() -> Json:
     """The OpenAPI document of ``voicehost serve`` (a gateway's adds its own routes)."""
-    return build_document(documented(PUBLIC_ROUTES), {})
+    return build_document(documented(PUBLIC_ROUTES), OPERATIONS, MODELS)
 
 
 def documented(routes: Iterable[Route]) -> list[DocumentedRoute]:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from voicehost.api.auth import AUTH, request_principal
 from voicehost.api.edge import read_body
 from voicehost.api.errors import ApiError
+from voicehost.api.openapi import Json, Models, json_body, operation, ref
 from voicehost.ids import VOICE_ID_PATTERN
 from voicehost.tenancy.tokens import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 
@@ -75,3 +76,31 @@ async def mint_token(request: web.Request) -> web.Response:
         max_streams=minted.max_streams,
     )
     return web.json_response(answer.model_dump(), status=201)
+
+
+# --- its OpenAPI operation (voicehost.api.openapi builds the document from it) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operation of the token route (its error answers: the error table's)."""
+    mint = operation(
+        "Mint a short-lived speech token for a browser",
+        {
+            "201": json_body(ref(TokenResponse), "The token, and when it expires."),
+        },
+        tag="speech",
+        description=(
+            "A signed token that speaks for the calling key (which needs `synthesize`) on every "
+            "speech transport (HTTP, SSE, the socket as `?api_key=`, WebRTC) and reaches no "
+            "other route, for `ttl_seconds` (60 by default, at most 3600), optionally only "
+            "`voices` and only with an `Origin` header of `origin`. Its streams count against "
+            "the key's quota and usage; it dies with its key. An app's backend mints one and "
+            "hands it to its page, so the key never reaches a browser."
+        ),
+        body={"required": True, "content": {"application/json": {"schema": ref(TokenRequest)}}},
+    )
+    return {"mint_token": mint}
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ((TokenRequest, "validation"), (TokenResponse, "serialization"))

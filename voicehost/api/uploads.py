@@ -10,6 +10,7 @@ up to 8 clips (``voicehost.cloning.consent``), so that a mismatch is refused at 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
 import secrets
@@ -33,7 +34,8 @@ from voicehost.api.edge import (
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.jobs import job_info
-from voicehost.api.schemas import ConsentRecord, VersionInfo
+from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
+from voicehost.api.schemas import CloneJobInfo, ConsentRecord, VersionInfo, VoiceDetail
 from voicehost.api.voices import managed_voice, version_info, voice_detail
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
@@ -388,3 +390,115 @@ async def _register_adapter(
 def _made(version: VersionInfo) -> dict[str, object]:
     """What an audit event says of a voice registered from an uploaded adapter."""
     return {"source": "adapter", "name": version.manifest.get("name"), "checksum": version.checksum}
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operations of the uploads: a new voice, a new version (their error answers:
+    the error table's)."""
+    file = {"type": "string", "format": "binary"}
+    naming = {
+        "name": {"type": "string"},
+        "voice_id": {"type": "string", "description": "Default: the name, slugged."},
+    }
+    consenting = {
+        "consent": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The consent record, a JSON `ConsentRecord` (a field or a file): "
+            "required to clone from audio where `VOICEHOST_REQUIRE_CONSENT` is on (400 "
+            "`consent_required`).",
+        },
+        "consent_recording": {
+            **file,
+            "description": "The speaker reading the statement: must be the training audio's "
+            "speaker (422 `consent_speaker_mismatch`).",
+        },
+    }
+    upload = {
+        "description": "Audio to clone, or a ready-made adapter: one or the other, not both "
+        "(400 `ambiguous_upload`).",
+        "oneOf": [
+            {
+                "title": "Clone from audio",
+                "type": "object",
+                "properties": {
+                    "audio": {
+                        "type": "array",
+                        "items": file,
+                        "minItems": 1,
+                        "description": "Recordings.",
+                    },
+                    "transcripts": {**file, "description": "metadata.csv: `file|text` per line."},
+                    **naming,
+                    **consenting,
+                },
+                "required": ["audio"],
+                "not": {
+                    "anyOf": [{"required": ["adapter_config"]}, {"required": ["adapter_model"]}]
+                },
+            },
+            {
+                "title": "Register an adapter",
+                "type": "object",
+                "properties": {
+                    "adapter_config": {**file, "description": "A PEFT adapter_config.json."},
+                    "adapter_model": {**file, "description": "Its adapter_model.safetensors."},
+                    "voice": {**file, "description": "An optional voice.json."},
+                    "consent": consenting["consent"],
+                    **naming,
+                },
+                "required": ["adapter_config", "adapter_model"],
+                "not": {"required": ["audio"]},
+            },
+        ],
+    }
+    location = {"description": "The new resource's URL.", "schema": {"type": "string"}}
+    job = wrapped("job", CloneJobInfo)
+    create = operation(
+        "Clone a voice from audio (a job) or register a ready-made adapter",
+        {
+            "201": json_body(
+                wrapped("voice", VoiceDetail), "The adapter is registered.", {"Location": location}
+            ),
+            "202": json_body(job, "A clone job is queued.", {"Location": location}),
+        },
+        tag="voices",
+        body={"required": True, "content": {"multipart/form-data": {"schema": upload}}},
+    )
+    version_upload = copy.deepcopy(upload)
+    for shape in version_upload["oneOf"]:
+        shape["properties"].pop("voice_id")
+        shape["properties"]["promote"] = {
+            "type": "string",
+            "enum": ["true", "false"],
+            "description": "`false`: keep the live version (default `true`: a version that "
+            "passes the gate goes live).",
+        }
+    versioned = wrapped("version", VersionInfo)
+    add_version = operation(
+        "Add a version: clone it from audio (a job) or register a ready-made adapter",
+        {
+            "201": json_body(
+                versioned, "The adapter is the voice's next version.", {"Location": location}
+            ),
+            "202": json_body(
+                job, "A clone job for the next version is queued.", {"Location": location}
+            ),
+        },
+        tag="voices",
+        description="A version is immutable: one adapter (by checksum) with its own manifest, "
+        "data report, evaluation and consent record. Cloned from audio, it needs a consent "
+        "record as a new voice does.",
+        body={"required": True, "content": {"multipart/form-data": {"schema": version_upload}}},
+    )
+    return {
+        "create_voice": create,
+        "add_version": add_version,
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ((ConsentRecord, "validation"),)

@@ -20,6 +20,7 @@ from voicehost.api.edge import (
     voice_not_found,
 )
 from voicehost.api.errors import ApiError
+from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
 from voicehost.api.schemas import (
     PublishRequest,
     VersionInfo,
@@ -243,3 +244,90 @@ async def publish_voice(request: web.Request) -> web.Response:
         details=published,
     )
     return web.json_response({"voice": detail.model_dump()})
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operations of the voice and version routes (their error answers: the error
+    table's)."""
+    listing = operation(
+        "The voices that can be spoken, and adapters that failed validation",
+        {
+            "200": json_body(ref(VoiceList), "Every voice the caller may use."),
+        },
+        tag="voices",
+    )
+    versioned = wrapped("version", VersionInfo)
+    return {
+        "list_audio_voices": listing,
+        "list_voices": {**listing, "summary": "The voices (same as GET /v1/audio/voices)"},
+        "get_voice": operation(
+            "A voice and its manifest",
+            {
+                "200": json_body(wrapped("voice", VoiceDetail), "The voice."),
+            },
+            tag="voices",
+        ),
+        "delete_voice": operation(
+            "Remove an adapter voice: every version, and its consent records",
+            {
+                "204": {"description": "Removed."},
+            },
+            tag="voices",
+        ),
+        "publish_voice": operation(
+            "Publish a held voice: make it ready anyway",
+            {
+                "200": json_body(wrapped("voice", VoiceDetail), "The voice, ready now."),
+            },
+            tag="voices",
+            description="A clone that measured below the evaluation gate is held: listed "
+            'with `status: "held"` and spoken only for its tenant and admins. Its tenant '
+            "or an admin may publish it; the reason, the key and the time are recorded in "
+            "its `voice.json` (`published`).",
+            body={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": ref(PublishRequest),
+                        "example": {"reason": "Listened to it: it sounds like her."},
+                    }
+                },
+            },
+        ),
+        "list_versions": operation(
+            "A voice's versions, oldest first, and which is live",
+            {
+                "200": json_body(ref(VersionList), "The versions."),
+            },
+            tag="voices",
+        ),
+        "promote_version": operation(
+            "Make a version the live one (roll forward or back), at once everywhere",
+            {
+                "200": json_body(versioned, "The version, live now."),
+            },
+            tag="voices",
+            description="The version it replaces stays servable when pinned (`voice@n`); "
+            "streams in flight finish on the version they started with.",
+        ),
+        "delete_version": operation(
+            "Remove a version (not the live one)",
+            {
+                "204": {"description": "Removed."},
+            },
+            tag="voices",
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = (
+    (PublishRequest, "validation"),
+    (VersionList, "serialization"),
+    (VersionInfo, "serialization"),
+    (VoiceList, "serialization"),
+    (VoiceDetail, "serialization"),
+)

@@ -50,6 +50,7 @@ from voicehost.api.auth import is_loopback_host, request_principal
 from voicehost.api.edge import SERVICE, SERVING
 from voicehost.api.errors import ApiError
 from voicehost.api.listeners import Listener, NotText
+from voicehost.api.openapi import Json, Models, operation
 from voicehost.api.realtime import SessionWork, serve_listener, speaking
 from voicehost.api.schemas import RealtimeConfig
 from voicehost.audio.opus_track import OPUS_RATE, OpusPacketizer, PacedOpusTrack
@@ -734,3 +735,70 @@ async def speech_webrtc(request: web.Request) -> web.StreamResponse:
             await speak(listener, config)
 
     return await open_session(request, principal, admitted)
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
+
+
+def _operations() -> dict[str, Json]:
+    """The OpenAPI operations of the WebRTC routes (their error answers: the error table's)."""
+    sdp = {"schema": {"type": "string"}}
+    description = (
+        "The realtime session over WebRTC (the WHIP/WHEP convention). The body is an SDP offer "
+        "with an audio section that receives Opus and a data channel labelled `voicehost`; the "
+        "answer is the server's SDP, with every candidate in it. The data channel carries the "
+        "realtime socket's messages and events (see `speak_realtime`): `config` first; its "
+        "`response_format` and `sample_rate` do not apply, the audio is the session's track "
+        "(Opus, 48 kHz, 20 ms packets, paced in real time; `ready` says so). `cancel` drops the "
+        "audio queued for the track. ICE servers come in `Link` headers (`rel=ice-server`). "
+        "The stream is admitted when the config arrives (a refusal: an `error` event with "
+        "`retry_after`); until then the offer is pending and holds no stream. No ICE check goes "
+        "to a link-local, unspecified, multicast or broadcast candidate, nor to loopback or "
+        "private ones unless the service allows them."
+    )
+    return {
+        "speak_webrtc": operation(
+            "Realtime speech over WebRTC: an SDP offer in, the answer out",
+            {
+                "201": {
+                    "description": "The SDP answer.",
+                    "content": {"application/sdp": sdp},
+                    "headers": {
+                        "Location": {
+                            "description": "The session: DELETE ends it, PATCH trickles ICE.",
+                            "schema": {"type": "string"},
+                        },
+                        "Link": {
+                            "description": 'An ICE server, `<url>; rel="ice-server"`.',
+                            "schema": {"type": "string"},
+                        },
+                    },
+                },
+            },
+            tag="speech",
+            description=description,
+            body={"required": True, "content": {"application/sdp": sdp}},
+        ),
+        "update_webrtc": operation(
+            "Trickled ICE candidates for a WebRTC session",
+            {
+                "204": {"description": "Added."},
+            },
+            tag="speech",
+            body={
+                "required": True,
+                "content": {"application/trickle-ice-sdpfrag": {"schema": {"type": "string"}}},
+            },
+        ),
+        "end_webrtc": operation(
+            "End a WebRTC session",
+            {
+                "204": {"description": "Ended; its stream is freed."},
+            },
+            tag="speech",
+        ),
+    }
+
+
+OPERATIONS: dict[str, Json] = _operations()
+MODELS: Models = ()

@@ -44,7 +44,7 @@ from voicehost.api.edge import (
 )
 from voicehost.api.errors import ERRORS, ApiError
 from voicehost.api.listeners import Listener, NotText
-from voicehost.api.openapi import cluster_operations
+from voicehost.api.openapi import TEXT, Json, json_body, operation, ref
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
 from voicehost.api.routes import CAPTIONED_PATH, Route, public_app
 from voicehost.api.schemas import (
@@ -592,6 +592,57 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+def cluster_operations() -> dict[str, Json]:
+    """A gateway's own view of its cluster (``voicehost.cluster.gateway``), for admins."""
+    worker = {
+        "type": "object",
+        "properties": {
+            "id": TEXT,
+            "url": TEXT,
+            **{
+                name: {"type": "integer"}
+                for name in (
+                    "active_streams",
+                    "loaded_adapters",
+                    "capacity",
+                    "headroom",
+                    "gateway_in_flight",
+                )
+            },
+        },
+    }
+    view = {
+        "type": "object",
+        "properties": {
+            "redis_ok": {"type": "boolean"},
+            "workers": {"type": "array", "items": worker},
+        },
+        "required": ["redis_ok", "workers"],
+    }
+    owners = {
+        "type": "object",
+        "properties": {"owners": {"type": "object", "additionalProperties": TEXT}},
+        "required": ["owners"],
+    }
+    return {
+        "cluster_view": operation(
+            "The workers this gateway routes to, with their load (a gateway's own route)",
+            {
+                "200": json_body(view, "The workers."),
+            },
+            tag="cluster",
+        ),
+        "cluster_route": operation(
+            "Each voice's owner on the ring (a gateway's own route)",
+            {
+                "200": json_body(owners, "The owners, by voice."),
+            },
+            tag="cluster",
+            body={"required": True, "content": {"application/json": {"schema": ref(RouteRequest)}}},
+        ),
+    }
+
+
 def create_gateway_app(settings: Settings) -> web.Application:
     gateway = Gateway(settings)
     app = public_app(
@@ -611,6 +662,7 @@ def create_gateway_app(settings: Settings) -> web.Application:
             Route("POST", "/v1/cluster/route", route, ADMIN, "cluster_route"),
         ],
         own_operations=cluster_operations(),
+        own_models=((RouteRequest, "validation"),),
     )
     app[GATEWAY] = gateway
 
