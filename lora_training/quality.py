@@ -507,7 +507,7 @@ def _refined(vectors: np.ndarray, majority: np.ndarray, rounds: int = 10) -> np.
 
 def assess(
     clips: Sequence[SourceClip],
-    encoder: SpeakerEmbedder,
+    embedder: SpeakerEmbedder,
     min_similarity: float = MIN_SIMILARITY,
     min_pitch_shift: float = MIN_PITCH_SHIFT,
 ) -> DataReport:
@@ -518,7 +518,7 @@ def assess(
     channels = [measure_channel(s) for s in speech]
     bands = [c.band for c in channels]
     view = ChannelView(common_band(bands))
-    embeddings = [encoder.embed(view.treat(s), SAMPLE_RATE) for s in speech]
+    embeddings = [embedder.embed(view.treat(s), SAMPLE_RATE) for s in speech]
     pitches = [voice_pitch(s) for s in speech]
     labels = channel_labels(speech, channels)
     split = other_speakers(embeddings, min_similarity, pitches, min_pitch_shift, labels)
@@ -537,7 +537,7 @@ def assess(
         for clip, quality in zip(clips, report_clips, strict=True)
         if clip.speech is not None and not quality.excluded
     )
-    report = DataReport(encoder.name, min_similarity, report_clips, kept_seconds / 60)
+    report = DataReport(embedder.name, min_similarity, report_clips, kept_seconds / 60)
     report.band = str(view.band)
     report.clip_bands = dict(Counter(str(b) for b in bands))
     report.unjudged = [clips[voiced[j]].name for j in split.unjudged]
@@ -606,7 +606,7 @@ def embedder_with_cache(spec: str | None, folder: Path | None) -> EmbeddingCache
 def check_data(
     audio: list[Path],
     transcripts: Path | None = None,
-    encoder: SpeakerEmbedder | None = None,
+    embedder: SpeakerEmbedder | None = None,
     min_similarity: float = MIN_SIMILARITY,
     max_file_seconds: float | None = 3600.0,
     min_pitch_shift: float = MIN_PITCH_SHIFT,
@@ -626,7 +626,7 @@ def check_data(
             trimmed = trim(samples)
             speech = None if trimmed is None else trimmed.samples
             clips.append(SourceClip(name, samples, recording.gain, speech))
-    report = assess(clips, encoder or shared_embedder(None), min_similarity, min_pitch_shift)
+    report = assess(clips, embedder or shared_embedder(None), min_similarity, min_pitch_shift)
     report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
     short = [r for r in recordings if r.seconds <= splitting.MAX_CLIP_SECONDS]
     untranscribed = [r.source.name for r in short if r.source not in texts]
@@ -675,8 +675,8 @@ def run(args: argparse.Namespace) -> int:
     shift = args.min_pitch_shift
     if shift is None:
         shift = settings.speaker_min_pitch_shift
-    encoder = shared_embedder(settings.speaker_encoder)
-    report = check_data(args.audio, args.transcripts, encoder, threshold, min_pitch_shift=shift)
+    embedder = shared_embedder(settings.speaker_encoder)
+    report = check_data(args.audio, args.transcripts, embedder, threshold, min_pitch_shift=shift)
     print(describe(report))
     if args.json:
         args.json.write_text(json.dumps(report.to_json(), indent=2))

@@ -175,9 +175,9 @@ def prepare(
             texted.append((text, clip, trimmed))
     report = None
     if measure:
-        encoder = embedder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
+        embedder = embedder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
         clips = [clip for _, clip, _ in texted]
-        report = assess(clips, encoder, job.speaker_min_similarity, job.speaker_min_pitch_shift)
+        report = assess(clips, embedder, job.speaker_min_similarity, job.speaker_min_pitch_shift)
         report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
     usable = [
         i

@@ -131,7 +131,7 @@ def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 
     """``devserver.wait_ready``, failing the test with the process's log tail."""
     try:
         return devserver.wait_ready(process, url, log, timeout)
-    except devserver.NotReady as error:
+    except devserver.StartFailed as error:
         pytest.fail(str(error), pytrace=False)
 
 
@@ -143,7 +143,7 @@ def dev_server(root: Path, **env: str) -> Iterator[Server]:
     try:
         with devserver.dev_server(root, **{**TEST_ENV, **env}) as server:
             yield server
-    except devserver.NotReady as error:
+    except devserver.StartFailed as error:
         pytest.fail(str(error), pytrace=False)
 
 
@@ -155,7 +155,7 @@ class EarlyServer:
     def __init__(self, root: Path, **env: str) -> None:
         self.server = devserver.start_dev_server(root, **{**TEST_ENV, **env})
         self.engines = 1
-        self.failure: devserver.NotReady | None = None
+        self.failure: devserver.StartFailed | None = None
         self.watch = threading.Thread(target=self._wait, daemon=True)
         self.watch.start()
 
@@ -163,7 +163,7 @@ class EarlyServer:
         s = self.server
         try:
             s.readiness.extend(devserver.wait_ready(s.process, s.url, s.log))
-        except devserver.NotReady as error:
+        except devserver.StartFailed as error:
             self.failure = error
 
     def running(self) -> bool:

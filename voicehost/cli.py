@@ -342,7 +342,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not sentences:
             print(f"voicehost eval: {args.sentences} holds no sentence", file=sys.stderr)
             return 2
-    encoder = shared_embedder(args.encoder or Settings().speaker_encoder)
+    embedder = shared_embedder(args.embedder or Settings().speaker_encoder)
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
 
     async def run() -> evaluation.EvalReport:
@@ -353,7 +353,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             speak = http_speaker(client, args.seed)
             references = [r.samples for r in recordings]
             return await evaluation.evaluate(
-                speak, args.voice, references, encoder, sentences, baseline, recognizer
+                speak, args.voice, references, embedder, sentences, baseline, recognizer
             )
 
     try:
@@ -579,7 +579,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eval_.add_argument("--json", type=Path, help="write the figures here")
     eval_.add_argument("--plot", type=Path, help="draw each sample's similarity here (PNG)")
-    eval_.add_argument("--encoder", help="speaker encoder (default: VOICEHOST_SPEAKER_ENCODER)")
+    eval_.add_argument(
+        "--embedder",
+        "--encoder",  # its name before: scripts that pass it keep working
+        dest="embedder",
+        help="speaker embedder (default: VOICEHOST_SPEAKER_ENCODER)",
+    )
     eval_.add_argument("--asr-model", type=Path, help="a local faster-whisper model folder")
     eval_.add_argument("--seed", type=int, default=0, help="the sampling seed of each sentence")
     eval_.set_defaults(func=cmd_eval)

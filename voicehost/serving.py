@@ -258,13 +258,13 @@ class ServingProcess:
 
         await self._started.wait()
         references = await asyncio.to_thread(read_references, folder)
-        encoder = await asyncio.to_thread(shared_embedder, self.settings.speaker_encoder)
+        embedder = await asyncio.to_thread(shared_embedder, self.settings.speaker_encoder)
         s = self.settings
         report = await evaluate_candidate(
             self,
             folder,
             references,
-            encoder,
+            embedder,
             s,
             voice_id=voice_id,
             baselines=s.eval_baselines,

@@ -222,7 +222,7 @@ def flawed(corpus, tmp_path_factory):
 
 def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, encoder):
     def warnings(name):
-        report = check_data([flawed[name]], encoder=encoder)
+        report = check_data([flawed[name]], embedder=encoder)
         return report, [w.split(":")[0] for w in report.warnings]
 
     clean, said = warnings("clean")
@@ -263,7 +263,7 @@ def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_
         out.setsampwidth(2)
         out.setframerate(24000)
         out.writeframes((long * 32767).astype("<i2").tobytes())
-    report = check_data([path], encoder=encoder)
+    report = check_data([path], embedder=encoder)
     assert len(report.clips) >= 2 and all(c.file.startswith("long.wav#") for c in report.clips)
     assert not report.excluded
 
@@ -301,7 +301,7 @@ def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_an
     the woman's are still caught; the report says the band and that the check is weaker there.
     Compared as uploaded (full band against phone band), the phone clips looked like another
     speaker: the split below, on the embeddings as uploaded, leaves most of them out."""
-    report = check_data([phoned], encoder=encoder)
+    report = check_data([phoned], embedder=encoder)
     excluded = sorted(c.file for c in report.excluded)
     assert excluded == [f"visitor{i}-phone.wav" for i in (20, 21, 22)], report.excluded
     assert report.band == "300-3400 Hz"
@@ -328,7 +328,7 @@ def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(
     against his dry clips (as the filter did before it judged like with like), every one of the
     man's hall clips is left out. Judged among the clips of their channel, none is, and the
     woman's three are still caught; each clip's channel is in the report."""
-    report = check_data([hall], encoder=encoder)
+    report = check_data([hall], embedder=encoder)
     excluded = sorted(c.file for c in report.excluded)
     assert excluded == [f"visitor{i}-hall.wav" for i in (20, 21, 22)], report.excluded
     channels = {c.file: c.channel for c in report.clips}

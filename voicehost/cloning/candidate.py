@@ -52,7 +52,7 @@ HELD_REASON = "held_reason"
 EVAL = "eval"
 
 
-class ServingProcess(Protocol):
+class SpeakingProcess(Protocol):
     """What the evaluation needs of a process that speaks (``voicehost.serving.ServingProcess``)."""
 
     voices: VoiceDirectory
@@ -109,10 +109,10 @@ def record_verdict(
 
 
 async def evaluate_candidate(
-    speaker: Synthesizer | ServingProcess,
+    speaker: Synthesizer | SpeakingProcess,
     folder: Path,
     references: Sequence[np.ndarray],
-    encoder: SpeakerEmbedder,
+    embedder: SpeakerEmbedder,
     settings: Settings,
     *,
     voice_id: str | None = None,
@@ -170,7 +170,7 @@ async def evaluate_candidate(
         speak,
         candidate.voice_id,
         references,
-        encoder,
+        embedder,
         sentences,
         [v for v in builtin if v != candidate.voice_id][:baselines],
         recognizer,

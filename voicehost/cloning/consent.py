@@ -1,6 +1,6 @@
 """Consent records: who agreed to have their voice cloned, to what statement, collected by
 whom, when and for what; optionally the speaker's own recording of that statement, checked
-against the training audio with the speaker encoder (``voicehost.audio.speaker``).
+against the training audio with the speaker embedder (``voicehost.audio.speaker``).
 
 A record is stored with each version cloned from audio: under ``consent`` in its
 ``voice.json`` (with the recording's file name, SHA-256 and similarity to the training audio)
@@ -42,7 +42,7 @@ class ConsentMismatch(ServiceError, ValueError):
         self.measured = measured
 
 
-def recording_similarity(encoder: SpeakerEmbedder, recording: Path, clips: list[Path]) -> float:
+def recording_similarity(embedder: SpeakerEmbedder, recording: Path, clips: list[Path]) -> float:
     """How alike the speaker of ``recording`` is to that of ``clips`` (the centroid of the
     first ``MAX_CLIPS`` that hold speech): the cosine of their embeddings, each clip heard
     through the channel they all share (``ChannelView``: a consent read into a phone is
@@ -67,13 +67,13 @@ def recording_similarity(encoder: SpeakerEmbedder, recording: Path, clips: list[
         raise UnreadableAudio("no training clip holds speech to compare the recording with")
     view = ChannelView.of([samples, *heard])
     try:
-        spoken = encoder.embed(view.treat(samples))
+        spoken = embedder.embed(view.treat(samples))
     except ValueError as exc:  # nothing to embed
         raise UnreadableAudio(f"the recording holds no speech: {exc}") from exc
     embeddings: list[np.ndarray] = []
     for clip in heard:
         try:
-            embeddings.append(encoder.embed(view.treat(clip)))
+            embeddings.append(embedder.embed(view.treat(clip)))
         except ValueError:  # silent once treated: the data report says so
             continue
     if not embeddings:
@@ -82,10 +82,10 @@ def recording_similarity(encoder: SpeakerEmbedder, recording: Path, clips: list[
 
 
 def check_recording(
-    encoder: SpeakerEmbedder, recording: Path, clips: list[Path], threshold: float
+    embedder: SpeakerEmbedder, recording: Path, clips: list[Path], threshold: float
 ) -> float:
     """``recording_similarity``, or ``ConsentMismatch`` below ``threshold``."""
-    measured = recording_similarity(encoder, recording, clips)
+    measured = recording_similarity(embedder, recording, clips)
     if measured < threshold:
         raise ConsentMismatch(measured, threshold)
     return measured

@@ -206,17 +206,17 @@ def char_error_rate(reference: str, hypothesis: str) -> float:
 
 
 async def _embed_all(
-    encoder: SpeakerEmbedder, clips: Sequence[np.ndarray], view: ChannelView = RAW
+    embedder: SpeakerEmbedder, clips: Sequence[np.ndarray], view: ChannelView = RAW
 ) -> list[np.ndarray]:
     """Each clip's embedding, heard through ``view``."""
-    return [await embed_off_loop(encoder, view.treat(clip), SAMPLE_RATE) for clip in clips]
+    return [await embed_off_loop(embedder, view.treat(clip), SAMPLE_RATE) for clip in clips]
 
 
 async def _scores(
-    encoder: SpeakerEmbedder, speaker: np.ndarray, samples: Sequence[Sample], view: ChannelView
+    embedder: SpeakerEmbedder, speaker: np.ndarray, samples: Sequence[Sample], view: ChannelView
 ) -> list[float]:
     """Each sample's similarity to the speaker's embedding, heard through ``view``."""
-    embeddings = await _embed_all(encoder, [s.samples for s in samples], view)
+    embeddings = await _embed_all(embedder, [s.samples for s in samples], view)
     return [similarity(e, speaker) for e in embeddings]
 
 
@@ -234,7 +234,7 @@ async def evaluate(
     speak: Speak,
     voice: str,
     references: Sequence[np.ndarray],
-    encoder: SpeakerEmbedder,
+    embedder: SpeakerEmbedder,
     sentences: Sequence[str] = EVAL_SENTENCES,
     baseline_voices: Sequence[str] = (),
     recognizer: SpeechRecognizer | None = None,
@@ -249,12 +249,12 @@ async def evaluate(
     started = time.monotonic()
     bands = [measure_band(r) for r in references]
     view = ChannelView.of_bands(bands)  # every sample heard in the references' common band
-    reference_embeddings = await _embed_all(encoder, references, view)
+    reference_embeddings = await _embed_all(embedder, references, view)
     speaker = centroid(reference_embeddings)
     ceiling = leave_one_out(reference_embeddings)
     as_uploaded = ceiling
     if view != RAW and ceiling is not None:
-        as_uploaded = leave_one_out(await _embed_all(encoder, references))
+        as_uploaded = leave_one_out(await _embed_all(embedder, references))
     candidates = [v for v in baseline_voices if v != voice]
     # Spoken side by side, as the engine batches them: the voice's sentences with each
     # candidate's first one, then the rest for the closest candidate (with one candidate, that
@@ -266,19 +266,19 @@ async def evaluate(
         *(speak(v, sentence) for v in candidates[:1] for sentence in rest_now),
     )
     samples = list(spoken[: len(sentences)])
-    scores = await _scores(encoder, speaker, samples, view)
+    scores = await _scores(embedder, speaker, samples, view)
 
     baseline_voice, baseline = None, None
     if candidates:
         firsts = spoken[len(sentences) : len(sentences) + len(candidates)]
-        first_scores = await _scores(encoder, speaker, list(firsts), view)
+        first_scores = await _scores(embedder, speaker, list(firsts), view)
         best = int(np.argmax(first_scores))
         baseline_voice = candidates[best]
         if rest_now:
             rest = list(spoken[len(sentences) + len(candidates) :])
         else:
             rest = await asyncio.gather(*(speak(baseline_voice, s) for s in sentences[1:]))
-        rest_scores = await _scores(encoder, speaker, list(rest), view)
+        rest_scores = await _scores(embedder, speaker, list(rest), view)
         baseline = Spread.of([first_scores[best], *rest_scores])
 
     silences = [leading_silence_ms(s.samples, SPEECH_THRESHOLD_DB) for s in samples]
@@ -300,7 +300,7 @@ async def evaluate(
         }
     similarity_spread = Spread.of(scores)
     return EvalReport(
-        encoder=encoder.name,
+        encoder=embedder.name,
         voice=voice,
         sentences=list(sentences),
         references=len(references),

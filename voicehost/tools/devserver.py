@@ -3,7 +3,7 @@
 
 A process runs in its own process group (``launch``), so ``stop`` also ends the vLLM engine
 processes under it, which outlive a parent that died before shutting them down. ``wait_ready``
-polls ``/readyz`` and raises ``NotReady`` with the tail of the process's log when it exits, its
+polls ``/readyz`` and raises ``StartFailed`` with the tail of the process's log when it exits, its
 start-up fails or it stalls. ``dev_server`` wraps the three around ``voicehost serve --dev``.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 LOG_TAIL_CHARS = 3000
 
 
-class NotReady(RuntimeError):
+class StartFailed(RuntimeError):
     """A process that was to serve did not get ready; the message ends with its log's tail."""
 
 
@@ -107,14 +107,14 @@ def wait_ready(
 ) -> list[int]:
     """Poll ``url/readyz`` until it answers 200; the readiness statuses seen, in order.
 
-    Raises ``NotReady`` (with the log's tail) when the process exits, ``/healthz`` says its
+    Raises ``StartFailed`` (with the log's tail) when the process exits, ``/healthz`` says its
     start-up failed, or ``timeout`` seconds pass.
     """
     seen: list[int] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise NotReady(f"{process.args} exited with {process.returncode}:\n{log_tail(log)}")
+            raise StartFailed(f"{process.args} exited with {process.returncode}:\n{log_tail(log)}")
         status = http_status(f"{url}/readyz", timeout=5)
         if status is None:  # not listening yet, or too busy to answer in time
             time.sleep(0.2)
@@ -124,9 +124,9 @@ def wait_ready(
             return seen
         health = http_status(f"{url}/healthz", timeout=5)
         if health is not None and health != 200:  # it answered: its start-up failed
-            raise NotReady(f"{process.args}: start-up failed:\n{log_tail(log)}")
+            raise StartFailed(f"{process.args}: start-up failed:\n{log_tail(log)}")
         time.sleep(0.5)
-    raise NotReady(f"{process.args}: not ready in {timeout:.0f} s:\n{log_tail(log)}")
+    raise StartFailed(f"{process.args}: not ready in {timeout:.0f} s:\n{log_tail(log)}")
 
 
 def stop(process: subprocess.Popen[bytes], grace: float = 30) -> None:
