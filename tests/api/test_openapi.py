@@ -13,10 +13,11 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 from schemathesis import GenerationMode
 
 from voicehost.api.auth import PUBLIC
+from voicehost.api.errors import ErrorResponse
 from voicehost.api.openapi import DOCUMENT, REF_TEMPLATE
 from voicehost.api.routes import PUBLIC_ROUTES, document
-from voicehost.api.schemas import ErrorResponse, SpeechRequest
 from voicehost.api.server import create_app
+from voicehost.api.speech import SpeechRequest
 from voicehost.cluster.gateway import create_gateway_app
 from voicehost.config import Settings
 from voicehost.model.devmodel import DEV_VOICES

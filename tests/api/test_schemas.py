@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from voicehost.api.schemas import PublishRequest, RealtimeConfig, SpeechRequest
+from voicehost.api.speech import RealtimeConfig, SpeechRequest
+from voicehost.api.voices import PublishRequest
 from voicehost.audio.formats import FORMATS, SAMPLE_RATES
 
 pytestmark = pytest.mark.unit

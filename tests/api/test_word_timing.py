@@ -9,7 +9,7 @@ import base64
 import json
 
 from voicehost.api.edge import VERSION_HEADER
-from voicehost.api.schemas import CaptionedSpeech
+from voicehost.api.speech import CaptionedSpeech
 
 SPEECH = "/v1/audio/speech"
 CAPTIONED = "/v1/audio/speech/captioned"

@@ -6,17 +6,89 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import Literal
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, query_value
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, query_param, ref
-from voicehost.api.schemas import AuditPage, UsageReport
 from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
+
+# --- its wire models ---
+
+
+class AuditActor(BaseModel):
+    """Who made a change: an API key (``key``, with its tenant), the operator (the CLI, adapter
+    folders), the service (a clone job's runner), or a caller of a server without keys."""
+
+    kind: Literal["key", "operator", "service", "open"]
+    key_id: str | None = None
+    tenant: str | None = None
+    runner: str | None = None
+
+
+class AuditEvent(BaseModel):
+    """One line of the audit log, as written (``voicehost.tenancy.audit``): ``prev`` is the SHA-256
+    of the line before (the event before, as canonical JSON)."""
+
+    seq: int = Field(ge=1)
+    prev: str = Field(pattern=r"^[0-9a-f]{64}$")
+    time: str = Field(description="UTC, ISO 8601.")
+    action: str = Field(description="voice.created, voice.deleted, job.done, ...")
+    actor: AuditActor
+    request_id: str | None = None
+    tenant: str | None = Field(None, description="Whose voice or job it is (none: shared).")
+    voice: str | None = None
+    version: int | None = None
+    job: str | None = None
+    details: dict[str, object] = Field(default_factory=dict, description="What changed.")
+
+
+class AuditHead(BaseModel):
+    """The log's last event: its seq and the SHA-256 of its line."""
+
+    seq: int = Field(ge=0)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class AuditPage(BaseModel):
+    """``GET /v1/audit``: events in order; ``next_after`` is set when more match (ask again
+    with ``after`` = it). ``head`` (admins) is where the whole log ends."""
+
+    events: list[AuditEvent]
+    next_after: int | None = None
+    head: AuditHead | None = None
+
+
+class UsageRow(BaseModel):
+    """What one API key spoke with one voice (key and tenant are null on a server without
+    keys)."""
+
+    key_id: str | None
+    tenant: str | None
+    voice: str
+    characters: int = Field(ge=0)
+    audio_seconds: float = Field(ge=0)
+
+
+class UsageTotal(BaseModel):
+    characters: int = Field(ge=0)
+    audio_seconds: float = Field(ge=0)
+
+
+class UsageReport(BaseModel):
+    """``GET /v1/usage``: speech sent since ``since`` (to the minute), per key, tenant and
+    voice, and in all."""
+
+    since: str = Field(description="UTC, ISO 8601: the start of the first minute counted.")
+    usage: list[UsageRow]
+    total: UsageTotal
+
 
 MAX_LIMIT = 1000
 

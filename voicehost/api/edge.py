@@ -33,15 +33,9 @@ from voicehost.api.auth import (
     identify,
     request_principal,
 )
-from voicehost.api.errors import ApiError, documented, kind_of
+from voicehost.api.errors import ApiError, ErrorDetail, ErrorResponse, documented, kind_of
 from voicehost.api.listeners import Listener
-from voicehost.api.schemas import (
-    CaptionedSpeechRequest,
-    ErrorDetail,
-    ErrorResponse,
-    SpeechOptions,
-    SpeechRequest,
-)
+from voicehost.api.speech import CaptionedSpeechRequest, SpeechOptions, SpeechRequest
 from voicehost.audio.encoding import EncodingFailed
 from voicehost.audio.formats import output_rate
 from voicehost.cloning.jobs import CloneJobs

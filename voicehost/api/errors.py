@@ -21,7 +21,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from voicehost.errors import ServiceError
+
+# --- its wire models ---
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API returns: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
 
 KEYED = "(keyed)"  # every route that takes an API key, when keys are configured
 ANY = "(any)"  # every operation

@@ -12,7 +12,7 @@ from contextlib import suppress
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from voicehost.api.schemas import RealtimeConfig
+from voicehost.api.speech import RealtimeConfig
 
 log = logging.getLogger(__name__)
 

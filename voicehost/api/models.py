@@ -4,14 +4,40 @@ models before speaking (or check theirs is there) find the names a speech reques
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from voicehost.api.edge import SERVICE
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, ref
-from voicehost.api.schemas import OPENAI_SPEECH_MODELS, ModelInfo, ModelList
 from voicehost.config import Settings
+
+# --- its wire models ---
+
+
+# OpenAI's speech models: accepted in ``model`` and listed by GET /v1/models, so clients
+# configured with one of them (LiveKit's and Pipecat's plugins default to gpt-4o-mini-tts) work.
+OPENAI_SPEECH_MODELS: tuple[str, ...] = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class ModelInfo(BaseModel):
+    """One entry of ``GET /v1/models``, in OpenAI's shape."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time: when this server started.")
+    owned_by: str = "voicehost"
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``: every model name a speech request may send (one model serves them
+    all), as OpenAI lists its models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelInfo]
+
 
 STARTED = int(time.time())
 

@@ -23,10 +23,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from voicehost import __version__
 from voicehost.api.auth import PUBLIC, WS_ROUTE, Access
-from voicehost.api.errors import ErrorKind, answered_by
-from voicehost.api.schemas import (
-    ErrorResponse,
-)
+from voicehost.api.errors import ErrorKind, ErrorResponse, answered_by
 from voicehost.ids import JOB_ID_PATTERN, VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 

@@ -19,10 +19,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing, suppress
+from typing import Literal
 
 import numpy as np
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from redis.exceptions import RedisError
 
 from voicehost.api.auth import request_principal
@@ -43,7 +44,7 @@ from voicehost.api.errors import kind_of
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.listeners import Listener, NotText, SocketListener
 from voicehost.api.openapi import REF_TEMPLATE, Json, Models, operation
-from voicehost.api.schemas import RealtimeConfig, RealtimeControl, RealtimeText
+from voicehost.api.speech import RealtimeConfig
 from voicehost.audio.formats import content_type
 from voicehost.errors import ServiceError
 from voicehost.model.orpheus import SAMPLE_RATE
@@ -62,6 +63,23 @@ from voicehost.text.lexicon import Lexicon
 from voicehost.text.segment import Segment
 from voicehost.text.stage import TextStage
 from voicehost.voices.voice import Voice
+
+# --- its wire models ---
+
+
+class RealtimeText(BaseModel):
+    """A piece of text, as it comes (a word, a token, a sentence)."""
+
+    type: Literal["text"]
+    text: str = Field(max_length=65536)
+
+
+class RealtimeControl(BaseModel):
+    """``flush``: speak the text buffered so far; ``end``: no more text, finish and close;
+    ``cancel``: stop at once (barge-in) and drop what is buffered."""
+
+    type: Literal["flush", "end", "cancel"]
+
 
 log = logging.getLogger(__name__)
 

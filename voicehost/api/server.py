@@ -37,12 +37,7 @@ from voicehost.api.edge import (
 from voicehost.api.errors import ApiError
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
-from voicehost.api.schemas import (
-    CaptionedSpeech,
-    CaptionedSpeechRequest,
-    SpeechRequest,
-    TimedWord,
-)
+from voicehost.api.speech import CaptionedSpeech, CaptionedSpeechRequest, SpeechRequest, TimedWord
 from voicehost.audio.encoding import FormatStream
 from voicehost.audio.formats import content_type
 from voicehost.config import Settings

@@ -5,14 +5,188 @@ fill the route table's speech slots (``voicehost.api.routes``)."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
+
+from voicehost.api.errors import ErrorDetail
 from voicehost.api.openapi import VOICE_VERSION, Json, Models, json_body, operation, ref
-from voicehost.api.schemas import (
-    CaptionedSpeech,
-    CaptionedSpeechRequest,
-    ErrorDetail,
-    SpeechRequest,
+from voicehost.api.schemas import JsonInt, Seed
+from voicehost.audio.formats import (
+    CONTENT_TYPES,
+    FORMATS,
+    SAMPLE_RATES,
+    TELEPHONE_FORMATS,
+    TELEPHONE_RATE,
 )
-from voicehost.audio.formats import CONTENT_TYPES
+from voicehost.audio.tempo import MAX_SPEED, MIN_SPEED
+from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
+from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
+
+# --- its wire models ---
+
+
+MAX_REQUEST_LEXICONS = 8
+
+
+SPEAKABLE = r"[^\W_]"  # a letter or a digit somewhere (Python's str.isalnum, as the edge checks)
+
+
+# a voice id, and a version after @ (the edge's check: ids.is_voice_id, versioning's split)
+VOICE_REF_PATTERN = VOICE_ID_PATTERN.pattern[:-1] + "(@" + VERSION_PATTERN.pattern[1:-1] + ")?$"
+
+
+FORMATS_HELP = (
+    "pcm (s16le mono), wav, mp3, opus (Ogg), flac, aac (ADTS), mulaw or alaw (8 kHz only)"
+)
+
+
+# the telephone formats are 8 kHz only (unsupported_format otherwise)
+TELEPHONE_RATE_RULE: dict[str, Any] = {
+    "if": {
+        "properties": {"response_format": {"enum": list(TELEPHONE_FORMATS)}},
+        "required": ["response_format"],
+    },
+    "then": {"properties": {"sample_rate": {"enum": [TELEPHONE_RATE, None]}}},
+}
+
+
+# a stream's word timing comes as SSE events: raw audio has no place for it
+TIMESTAMPS_RULE: dict[str, Any] = {
+    "if": {"properties": {"timestamps": {"const": "word"}}, "required": ["timestamps"]},
+    "then": {"properties": {"stream_format": {"const": "sse"}}, "required": ["stream_format"]},
+}
+
+
+class SpeechOptions(BaseModel):
+    """What both speech endpoints take besides the text: voice, audio format and options.
+
+    Types are strict, as the document says: ``seed`` and ``sample_rate`` are integers (not a
+    boolean, a string or a fraction; ``24000.0`` is one, as JSON Schema has it), the flags
+    booleans (not 0 or 1). Formats and rates are listed
+    in the document; one the server cannot serve is answered ``unsupported_format``."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=TELEPHONE_RATE_RULE)
+
+    voice: StrictStr = Field(
+        description="A voice id from GET /v1/audio/voices, or an alias there (OpenAI's alloy, "
+        "nova ...: VOICEHOST_VOICE_ALIASES); `voice@n` pins its version n.",
+        json_schema_extra={"pattern": VOICE_REF_PATTERN},
+    )
+    response_format: StrictStr = Field(
+        "mp3",
+        description=FORMATS_HELP + "; mp3 by default, as OpenAI's API",
+        json_schema_extra={"enum": list(FORMATS)},
+    )
+    sample_rate: JsonInt | None = Field(
+        None,
+        description="8000, 16000, 22050, 24000, 44100 or 48000 (default 24000; mulaw/alaw 8000).",
+        json_schema_extra={"enum": [*SAMPLE_RATES, None]},
+    )
+    seed: Seed | None = Field(None, description="Sampling seed: same seed, same audio.")
+    normalize: StrictBool = Field(
+        True, description="Speak numbers, dates, currency and abbreviations as words."
+    )
+    trim_silence: StrictBool = Field(
+        False, description="Drop near-silent audio at the very start (at most 1 s)."
+    )
+    continuity: StrictBool = Field(
+        True, description="Each segment of a long text hears the end of the one before."
+    )
+    lexicons: list[Annotated[StrictStr, Field(pattern=LEXICON_NAME_PATTERN.pattern)]] = Field(
+        default_factory=list,
+        max_length=MAX_REQUEST_LEXICONS,
+        description="The caller's pronunciation lexicons to apply, in order (the first one's "
+        "entry wins for a word), before the voice's own; an unknown name is lexicon_not_found.",
+    )
+    speed: StrictFloat = Field(
+        1.0,
+        ge=MIN_SPEED,
+        le=MAX_SPEED,
+        description="Playback speed, 0.25 to 4.0: the audio is time-stretched as it streams, "
+        "its pitch kept.",
+    )
+    timestamps: Literal["word"] | None = Field(
+        None,
+        description='"word": an event for each word once its timing is final (`word` on the '
+        "socket, `speech.word` in SSE, which it needs): its span in the text sent, and its "
+        "start and end in seconds of the audio sent. The stream's `aligner` says how it was "
+        "timed.",
+    )
+
+
+class SpeechRequest(SpeechOptions):
+    """``POST /v1/audio/speech``: OpenAI's fields, plus the options above."""
+
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"allOf": [TELEPHONE_RATE_RULE, TIMESTAMPS_RULE]}
+    )
+
+    model: StrictStr = Field(
+        "orpheus",
+        description="Accepted for OpenAI compatibility (any name, GET /v1/models lists them): "
+        "one model is served.",
+    )
+    input: StrictStr = Field(
+        description="The text to speak, of any length up to max_input_chars; one with nothing "
+        "to say (no letter or digit) is answered empty_input.",
+        json_schema_extra={"minLength": 1, "pattern": SPEAKABLE},
+    )
+    stream_format: Literal["audio", "sse"] = Field("audio", description="Raw audio or SSE events.")
+    instructions: StrictStr | None = Field(
+        None,
+        description="OpenAI's style prompt (gpt-4o-mini-tts); accepted and not followed: Orpheus "
+        "takes no instructions (emotive tags in the input, and the voice, set the delivery).",
+    )
+
+
+class CaptionedSpeechRequest(SpeechRequest):
+    """``POST /v1/audio/speech/captioned``: a speech request answered as JSON, its words
+    always timed."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=TELEPHONE_RATE_RULE)
+
+    stream_format: Literal["audio"] = Field(
+        "audio", description="The audio comes whole, base64, in the JSON answer."
+    )
+    timestamps: Literal["word"] = Field("word", description="Every word is timed here.")
+
+
+class RealtimeConfig(SpeechOptions):
+    """The first message on ``/v1/audio/speech/ws``."""
+
+    type: Literal["config"]
+    response_format: StrictStr = Field(
+        "pcm", description=FORMATS_HELP, json_schema_extra={"enum": list(FORMATS)}
+    )
+
+
+class TimedWord(BaseModel):
+    """A word's timing: its span in the text sent (the client's characters, whatever the text
+    stage said it as) and its start and end in seconds of the audio sent (after ``speed``)."""
+
+    text: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    audio_start: float = Field(ge=0)
+    audio_end: float = Field(ge=0)
+
+
+class CaptionedSpeech(BaseModel):
+    """``POST /v1/audio/speech/captioned``: the whole audio and every word's timing at once."""
+
+    audio: str = Field(description="The audio in `response_format`, base64.")
+    response_format: str
+    content_type: str
+    sample_rate: int
+    samples: int = Field(description="Samples of the audio, at `sample_rate`.")
+    audio_seconds: float
+    aligner: str = Field(
+        description='What timed the words: "estimated" (built in) or "ctc:<folder>" '
+        "(VOICEHOST_ALIGNER_MODEL)."
+    )
+    words: list[TimedWord]
+
 
 SSE_EVENTS: Json = {
     "oneOf": [

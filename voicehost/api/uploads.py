@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
-from pydantic import ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
@@ -35,8 +35,8 @@ from voicehost.api.edge import (
 from voicehost.api.errors import ApiError
 from voicehost.api.jobs import job_info
 from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
-from voicehost.api.schemas import CloneJobInfo, ConsentRecord, VersionInfo, VoiceDetail
-from voicehost.api.voices import managed_voice, version_info, voice_detail
+from voicehost.api.schemas import CloneJobInfo
+from voicehost.api.voices import VersionInfo, VoiceDetail, managed_voice, version_info, voice_detail
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
     TRANSCRIPTS,
@@ -59,6 +59,27 @@ from voicehost.voices.validation import (
 from voicehost.voices.voice import (
     NoSuchVersion,
 )
+
+# --- its wire models ---
+
+
+class ConsentRecord(BaseModel):
+    """The ``consent`` part of a clone from audio: who agreed to have their voice cloned, to
+    which statement, who collected that and when, and for what purpose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    speaker_name: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    statement: StrictStr = Field(
+        min_length=1,
+        max_length=4000,
+        pattern=r"\S",
+        description="What the speaker agreed to, word for word (what a consent recording says).",
+    )
+    collected_by: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    collected_at: AwareDatetime = Field(description="When, with its time zone (ISO 8601).")
+    purpose: StrictStr = Field(min_length=1, max_length=1000, pattern=r"\S")
+
 
 CHUNK = 1 << 16
 MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk

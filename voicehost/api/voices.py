@@ -6,8 +6,10 @@ those who may manage it) is decided here. New voices and versions come in throug
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
@@ -21,14 +23,7 @@ from voicehost.api.edge import (
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
-from voicehost.api.schemas import (
-    PublishRequest,
-    VersionInfo,
-    VersionList,
-    VoiceDetail,
-    VoiceInfo,
-    VoiceList,
-)
+from voicehost.api.schemas import VersionNumber
 from voicehost.cloning import consent
 from voicehost.ids import now_iso
 from voicehost.tenancy.keys import Principal, can_manage, can_see
@@ -41,6 +36,73 @@ from voicehost.voices.voice import (
     VoiceDirectory,
     VoiceVersion,
 )
+
+# --- its wire models ---
+
+
+class VoiceInfo(BaseModel):
+    """One entry of ``GET /v1/audio/voices``: ``held`` is a clone that measured below the
+    evaluation gate, listed only to its tenant and admins, who may listen and publish it;
+    ``aliases`` are the other names that speak with it (OpenAI's ``alloy`` ...)."""
+
+    id: str
+    name: str
+    kind: Literal["builtin", "adapter"]
+    status: Literal["ready", "held", "error"] = "ready"
+    error: str | None = None
+    aliases: list[str] | None = Field(
+        None, description="Other names a request may use for this voice (VOICEHOST_VOICE_ALIASES)."
+    )
+
+
+class VoiceList(BaseModel):
+    voices: list[VoiceInfo]
+
+
+class PublishRequest(BaseModel):
+    """``POST /v1/voices/{id}/publish``: make a held voice ready anyway, saying why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: StrictStr = Field(
+        min_length=1,
+        max_length=500,
+        pattern=r"\S",
+        description="Why it goes live despite its evaluation (recorded in its voice.json).",
+    )
+    version: VersionNumber | None = Field(
+        None, description="Which held version (default: the live one)."
+    )
+
+
+class VersionInfo(BaseModel):
+    """One version of a voice: ``held`` by the gate; else ``ready`` while live, ``retired``
+    once replaced, ``candidate`` if it has never been live. Its manifest holds its data report,
+    evaluation and consent record (the consent only for the voice's tenant and admins)."""
+
+    version: int
+    status: Literal["candidate", "ready", "held", "retired"]
+    live: bool
+    checksum: str | None = None
+    manifest: dict[str, object] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class VersionList(BaseModel):
+    """``GET /v1/voices/{id}/versions``: oldest first."""
+
+    voice_id: str
+    live: int
+    versions: list[VersionInfo]
+
+
+class VoiceDetail(BaseModel):
+    """``GET /v1/voices/{id}``: a voice and its manifest (``voice.json``)."""
+
+    id: str
+    name: str
+    kind: Literal["builtin", "adapter"]
+    manifest: dict[str, object] = Field(default_factory=dict)
 
 
 def _visible_manifest(manifest: dict, manageable: bool) -> dict:

@@ -52,7 +52,7 @@ from voicehost.api.errors import ApiError
 from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import Json, Models, operation
 from voicehost.api.realtime import SessionWork, serve_listener, speaking
-from voicehost.api.schemas import RealtimeConfig
+from voicehost.api.speech import RealtimeConfig
 from voicehost.audio.opus_track import OPUS_RATE, OpusPacketizer, PacedOpusTrack
 from voicehost.config import IceServer, Settings
 from voicehost.metrics import SpeechMetrics

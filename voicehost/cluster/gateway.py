@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import aiohttp
 from aiohttp import WSCloseCode, web
+from pydantic import BaseModel, ConfigDict, StrictStr
 
 from voicehost.api import lifecycle
 from voicehost.api.auth import ADMIN, AUTH, request_principal
@@ -47,12 +48,7 @@ from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import TEXT, Json, json_body, operation, ref
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
 from voicehost.api.routes import CAPTIONED_PATH, Route, public_app
-from voicehost.api.schemas import (
-    CaptionedSpeechRequest,
-    RealtimeConfig,
-    RouteRequest,
-    SpeechRequest,
-)
+from voicehost.api.speech import CaptionedSpeechRequest, RealtimeConfig, SpeechRequest
 from voicehost.api.webrtc import open_session
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
@@ -71,6 +67,17 @@ from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
 from voicehost.voices.validation import AdapterRules, ModelShape
 from voicehost.voices.voice import Voice
+
+# --- its wire models ---
+
+
+class RouteRequest(BaseModel):
+    """``POST /v1/cluster/route`` (a gateway): the voices whose owners on the ring to name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voices: list[StrictStr]
+
 
 log = logging.getLogger(__name__)
 
