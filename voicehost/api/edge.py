@@ -3,7 +3,8 @@
 The one error shape (``{"error": {"code", "message"}}``, built here for responses, denials,
 realtime ``error`` events and a gateway's cut stream), the middleware that turns exceptions and
 denied callers into it, request bodies parsed into the wire schemas with one validation message,
-the speech request's checks, and voice lookup over any ``VoiceDirectory``. The route table that
+and voice lookup over any ``VoiceDirectory`` (the speech request's own checks are the speech
+resource's, ``voicehost.api.speech``). The route table that
 uses these is ``voicehost.api.routes``.
 """
 
@@ -35,9 +36,7 @@ from voicehost.api.auth import (
 )
 from voicehost.api.errors import ApiError, ErrorDetail, ErrorResponse, documented, kind_of
 from voicehost.api.listeners import Listener
-from voicehost.api.speech import CaptionedSpeechRequest, SpeechOptions, SpeechRequest
 from voicehost.audio.encoding import EncodingFailed
-from voicehost.audio.formats import output_rate
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
@@ -53,8 +52,6 @@ from voicehost.ids import (
 from voicehost.metrics import SpeechMetrics
 from voicehost.serving import ServingProcess
 from voicehost.speech.admission import Refused
-from voicehost.speech.alignment import Aligner
-from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.tenancy.lexicons import LexiconStore
@@ -363,45 +360,6 @@ async def read_body(request: web.Request, model: type[Body]) -> Body:
         return model.model_validate(payload)
     except ValidationError as exc:
         raise ApiError("invalid_request", validation_message(exc)) from exc
-
-
-def check_audio_options(body: SpeechOptions) -> int:
-    """The output sample rate of ``body``'s format and rate; 400 if they cannot be served."""
-    return output_rate(body.response_format, body.sample_rate)  # or UnsupportedFormat
-
-
-def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
-    """400 for input with nothing to say, an unservable format, or word timing where the
-    answer has no place for it (raw audio; the captioned endpoint's JSON has one); 413 past
-    ``max_chars``."""
-    if not any(ch.isalnum() for ch in body.input):
-        raise ApiError("empty_input", "input is empty or has nothing to say")
-    if len(body.input) > max_chars:
-        raise ApiError(
-            "input_too_long",
-            f"input has {len(body.input)} characters; the limit is {max_chars}",
-        )
-    captioned = isinstance(body, CaptionedSpeechRequest)
-    if body.timestamps == "word" and body.stream_format != "sse" and not captioned:
-        raise ApiError(
-            "invalid_request",
-            'word timestamps come as SSE events: stream_format "sse" (or POST '
-            "/v1/audio/speech/captioned for the audio and its words at once)",
-        )
-    check_audio_options(body)
-
-
-def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> SpeakOptions:
-    """How the synthesizer speaks a request's segments, from its options and the settings;
-    ``aligner`` times its words if it asks for word timing."""
-    timed = body.timestamps == "word"
-    return SpeakOptions(
-        seed=body.seed,
-        continuity_frames=settings.continuity_frames if body.continuity else 0,
-        prefetch=settings.segment_prefetch,
-        trim_db=settings.trim_threshold_db if body.trim_silence else None,
-        aligner=aligner if timed else None,
-    )
 
 
 # --- voices ----------------------------------------------------------------------------------

@@ -30,13 +30,11 @@ from voicehost.api.auth import request_principal
 from voicehost.api.captions import WordClock, word_fields
 from voicehost.api.edge import (
     SERVING,
-    check_audio_options,
     end_broken_stream,
     error_event,
     error_response,
     find_voice,
     load_json,
-    speak_options,
     stream_failure,
     validation_message,
 )
@@ -44,7 +42,7 @@ from voicehost.api.errors import kind_of
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.listeners import Listener, NotText, SocketListener
 from voicehost.api.openapi import REF_TEMPLATE, Json, Models, operation
-from voicehost.api.speech import RealtimeConfig
+from voicehost.api.speech import RealtimeConfig, check_audio_options, speak_options
 from voicehost.audio.formats import content_type
 from voicehost.errors import ServiceError
 from voicehost.model.orpheus import SAMPLE_RATE

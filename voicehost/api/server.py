@@ -24,20 +24,25 @@ from voicehost.api.edge import (
     FRONTEND_HEADER,
     SERVING,
     VERSION_HEADER,
-    check_speech_request,
     end_broken_stream,
     error_response,
     find_voice,
     read_body,
     read_json_object,
-    speak_options,
     stream_failure,
     validation_message,
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.lexicons import speech_lexicon
 from voicehost.api.routes import Route, public_app
-from voicehost.api.speech import CaptionedSpeech, CaptionedSpeechRequest, SpeechRequest, TimedWord
+from voicehost.api.speech import (
+    CaptionedSpeech,
+    CaptionedSpeechRequest,
+    SpeechRequest,
+    TimedWord,
+    check_speech_request,
+    speak_options,
+)
 from voicehost.audio.encoding import FormatStream
 from voicehost.audio.formats import content_type
 from voicehost.config import Settings

@@ -1,7 +1,9 @@
 """The speech resource's contract: ``POST /v1/audio/speech`` and its captioned form, their
 OpenAPI operations and models. Who answers them is each role's: ``voicehost.api.server``
 speaks in this process, a gateway (``voicehost.cluster.gateway``) proxies to a worker; both
-fill the route table's speech slots (``voicehost.api.routes``)."""
+fill the route table's speech slots (``voicehost.api.routes``).
+Its checks (nothing to say, too long, an unservable format, word timing where the answer has no
+place for it) run in every role before any engine work."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
 
-from voicehost.api.errors import ErrorDetail
+from voicehost.api.errors import ApiError, ErrorDetail
 from voicehost.api.openapi import VOICE_VERSION, Json, Models, json_body, operation, ref
 from voicehost.api.schemas import JsonInt, Seed
 from voicehost.audio.formats import (
@@ -18,9 +20,13 @@ from voicehost.audio.formats import (
     SAMPLE_RATES,
     TELEPHONE_FORMATS,
     TELEPHONE_RATE,
+    output_rate,
 )
 from voicehost.audio.tempo import MAX_SPEED, MIN_SPEED
+from voicehost.config import Settings
 from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
+from voicehost.speech.alignment import Aligner
+from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
 
 # --- its wire models ---
@@ -186,6 +192,51 @@ class CaptionedSpeech(BaseModel):
         "(VOICEHOST_ALIGNER_MODEL)."
     )
     words: list[TimedWord]
+
+
+# --- its checks (every role's, before any engine work) ---
+
+
+def check_audio_options(body: SpeechOptions) -> int:
+    """The output sample rate of ``body``'s format and rate; 400 if they cannot be served."""
+    return output_rate(body.response_format, body.sample_rate)  # or UnsupportedFormat
+
+
+def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
+    """400 for input with nothing to say, an unservable format, or word timing where the
+    answer has no place for it (raw audio; the captioned endpoint's JSON has one); 413 past
+    ``max_chars``."""
+    if not any(ch.isalnum() for ch in body.input):
+        raise ApiError("empty_input", "input is empty or has nothing to say")
+    if len(body.input) > max_chars:
+        raise ApiError(
+            "input_too_long",
+            f"input has {len(body.input)} characters; the limit is {max_chars}",
+        )
+    captioned = isinstance(body, CaptionedSpeechRequest)
+    if body.timestamps == "word" and body.stream_format != "sse" and not captioned:
+        raise ApiError(
+            "invalid_request",
+            'word timestamps come as SSE events: stream_format "sse" (or POST '
+            "/v1/audio/speech/captioned for the audio and its words at once)",
+        )
+    check_audio_options(body)
+
+
+def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> SpeakOptions:
+    """How the synthesizer speaks a request's segments, from its options and the settings;
+    ``aligner`` times its words if it asks for word timing."""
+    timed = body.timestamps == "word"
+    return SpeakOptions(
+        seed=body.seed,
+        continuity_frames=settings.continuity_frames if body.continuity else 0,
+        prefetch=settings.segment_prefetch,
+        trim_db=settings.trim_threshold_db if body.trim_silence else None,
+        aligner=aligner if timed else None,
+    )
+
+
+# --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---
 
 
 SSE_EVENTS: Json = {

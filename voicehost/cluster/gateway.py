@@ -35,7 +35,6 @@ from voicehost.api.edge import (
     REQUEST_ID_HEADER,
     VERSION_HEADER,
     WORKER_HEADER,
-    check_speech_request,
     end_broken_stream,
     error_event,
     error_response,
@@ -48,7 +47,12 @@ from voicehost.api.listeners import Listener, NotText
 from voicehost.api.openapi import TEXT, Json, json_body, operation, ref
 from voicehost.api.realtime import ERROR_CODE_HEADER, MAX_MESSAGE_BYTES, SessionWork, serve_socket
 from voicehost.api.routes import CAPTIONED_PATH, Route, public_app
-from voicehost.api.speech import CaptionedSpeechRequest, RealtimeConfig, SpeechRequest
+from voicehost.api.speech import (
+    CaptionedSpeechRequest,
+    RealtimeConfig,
+    SpeechRequest,
+    check_speech_request,
+)
 from voicehost.api.webrtc import open_session
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
