@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from lora_training.recipe import job_from_json, train_voice
+from voicehost.ids import now_iso
 from voicehost.lifeline import die_with_parent
 
 PROGRESS = "progress.json"
@@ -33,7 +34,7 @@ def write_progress(
     data: dict[str, object] | None = None,
 ) -> None:
     state = {"stage": stage, "progress": round(fraction, 4), "eval_loss": eval_loss}
-    state["updated"] = time.time()
+    state["updated"] = now_iso()
     if data is not None:
         state["data"] = data
     tmp = job_dir / f"{PROGRESS}.tmp"

@@ -47,12 +47,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _run_server(
     command: Literal["serve", "worker", "gateway"], settings: Settings, start: Callable[[], None]
 ) -> int:
-    """Run a server; a key configuration it cannot use stops it with a clear message, read
-    first: before the engine's imports, the dev model and the engine core (seconds to tens of
-    seconds) are spent on a server that cannot start."""
+    """Run a server; segments that cannot fit the model's context or a key configuration it
+    cannot use stop it with a clear message, read first: before the engine's imports, the dev
+    model and the engine core (seconds to tens of seconds) are spent on a server that cannot
+    start."""
     from voicehost.api.auth import Authenticator
+    from voicehost.model.served import check_segments_fit
     from voicehost.tenancy.keys import AuthConfigError
 
+    try:
+        check_segments_fit(settings)
+    except ValueError as exc:
+        print(f"voicehost {command}: {exc}", file=sys.stderr)
+        return 2
     try:
         Authenticator.from_settings(settings, command)
         start()
@@ -264,6 +271,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from voicehost.cloning.spec import training_spec
     from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
     from voicehost.model.devmodel import ensure_dev_model
+    from voicehost.model.served import served_codec
 
     if not is_voice_id(args.voice):
         print(f"voicehost train: --voice must match {VOICE_ID_PATTERN.pattern}", file=sys.stderr)
@@ -282,7 +290,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.work_dir or settings.dev_dir.parent / "train" / args.voice,
         name=args.name,
         transcripts=args.transcripts,
-        codec=args.codec or settings.served_codec(),
+        codec=args.codec or served_codec(settings),
         prompt_style=args.prompt_style,
         train=TrainSettings(
             epochs=args.epochs,

@@ -13,13 +13,10 @@ from pydantic import (
     SecretStr,
     StringConstraints,
     field_validator,
-    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from voicehost.ids import is_voice_id
-from voicehost.model import orpheus
-from voicehost.model.devmodel import DevModelPaths
 
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 # OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female
@@ -897,20 +894,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"voice alias {alias!r} names another alias, {voice_id!r}")
         return aliases
 
-    @model_validator(mode="after")
-    def _segments_fit_the_context(self) -> Settings:
-        """A segment of ``segment_max_chars`` must fit: the speech it needs, its text and the
-        previous segment's carried in the prompt (at worst a token per character)."""
-        chars = self.segment_max_chars
-        needed = orpheus.min_audio_tokens("x" * chars) + 2 * chars + 7 * self.continuity_frames
-        if needed + 32 > self.max_model_len:
-            raise ValueError(
-                f"segment_max_chars {chars} needs up to {needed + 32} tokens of context with "
-                f"continuity_frames {self.continuity_frames}; max_model_len is "
-                f"{self.max_model_len}: lower segment_max_chars"
-            )
-        return self
-
     def udp_port_range(self) -> tuple[int, int] | None:
         """``webrtc_udp_ports`` as (first, last), or None for any port."""
         if self.webrtc_udp_ports is None:
@@ -918,10 +901,9 @@ class Settings(BaseSettings):
         first, last = (int(port) for port in self.webrtc_udp_ports.split("-"))
         return first, last
 
-    def served_model(self) -> str:
-        """The weights to load: the dev model's directory or the configured model."""
-        if self.dev:
-            return str(DevModelPaths(self.dev_dir).model)
+    def configured_model(self) -> str:
+        """``model``, which serving without ``--dev`` needs (``voicehost.model.served``
+        resolves what is served, the dev model's folders included); ``ValueError`` if unset."""
         if not self.model:
             raise ValueError("no model configured: pass --model (or VOICEHOST_MODEL) or --dev")
         return self.model
@@ -930,12 +912,6 @@ class Settings(BaseSettings):
         """Whether a clone from audio needs a consent record: ``require_consent``, by default
         everywhere but the dev model."""
         return not self.dev if self.require_consent is None else self.require_consent
-
-    def realtime_rate(self) -> float:
-        """The tokens/s measured-capacity admission keeps every stream above (0: off)."""
-        if self.realtime_tokens_per_second is not None:
-            return self.realtime_tokens_per_second
-        return 0.0 if self.dev else orpheus.AUDIO_TOKENS_PER_SECOND
 
     def frontend_count(self) -> int:
         """How many front ends share the engine core (``frontends``, with ``auto`` resolved)."""
@@ -964,14 +940,11 @@ class Settings(BaseSettings):
         """Streams this process admits at once (and reports to the cluster)."""
         return self.worker_capacity or self.max_num_seqs
 
-    def served_codec(self) -> str:
-        return str(DevModelPaths(self.dev_dir).codec) if self.dev else self.codec
-
     def served_base_name(self) -> str:
         """The base model name that adapters must declare."""
         if self.base_model_name:
             return self.base_model_name
-        return "voicehost-dev" if self.dev else self.served_model().rstrip("/").split("/")[-1]
+        return "voicehost-dev" if self.dev else self.configured_model().rstrip("/").split("/")[-1]
 
     def audit_file(self, cluster: bool = False) -> Path:
         """Where the audit log is written: one server's file, or a cluster's mirror."""
@@ -988,10 +961,3 @@ class Settings(BaseSettings):
     def usage_mirror_dir(self) -> Path:
         """A cluster's mirror of its usage on the shared store: a file per counting process."""
         return self.shared_dir / "usage"
-
-    def adapter_roots(self) -> list[Path]:
-        """Folders holding ``<voice_id>/`` adapters: the adapters dir, plus the dev voices."""
-        roots = [self.adapters_dir]
-        if self.dev:
-            roots.append(DevModelPaths(self.dev_dir).adapters)
-        return roots

@@ -5,7 +5,8 @@ Voice and job ids name folders on disk: each has one strict pattern, checked who
 letters), and ``child`` is the one way to turn an id into a path under its root. A reference
 ``anna@3`` pins version 3 of a voice (``voice_ref`` writes one, ``split_voice_ref`` reads it).
 Every timestamp written is ``now_iso``'s (UTC, ISO 8601, microseconds, ``+00:00``), and
-``parse_iso`` reads one back.
+``parse_iso`` reads one back; ``as_iso`` shows a stored one in ``now_iso``'s form, Unix seconds
+(what jobs and lexicons stored before) included.
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ def parse_iso(value: str) -> datetime:
     aware datetime; raises ``ValueError`` for anything else."""
     moment = datetime.fromisoformat(value)
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def as_iso(value: str | float) -> str:
+    """A stored timestamp in ``now_iso``'s form: an ISO 8601 time (as ``parse_iso`` reads it) or
+    Unix seconds, a number or a number in a string (as records were written before ISO was the
+    rule); raises ``ValueError`` for anything else."""
+    try:
+        moment = datetime.fromtimestamp(float(value), UTC)
+    except (TypeError, ValueError):  # not a number: an ISO 8601 time
+        moment = parse_iso(str(value))
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def child(root: Path, name: str) -> Path:

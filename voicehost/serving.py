@@ -26,6 +26,7 @@ from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.model.engine import EngineSlot, SpeechEngine
+from voicehost.model.served import adapter_roots, check_segments_fit, served_codec, served_model
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
 from voicehost.speech.board import HostBoard, LocalBoard
@@ -167,6 +168,7 @@ class ServingProcess:
         cluster: ClusterLink | None = None,
         frontend: FrontEnd | None = None,
     ) -> None:
+        check_segments_fit(settings)
         self.settings = settings
         self.cluster = cluster
         self.frontend = frontend
@@ -176,13 +178,12 @@ class ServingProcess:
         queue: JobQueue | None = None
         self.audit: AuditTrail
         usage: UsageStore
+        rules = AdapterRules.from_settings(settings, served_model(settings))  # shape: at load
         if cluster is None:
             self.audit = FileAuditTrail(settings.audit_file())
             usage = FileUsageStore(settings.usage_file())
             self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
-                settings.adapter_roots(),
-                settings.builtin_voices,
-                AdapterRules.from_settings(settings),
+                adapter_roots(settings), settings.builtin_voices, rules
             )
             self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
@@ -191,9 +192,7 @@ class ServingProcess:
             )
         else:
             self.folder_voices = None
-            self.voices = cluster.voice_directory(
-                settings.builtin_voices, AdapterRules.from_settings(settings)
-            )
+            self.voices = cluster.voice_directory(settings.builtin_voices, rules)
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
             self.audit, usage = cluster.audit_trail(), cluster.usage_store()
@@ -223,7 +222,7 @@ class ServingProcess:
         capacity = settings.stream_capacity()
         board = frontend.board(capacity) if frontend is not None else LocalBoard()
         self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
-        realtime = Realtime(self.meter, settings.realtime_rate(), settings.realtime_margin)
+        realtime = Realtime.from_settings(self.meter, settings)
         self.admission = Admission(capacity, settings.key_max_streams, realtime, board=board)
         self.draining = False
         self.startup_error: str | None = None
@@ -286,9 +285,10 @@ class ServingProcess:
             raise ValueError(f"not a runtime setting: {', '.join(unknown)} (only {allowed})")
         s = self.settings
         checked = type(s).model_validate({**s.model_dump(), **changes})
+        check_segments_fit(checked)
         for name in changes:
             setattr(s, name, getattr(checked, name))
-        self.admission.realtime = Realtime(self.meter, s.realtime_rate(), s.realtime_margin)
+        self.admission.realtime = Realtime.from_settings(self.meter, s)
         log.info("dev settings changed at run time: %s", dict(changes))
         return {name: getattr(s, name) for name in sorted(RUNTIME_DEV_SETTINGS)}
 
@@ -404,13 +404,14 @@ class ServingProcess:
         s = self.settings
         if s.dev:
             await asyncio.to_thread(ensure_dev_model, s.dev_dir)
-        model = s.served_model()
+        model = served_model(s)
         if await asyncio.to_thread(is_missing_folder, model):
             # said at once, not after vLLM's import and its search of a hub it cannot reach
             raise FileNotFoundError(f"the model folder {model} does not exist")
-        config = Path(s.served_model()) / "config.json"
+        config = Path(model) / "config.json"
         if config.is_file():
-            self.voices.rules = AdapterRules.from_settings(s, ModelShape.from_config(config))
+            shape = ModelShape.from_config(config)
+            self.voices.rules = AdapterRules.from_settings(s, model, shape)
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
@@ -421,7 +422,7 @@ class ServingProcess:
         self.metrics.watch_engine(self.engine.unfinished_requests)
         self.codec = await asyncio.to_thread(
             SnacCodec.load,
-            s.served_codec(),
+            served_codec(s),
             device=s.codec_device,
             noise=s.codec_noise,
             threads=s.codec_threads,

@@ -11,6 +11,7 @@ import pytest
 from helpers import job_spec, no_registry
 
 from voicehost.cloning.jobs import CloneJobs
+from voicehost.ids import parse_iso
 
 pytestmark = pytest.mark.unit
 
@@ -131,3 +132,30 @@ async def test_a_job_from_a_newer_version_is_still_read(tmp_path, dev_model):
     path = tmp_path / job_id / "job.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "a_later_field": 1}))
     assert a.get(job_id).status == "queued"
+
+
+async def test_a_job_is_stored_with_iso_times_and_one_stored_in_unix_seconds_reads_as_iso(
+    tmp_path, dev_model
+):
+    a = runner(tmp_path, "a")
+    first, second = await queued(a, dev_model), await queued(a, dev_model)
+    path = tmp_path / first / "job.json"
+    stored = json.loads(path.read_text())
+    assert stored["created"].endswith("+00:00") and stored["updated"].endswith("+00:00")
+    assert parse_iso(stored["created"]) <= parse_iso(stored["updated"])
+    assert parse_iso(stored["created"]) <= parse_iso(a.get(second).created)
+    # the first job as an older version wrote it: Unix seconds
+    path.write_text(json.dumps({**stored, "created": 1733061791.5, "updated": 1733061792.0}))
+    job = a.get(first)
+    assert (job.created, job.updated) == (
+        "2024-12-01T14:03:11.500000+00:00",
+        "2024-12-01T14:03:12.000000+00:00",
+    )
+    assert [j.id for j in a.jobs()] == [first, second]  # still oldest first
+    later = 4102444800.0  # 2100: now the newer of the two
+    path.write_text(json.dumps({**stored, "created": later, "updated": later}))
+    assert [j.id for j in a.jobs()] == [second, first]
+    assert a._claim(first) is not None  # saved: created as it was, updated now, both ISO
+    saved = json.loads(path.read_text())
+    assert saved["created"] == "2100-01-01T00:00:00.000000+00:00"
+    assert parse_iso(saved["updated"]) >= parse_iso(stored["updated"])

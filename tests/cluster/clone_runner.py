@@ -14,13 +14,15 @@ import logging
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.worker import WorkerCluster
 from voicehost.config import Settings
+from voicehost.model.served import served_model
 from voicehost.voices.validation import AdapterRules
 
 
 async def main() -> None:
     settings = Settings()
     cluster = WorkerCluster(settings)
-    voices = cluster.voice_directory(settings.builtin_voices, AdapterRules.from_settings(settings))
+    rules = AdapterRules.from_settings(settings, served_model(settings))
+    voices = cluster.voice_directory(settings.builtin_voices, rules)
     jobs = CloneJobs(
         settings.shared_dir / "jobs",
         registrar(voices),

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from voicehost.cli import main
 from voicehost.config import Settings
 from voicehost.model import orpheus
 from voicehost.model.devmodel import MAX_AUDIO_FRAMES
@@ -19,6 +20,7 @@ from voicehost.model.engine import (
     resolve_quantization,
     write_zero_adapter,
 )
+from voicehost.model.served import check_segments_fit
 from voicehost.voices.validation import LORA_TARGET_MODULES
 from voicehost.voices.voice import Voice
 
@@ -196,12 +198,15 @@ def test_the_engine_wraps_only_the_modules_voice_adapters_may_target():
     assert args.enable_lora and args.max_loras == 8  # auto, on this CPU
 
 
-def test_settings_refuse_segments_that_cannot_fit_the_context():
-    assert Settings(segment_max_chars=900).segment_max_chars == 900
+def test_segments_that_cannot_fit_the_context_are_refused_and_no_server_starts(monkeypatch, capsys):
+    check_segments_fit(Settings(segment_max_chars=900))
     with pytest.raises(ValueError, match="lower segment_max_chars"):
-        Settings(segment_max_chars=1000)
+        check_segments_fit(Settings(segment_max_chars=1000))
     with pytest.raises(ValueError, match="lower segment_max_chars"):
-        Settings(max_model_len=2048)  # 300 characters need more
+        check_segments_fit(Settings(max_model_len=2048))  # 300 characters need more
+    monkeypatch.setenv("VOICEHOST_SEGMENT_MAX_CHARS", "1000")
+    assert main(["serve", "--dev"]) == 2  # said before anything loads
+    assert "segment_max_chars 1000 needs up to" in capsys.readouterr().err
 
 
 def test_the_dev_model_says_at_most_its_cap_and_real_weights_follow_the_text():

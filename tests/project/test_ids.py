@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from voicehost.ids import child, is_job_id, is_voice_id, now_iso, parse_iso
+from voicehost.ids import as_iso, child, is_job_id, is_voice_id, now_iso, parse_iso
 
 pytestmark = pytest.mark.unit
 
@@ -97,3 +97,25 @@ def test_every_timestamp_is_utc_iso_8601_and_the_older_forms_read_back_alike():
     assert len({parse_iso(value) for value in older}) == 1  # promoted_at was written with Z
     with pytest.raises(ValueError):
         parse_iso("yesterday")
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        1733061791.5,  # Unix seconds, as jobs and lexicons stored them before ISO
+        "1733061791.5",  # ... and a cluster's voice records, in a string
+        "2024-12-01T14:03:11.500000+00:00",
+        "2024-12-01T14:03:11.5Z",
+        "2024-12-01T15:03:11.5+01:00",
+    ],
+)
+def test_a_stored_time_in_seconds_or_iso_is_shown_in_now_isos_form(stored):
+    assert as_iso(stored) == "2024-12-01T14:03:11.500000+00:00"
+
+
+def test_now_isos_form_is_kept_as_it_is_and_anything_else_is_refused():
+    written = now_iso()
+    assert as_iso(written) == written
+    for stored in ("yesterday", "", None):
+        with pytest.raises(ValueError):
+            as_iso(stored)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from helpers import adapter_form
 
+from voicehost.ids import now_iso
 from voicehost.tenancy.lexicons import (
     MAX_PLS_DEPTH,
     EntryTooLong,
@@ -244,6 +245,23 @@ async def test_a_tenant_keeps_its_own_lexicons_up_to_its_limit(tmp_path):
     assert await store.get("other", "two") is None
     assert await store.delete("acme", "one") and not await store.delete("acme", "one")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_shared", "acme", "other"]
+
+
+@pytest.mark.unit
+async def test_a_lexicon_is_stored_with_an_iso_time_and_one_stored_in_unix_seconds_reads_as_iso(
+    tmp_path,
+):
+    store = FolderLexicons(tmp_path, LIMITS)
+    await store.put("acme", "new", [E("a", "b")])
+    stored = json.loads(store.path("acme", "new").read_text())["updated"]
+    assert stored.endswith("+00:00") and stored <= now_iso()
+    assert (await store.get("acme", "new")).updated == stored
+    entries = [{"grapheme": "a", "alias": "b", "case_sensitive": False}]
+    for name, updated in [("old", 1733061791.5), ("older", "1733061791.5")]:  # before ISO
+        store.path("acme", name).write_text(
+            json.dumps({"name": name, "updated": updated, "entries": entries})
+        )
+        assert (await store.get("acme", name)).updated == "2024-12-01T14:03:11.500000+00:00"
 
 
 # --- against the shared dev server -----------------------------------------------------------

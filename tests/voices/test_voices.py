@@ -200,8 +200,10 @@ def test_the_served_model_is_accepted_by_its_name_path_or_folder_and_the_error_s
     adapter, dev_model
 ):
     from voicehost.config import Settings
+    from voicehost.model.served import served_model
 
-    rules = AdapterRules.from_settings(Settings(dev=True, dev_dir=dev_model.root))
+    settings = Settings(dev=True, dev_dir=dev_model.root)
+    rules = AdapterRules.from_settings(settings, served_model(settings))
     for declared in (str(dev_model.model), "model", "voicehost-dev", "some/hub/voicehost-dev"):
         edit_json(adapter / "adapter_config.json", base_model_name_or_path=declared)
         assert validate_adapter(adapter, rules).voice_id == "my-voice", declared

@@ -27,6 +27,7 @@ class ModelInfo(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
+    # Unix seconds, not ISO: OpenAI's shape, which its clients parse
     created: int = Field(description="Unix time: when this server started.")
     owned_by: str = "voicehost"
 

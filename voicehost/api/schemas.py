@@ -76,8 +76,8 @@ class CloneJobInfo(BaseModel):
         "factor, the findings, and whether the gate only reported.",
     )
     held_reason: str | None = Field(None, description="Why the gate held the voice.")
-    created: float
-    updated: float
+    created: str = Field(description="When it was submitted: UTC, ISO 8601.")
+    updated: str = Field(description="When its record last changed: UTC, ISO 8601.")
 
 
 class PronunciationEntry(BaseModel):
@@ -103,7 +103,7 @@ class LexiconUpload(BaseModel):
 class LexiconInfo(BaseModel):
     name: str
     entries: int = Field(description="How many entries it holds.")
-    updated: float = Field(description="When it was last put (Unix time).")
+    updated: str = Field(description="When it was last put: UTC, ISO 8601.")
 
 
 class LexiconSaved(BaseModel):
@@ -121,4 +121,4 @@ class LexiconList(BaseModel):
 class LexiconDetail(BaseModel):
     name: str
     entries: list[PronunciationEntry]
-    updated: float
+    updated: str = Field(description="When it was last put: UTC, ISO 8601.")

@@ -33,6 +33,7 @@ from voicehost.cloning.evaluation import (
     gate,
 )
 from voicehost.config import Settings
+from voicehost.model.served import served_model
 from voicehost.speech.synthesis import SpeakOptions, Synthesizer
 from voicehost.text.segment import Segment
 from voicehost.text.stage import TextStage
@@ -199,9 +200,10 @@ def _candidate(folder: Path, rules: AdapterRules, voice_id: str | None) -> Voice
 
 def _rules(settings: Settings) -> AdapterRules:
     """The served engine's adapter rules, with the model's shapes when its config is at hand."""
-    config = Path(settings.served_model()) / "config.json"
+    served = served_model(settings)
+    config = Path(served) / "config.json"
     return AdapterRules.from_settings(
-        settings, ModelShape.from_config(config) if config.is_file() else None
+        settings, served, ModelShape.from_config(config) if config.is_file() else None
     )
 
 

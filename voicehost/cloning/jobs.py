@@ -44,7 +44,7 @@ from typing import Literal, Protocol
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
 from voicehost.cloning import consent
-from voicehost.ids import child, is_job_id
+from voicehost.ids import as_iso, child, is_job_id, now_iso, parse_iso
 from voicehost.tenancy.audit import Action, AuditTrail, Change, service_actor
 from voicehost.voices.validation import assign_tenant
 from voicehost.voices.voice import Voice, VoiceDirectory
@@ -79,8 +79,8 @@ class CloneJob:
     id: str
     voice_id: str
     status: JobStatus
-    created: float
-    updated: float
+    created: str  # UTC, ISO 8601 (``now_iso``)
+    updated: str
     progress: float = 0.0
     stage: str | None = None
     error: str | None = None
@@ -101,7 +101,8 @@ JOB_FIELDS = frozenset(CloneJob.__dataclass_fields__)
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A runner's claim on a job (``lease.json``): whose, and until when (wall clock)."""
+    """A runner's claim on a job (``lease.json``): whose, and until when (wall clock, Unix
+    seconds: only ever compared with the time now, never shown)."""
 
     runner: str
     until: float
@@ -227,7 +228,7 @@ class CloneJobs:
         raise KeyError(job_id)
 
     def _save(self, job: CloneJob) -> None:
-        job.updated = time.time()
+        job.updated = now_iso()
         _write_whole(self._dir(job.id) / "job.json", asdict(job))
 
     def _load(self, job_id: str) -> CloneJob | None:
@@ -237,9 +238,12 @@ class CloneJobs:
             return None
         known = {name: value for name, value in data.items() if name in JOB_FIELDS}
         try:  # fields a newer version added are left out, so an older one can still read it
-            return CloneJob(**known)
-        except TypeError:  # a job.json without a field this version needs
+            job = CloneJob(**known)
+            # a job.json written before timestamps were ISO holds Unix seconds
+            job.created, job.updated = as_iso(job.created), as_iso(job.updated)
+        except (TypeError, ValueError):  # without a field this version needs, or not a time
             return None
+        return job
 
     def new_job_dir(self) -> tuple[str, Path]:
         """A fresh job id and its (empty) inputs folder, for the upload to fill."""
@@ -269,7 +273,7 @@ class CloneJobs:
     ) -> CloneJob:
         """Queue a job whose inputs are in place (``spec.adapters_dir`` is ``output_dir``)."""
         (self._dir(job_id) / SPEC).write_text(json.dumps(job_to_json(spec)))
-        now = time.time()
+        now = now_iso()
         job = CloneJob(
             job_id,
             spec.voice_id,
@@ -319,7 +323,7 @@ class CloneJobs:
 
     def jobs(self) -> list[CloneJob]:
         found = [self._load(p.name) for p in self.root.iterdir() if is_job_id(p.name)]
-        return sorted((j for j in found if j), key=lambda j: j.created)
+        return sorted((j for j in found if j), key=lambda j: parse_iso(j.created))
 
     def orphans(self) -> list[str]:
         """The jobs that need a runner, oldest first: queued, or running under a lease that

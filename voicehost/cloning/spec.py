@@ -11,6 +11,7 @@ from typing import Any
 from lora_training.recipe import VoiceJob
 from lora_training.train import TrainSettings, learning_rate_for
 from voicehost.config import Settings
+from voicehost.model.served import served_codec, served_model
 
 
 def training_spec(
@@ -28,9 +29,9 @@ def training_spec(
         audio=audio,
         voice_id=voice_id,
         name=voice_id,
-        base_model=settings.served_model(),
+        base_model=served_model(settings),
         base_model_name=settings.served_base_name(),
-        codec=settings.served_codec(),
+        codec=served_codec(settings),
         adapters_dir=adapters_dir,
         work_dir=work_dir,
         train=TrainSettings(

@@ -66,6 +66,7 @@ from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.ids import split_voice_ref, voice_ref
 from voicehost.metrics import SpeechMetrics
+from voicehost.model.served import served_model
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
@@ -122,9 +123,10 @@ class Gateway:
             self.redis, settings.membership_poll_seconds, settings.worker_ttl_seconds
         )
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
-        config = Path(settings.served_model()) / "config.json"
+        served = served_model(settings)
+        config = Path(served) / "config.json"
         shape = ModelShape.from_config(config) if config.is_file() else None
-        rules = AdapterRules.from_settings(settings, shape)
+        rules = AdapterRules.from_settings(settings, served, shape)
         store = SharedDirStore(settings.shared_dir)
         self.voices = RedisVoiceDirectory(
             self.redis, store, settings.builtin_voices, rules, owner="gateway"

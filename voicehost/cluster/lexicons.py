@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from voicehost.cluster.state import lexicons_key
 from voicehost.config import Settings
+from voicehost.ids import now_iso
 from voicehost.tenancy.lexicons import FolderLexicons, LexiconLimits, StoredLexicon, parse_stored
 from voicehost.text.lexicon import LexiconEntry
 
@@ -51,7 +51,7 @@ class RedisLexicons:
         return parse_stored(document)
 
     async def put(self, tenant: str | None, name: str, entries: list[LexiconEntry]) -> bool:
-        lexicon = StoredLexicon(name, tuple(entries), time.time())
+        lexicon = StoredLexicon(name, tuple(entries), now_iso())
         key = lexicons_key(tenant)
         await self.redis.hdel(key, name)  # no process reads the old copy once the file changes
         new = await asyncio.to_thread(self.files.write, tenant, lexicon)

@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from voicehost.cluster.state import USAGE_APPLIED, USAGE_FILLED, USAGE_MINUTES, usage_key
+from voicehost.ids import now_iso
 from voicehost.tenancy.usage import Amount, Buckets, UsageKey, minute_of
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class ClusterUsageStore:
                 # a gap in a file (a line lost): the flushes after it count all the same
                 if await self._apply_flush(process, n, rows, refill=True) == n:
                     applied += 1
-        await self.redis.set(USAGE_FILLED, int(time.time()), ex=self.retention_seconds)
+        await self.redis.set(USAGE_FILLED, now_iso(), ex=self.retention_seconds)
         if applied:
             log.warning(
                 "usage refilled from the shared store: %d flushes of %d processes",

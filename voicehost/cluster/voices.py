@@ -18,7 +18,6 @@ import asyncio
 import base64
 import json
 import logging
-import time
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import replace
@@ -41,7 +40,7 @@ from voicehost.cluster.state import (
     version_key,
     voice_key,
 )
-from voicehost.ids import split_voice_ref, voice_ref
+from voicehost.ids import now_iso, split_voice_ref, voice_ref
 from voicehost.voices import versioning
 from voicehost.voices.validation import (
     MANIFEST,
@@ -334,7 +333,7 @@ class RedisVoiceDirectory:
             "owner": self.owner,
             "tenant": voice.tenant or "",  # "": shared with every tenant
             "version": str(json.loads(manifest).get(VERSION, 1)),
-            "created": str(time.time()),
+            "created": now_iso(),
             "manifest": manifest,
             "status": voice.status,  # its voice.json's: a held clone stays held in the cluster
         }

@@ -23,6 +23,7 @@ from voicehost.errors import ServiceError
 from voicehost.model import orpheus
 from voicehost.model.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
 from voicehost.model.lora_ids import HostLoraIds
+from voicehost.model.served import served_model
 from voicehost.voices.validation import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -133,7 +134,7 @@ def served_max_loras(settings: Settings, on_gpu: bool) -> int:
     from transformers import AutoConfig
     from vllm.platforms import current_platform
 
-    model_config = AutoConfig.from_pretrained(settings.served_model()).to_dict()
+    model_config = AutoConfig.from_pretrained(served_model(settings)).to_dict()
     return resolve_max_loras(
         "auto",
         current_platform.get_device_total_memory(),
@@ -216,7 +217,7 @@ def engine_args(settings: Settings, clients: int = 1, rank: int = 0) -> AsyncEng
     if not on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
     args = AsyncEngineArgs(
-        model=settings.served_model(),
+        model=served_model(settings),
         dtype=resolve_dtype(settings.dtype, on_gpu),
         quantization=resolve_quantization(settings.quantization),
         kv_cache_dtype=resolve_kv_cache_dtype(settings.kv_cache_dtype),
@@ -352,7 +353,7 @@ class SpeechEngine:
         if not model_config.is_file():  # a hub id: the files are in the hub cache
             from huggingface_hub import hf_hub_download
 
-            model_config = Path(hf_hub_download(self.settings.served_model(), "config.json"))
+            model_config = Path(hf_hub_download(served_model(self.settings), "config.json"))
         self._scratch = Path(tempfile.mkdtemp(prefix="voicehost-engine-"))
         zero = write_zero_adapter(self._scratch, model_config, self.settings.served_base_name())
         self.base_voice_lora = LoRARequest("base-voice", BASE_VOICE_LORA_ID, str(zero))

@@ -16,8 +16,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from voicehost.model import orpheus
 from voicehost.speech.board import Board, LocalBoard
+
+if TYPE_CHECKING:
+    from voicehost.config import Settings
 
 
 @dataclass(slots=True)
@@ -199,6 +204,15 @@ class Realtime:
     meter: RateMeter
     tokens_per_second: float
     margin: float
+
+    @classmethod
+    def from_settings(cls, meter: RateMeter, settings: Settings) -> Realtime:
+        """``realtime_tokens_per_second`` (by default the rate Orpheus' audio plays at; off
+        for the dev model) with ``realtime_margin``."""
+        rate = settings.realtime_tokens_per_second
+        if rate is None:
+            rate = 0.0 if settings.dev else orpheus.AUDIO_TOKENS_PER_SECOND
+        return cls(meter, rate, settings.realtime_margin)
 
     @property
     def needed(self) -> float:

@@ -15,7 +15,6 @@ import io
 import json
 import os
 import re
-import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import iterparse
 
 from voicehost.errors import ServiceError
-from voicehost.ids import child
+from voicehost.ids import as_iso, child, now_iso
 from voicehost.text import TAG
 from voicehost.text.lexicon import LexiconEntry
 
@@ -95,7 +94,7 @@ class LexiconLimits:
 class StoredLexicon:
     name: str
     entries: tuple[LexiconEntry, ...]
-    updated: float
+    updated: str  # UTC, ISO 8601 (``now_iso``)
 
     def document(self) -> str:
         """The stored form: JSON, as ``parse_stored`` reads it."""
@@ -107,12 +106,13 @@ class StoredLexicon:
 
 
 def parse_stored(document: str) -> StoredLexicon:
-    """A lexicon as ``StoredLexicon.document`` wrote it (already checked when it was put)."""
+    """A lexicon as ``StoredLexicon.document`` wrote it (already checked when it was put); one
+    written before timestamps were ISO holds Unix seconds, shown as ISO."""
     data = json.loads(document)
     entries = tuple(
         LexiconEntry(e["grapheme"], e["alias"], bool(e["case_sensitive"])) for e in data["entries"]
     )
-    return StoredLexicon(data["name"], entries, float(data["updated"]))
+    return StoredLexicon(data["name"], entries, as_iso(data["updated"]))
 
 
 # --- uploads -----------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ class FolderLexicons:
         return parse_stored(document) if document is not None else None
 
     async def put(self, tenant: str | None, name: str, entries: list[LexiconEntry]) -> bool:
-        lexicon = StoredLexicon(name, tuple(entries), time.time())
+        lexicon = StoredLexicon(name, tuple(entries), now_iso())
         async with self._lock:
             return await asyncio.to_thread(self.write, tenant, lexicon)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from voicehost.config import Settings
 from voicehost.model import orpheus
+from voicehost.model.served import adapter_roots, served_codec, served_model
 
 LAST_AUDIO_TOKEN = orpheus.AUDIO_TOKEN_BASE + orpheus.TOKENS_PER_FRAME * orpheus.CODEBOOK_SIZE - 1
 TEST_SENTENCE = "This is voicehost, checking that every voice speaks."
@@ -122,7 +123,7 @@ def gpu_and_engine(settings: Settings) -> list[Check]:
 def model_files(settings: Settings) -> list[Check]:
     from transformers import AutoConfig, AutoTokenizer
 
-    model = settings.served_model()
+    model = served_model(settings)
     config = AutoConfig.from_pretrained(model)
     rows = [
         Check(
@@ -169,7 +170,7 @@ def codec_round_trip(settings: Settings) -> list[Check]:
     from voicehost.model.codec import SnacCodec
 
     started = time.monotonic()
-    codec = SnacCodec.load(settings.served_codec(), device=settings.codec_device, noise=False)
+    codec = SnacCodec.load(served_codec(settings), device=settings.codec_device, noise=False)
     try:
         loaded = time.monotonic() - started
         seconds = np.arange(orpheus.SAMPLE_RATE // 2) / orpheus.SAMPLE_RATE
@@ -185,7 +186,7 @@ def codec_round_trip(settings: Settings) -> list[Check]:
         Check(
             "codec",
             ok,
-            f"{settings.served_codec()} on {codec.device}, loaded in {loaded:.1f} s; a 440 Hz "
+            f"{served_codec(settings)} on {codec.device}, loaded in {loaded:.1f} s; a 440 Hz "
             f"tone: {len(frames)} frames -> {len(audio)} samples, correlation {correlation:.2f}",
         )
     ]
@@ -199,11 +200,12 @@ def adapters(settings: Settings) -> list[Check]:
         validate_adapter,
     )
 
-    model = Path(settings.served_model())
+    served = served_model(settings)
+    model = Path(served)
     shape = ModelShape.from_config(model / "config.json") if model.is_dir() else None
-    rules = AdapterRules.from_settings(settings, shape)
+    rules = AdapterRules.from_settings(settings, served, shape)
     rows = []
-    for root in settings.adapter_roots():
+    for root in adapter_roots(settings):
         folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
         for folder in folders:
             if folder.name.startswith("."):

@@ -116,10 +116,13 @@ class AdapterRules:
         return list(dict.fromkeys([self.base_model, *self.aliases]))
 
     @classmethod
-    def from_settings(cls, settings: Settings, shape: ModelShape | None = None) -> AdapterRules:
-        """What adapters must be to be served: the served model by its configured name, path
-        or hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
-        served, name = settings.served_model(), settings.served_base_name()
+    def from_settings(
+        cls, settings: Settings, served: str, shape: ModelShape | None = None
+    ) -> AdapterRules:
+        """What adapters must be to be served: the served model (``served``, the weights the
+        engine loads: ``voicehost.model.served.served_model``) by its configured name, path or
+        hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
+        name = settings.served_base_name()
         aliases = (served,) if served != name else ()
         return cls(name, settings.max_lora_rank, shape, aliases)
 
