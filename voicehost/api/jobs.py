@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
@@ -14,9 +15,44 @@ from voicehost.api.edge import (
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
-from voicehost.api.schemas import CloneJobInfo
-from voicehost.cloning.jobs import FINISHED, RETRYABLE, CloneJob
+from voicehost.cloning.jobs import FINISHED, RETRYABLE, CloneJob, JobStatus
 from voicehost.tenancy.keys import can_see
+
+# --- its wire models ---
+
+
+class CloneJobInfo(BaseModel):
+    """A clone job: queued, preparing, training (with progress), evaluating, then done, held
+    (the voice measured below the gate's thresholds), failed or cancelled. ``runner_lost``: its
+    runner stopped (its lease lapsed) and another takes it over from its last checkpoint."""
+
+    id: str
+    voice_id: str
+    status: JobStatus
+    runner: str | None = Field(
+        None, description="The worker running the job now (while runner_lost: the one lost)."
+    )
+    runners_lost: list[str] = Field(
+        default_factory=list, description="Runners that stopped while the job was theirs."
+    )
+    progress: float = Field(description="0..1 of the training steps")
+    stage: str | None = None
+    error: str | None = None
+    eval_loss: list[float] = Field(default_factory=list)
+    data: dict[str, object] | None = Field(
+        None,
+        description="The data quality report, from the end of the preparing stage on: each "
+        "clip's figures, the clips left out (another speaker) and the warnings.",
+    )
+    eval: dict[str, object] | None = Field(
+        None,
+        description="The evaluation of the trained voice (as in its voice.json): speaker "
+        "similarity to held-out references, the baseline voice, start of speech, real-time "
+        "factor, the findings, and whether the gate only reported.",
+    )
+    held_reason: str | None = Field(None, description="Why the gate held the voice.")
+    created: str = Field(description="When it was submitted: UTC, ISO 8601.")
+    updated: str = Field(description="When its record last changed: UTC, ISO 8601.")
 
 
 def job_info(job: CloneJob) -> CloneJobInfo:

@@ -12,20 +12,12 @@ import functools
 import logging
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, VoiceService, load_json, validation_message
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
-from voicehost.api.schemas import (
-    LexiconDetail,
-    LexiconInfo,
-    LexiconList,
-    LexiconSaved,
-    LexiconUpload,
-    PronunciationEntry,
-)
 from voicehost.tenancy.keys import Principal, owner_tenant
 from voicehost.tenancy.lexicons import (
     LEXICON_NAME_PATTERN,
@@ -37,6 +29,53 @@ from voicehost.tenancy.lexicons import (
 )
 from voicehost.text.lexicon import Lexicon, LexiconEntry
 from voicehost.voices.voice import Voice
+
+# --- its wire models ---
+
+
+class PronunciationEntry(BaseModel):
+    """Say ``alias`` where ``grapheme`` is written: whole words only, longest match first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grapheme: StrictStr = Field(min_length=1, description="A word or phrase, as written.")
+    alias: StrictStr = Field(min_length=1, description="What to say instead.")
+    case_sensitive: StrictBool = Field(
+        False, description="Match it only as written (else in any case)."
+    )
+
+
+class LexiconUpload(BaseModel):
+    """``PUT /v1/lexicons/{name}`` as JSON (a W3C PLS document is the other way to send it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    entries: list[PronunciationEntry]
+
+
+class LexiconInfo(BaseModel):
+    name: str
+    entries: int = Field(description="How many entries it holds.")
+    updated: str = Field(description="When it was last put: UTC, ISO 8601.")
+
+
+class LexiconSaved(BaseModel):
+    """What a put stored: the lexicon, and the PLS lexemes left out (a ``<phoneme>`` but no
+    ``<alias>``: this model reads text)."""
+
+    lexicon: LexiconInfo
+    skipped: int = 0
+
+
+class LexiconList(BaseModel):
+    lexicons: list[LexiconInfo]
+
+
+class LexiconDetail(BaseModel):
+    name: str
+    entries: list[PronunciationEntry]
+    updated: str = Field(description="When it was last put: UTC, ISO 8601.")
+
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,8 @@ from voicehost.api.edge import (
     voice_not_found,
 )
 from voicehost.api.errors import ApiError
-from voicehost.api.jobs import job_info
+from voicehost.api.jobs import CloneJobInfo, job_info
 from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
-from voicehost.api.schemas import CloneJobInfo
 from voicehost.api.voices import VersionInfo, VoiceDetail, managed_voice, version_info, voice_detail
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
