@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,13 +19,14 @@ from voicehost.audio.encoding import FormatEncoderPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
+from voicehost.host.frontend import CORE_LOST_SIGNAL, FrontEnd
 from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
-from voicehost.model.engine import EngineSlot, SpeechEngine
+from voicehost.model.engine import SpeechEngine
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
-from voicehost.speech.board import HostBoard, LocalBoard
+from voicehost.speech.board import LocalBoard
 from voicehost.speech.capacity import RateMeter, Realtime
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
@@ -109,52 +108,13 @@ def is_missing_folder(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
 
 
-BOARD_FILE = "streams"  # in a host's ready folder: its ``HostBoard``
-DRAINING_FILE = "draining"  # there once any front end of the host has been drained
-CORE_LOST_SIGNAL = signal.SIGUSR1  # from the host to its front ends: the engine core died
-
-
-@dataclass(frozen=True)
-class FrontEnd:
-    """This process's place among one host's front ends (``voicehost.api.host``): its client
-    slot at the shared engine core, and the folder where each front end marks itself ready
-    (a file named by its index, there while it can take streams) beside the host's stream
-    counts (``BOARD_FILE``)."""
-
-    slot: EngineSlot
-    ready_dir: Path
-
-    def board(self, capacity: int) -> HostBoard:
-        """This front end's row of the host's stream counts (the host made the file)."""
-        path = self.ready_dir / BOARD_FILE
-        return HostBoard(path, self.slot.count, self.slot.index, capacity)
-
-    def drain_host(self) -> None:
-        """Tell every front end of the host to drain (each looks every half second)."""
-        (self.ready_dir / DRAINING_FILE).touch()
-
-    def host_draining(self) -> bool:
-        return (self.ready_dir / DRAINING_FILE).exists()
-
-    def mark(self, ready: bool) -> None:
-        flag = self.ready_dir / str(self.slot.index)
-        if ready:
-            flag.touch()
-        else:
-            flag.unlink(missing_ok=True)
-
-    def not_ready(self) -> list[int]:
-        """The front ends of the host that cannot take streams now (this one included)."""
-        return [i for i in range(self.slot.count) if not (self.ready_dir / str(i)).exists()]
-
-
 class ServingProcess:
     """Engine, codec, voice directory, clone jobs and metrics of one process.
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
-    folder; as a cluster worker they come from Redis and the shared store. ``slot``: this
-    process is one of several front ends of one engine core (``voicehost.api.host``); the
-    first of them runs the host's clone jobs.
+    folder; as a cluster worker they come from Redis and the shared store. ``frontend``: this
+    process is one of several front ends of one engine core (``voicehost.host``); the first of
+    them runs the host's clone jobs.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """``voicehost serve --frontends 2`` on the dev engine: one vLLM engine core, two serving
-processes accepting on one port, each an engine client of the core (``voicehost.api.host``).
+processes accepting on one port, each an engine client of the core (``voicehost.host``).
 What is one per host is tested as such: the capacity and each key's quota count both front
 ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, and the audit
 chain stays one chain when both write to it at once. Each front end encodes in an encoding
@@ -39,10 +39,10 @@ from helpers import (
     wait_until,
 )
 
-from voicehost.api import host
 from voicehost.api.auth import INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
-from voicehost.serving import CORE_LOST_SIGNAL
+from voicehost.host import launcher
+from voicehost.host.frontend import CORE_LOST_SIGNAL
 from voicehost.tenancy.audit import Head, verify_events
 
 SPEECH = "/v1/audio/speech"
@@ -128,7 +128,7 @@ def core_that_ends(how: str) -> None:
 def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a_failure(
     tmp_path, how, failure
 ):
-    """The host's watch (``host._wait``), stopping after SIGTERM, over real processes: a
+    """The host's watch (``launcher._wait``), stopping after SIGTERM, over real processes: a
     draining front end is told its core is lost at once (its streams end with the error, not
     at the drain timeout); the host fails if the core was killed, not if it ended on the stop's
     own signal (Ctrl-C and a supervisor's SIGTERM reach the whole process group)."""
@@ -140,7 +140,7 @@ def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a
     core = context.Process(target=core_that_ends, args=(how,))
     core.start()
     started = time.monotonic()
-    assert host._wait([front_end], [core], lambda: True) is failure
+    assert launcher._wait([front_end], [core], lambda: True) is failure
     assert told.exists() and time.monotonic() - started < 5
     assert core.exitcode == (-signal.SIGKILL if how == "killed" else 0)
 
@@ -168,7 +168,7 @@ def test_a_front_end_killed_ends_the_host_at_once_and_as_a_failure(tmp_path, sto
     wait_until(lambda: all(r.exists() for r in ready), 10)
     os.kill(front_ends[0].pid, signal.SIGKILL)
     started = time.monotonic()
-    assert host._wait(front_ends, [], lambda: stop_came) is True
+    assert launcher._wait(front_ends, [], lambda: stop_came) is True
     assert time.monotonic() - started < 5
     assert [p.exitcode for p in front_ends] == [-signal.SIGKILL, -signal.SIGKILL]
 

@@ -1,0 +1,31 @@
+"""The host: one engine core, several front ends (``voicehost serve --frontends N``).
+
+One serving process cannot feed a GPU: vLLM's output handling, the pipeline to PCM and the
+encoders run on its one event loop and GIL (``docs/BENCHMARKS.md``, host capacity). So the host
+runs as ``vllm serve --api-server-count N`` does (``launcher``):
+
+- the parent binds the HTTP port once, binds the engine core's sockets for N clients
+  (``bind_engine_zmq_listeners``), makes the host's folder, starts the engine core
+  (``launch_core_engines``) and spawns N front ends, each running the entry its caller gave
+  (the API's or a cluster worker's: this package imports neither);
+- each front end is a whole serving process (its own event loop, GIL, SNAC codec and encoder
+  pool) whose engine is an ``AsyncLLM`` client of the shared core: client ``i`` of ``N``
+  (``frontend.EngineSlot``), accepting on the inherited socket;
+- the parent waits: SIGTERM or SIGINT is passed to every front end, each drains as one server
+  does, and the engine core is shut down once they have exited; a front end that dies takes
+  the host down (a supervisor restarts it whole), and so does the engine core, which no front
+  end's client watches (``frontend.CORE_LOST_SIGNAL`` tells them first). Killed with SIGKILL,
+  the parent's reaper (``voicehost.lifeline``) ends the engine core and the front ends die
+  with their parent.
+
+What is one per host, in the host's folder (``frontend.FrontEnd``): the streams admission
+counts, in all and per API key, and the engine requests the rate meter measures against
+(``board.HostBoard``, admission's ``voicehost.speech.board.Board``); the LoRA ids
+(``lora_ids``: the core knows an adapter by its id alone), both tables of integers mapped into
+every front end (``hostfile``); each front end's readiness, and the host's drain (a flag each
+front end looks for every half second); the metrics (Prometheus' multiprocess mode: any front
+end's ``/metrics`` sums them all). Elsewhere, but one per host too: the clone-job runner (front
+end 0 runs it; the others queue into the same jobs folder, which it polls); the audit chain
+(its file lock); usage (each stream is counted by the front end that sends it, into the one
+usage file).
+"""
