@@ -113,8 +113,8 @@ class ServingProcess:
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
     folder; as a cluster worker they come from Redis and the shared store. ``frontend``: this
-    process is one of several front ends of one engine core (``voicehost.host``); the first of
-    them runs the host's clone jobs.
+    process is one of several front ends of one engine core (``voicehost.host``), speaking to
+    the others over the host's ``channel``; the first of them runs the host's clone jobs.
     """
 
     def __init__(
@@ -127,6 +127,7 @@ class ServingProcess:
         self.cluster = cluster
         self.frontend = frontend
         self.slot = frontend.slot if frontend is not None else None
+        self.channel = frontend.channel() if frontend is not None else None  # opened by ``open``
         self.metrics = SpeechMetrics()
         self.voices: VoiceDirectory
         queue: JobQueue | None = None
@@ -292,6 +293,13 @@ class ServingProcess:
         await self.drain()
         await self.admission.idle()
 
+    async def open(self) -> None:
+        """Open this front end's end of the host's channel (before it serves a request), then
+        ``start``."""
+        if self.channel is not None:
+            await self.channel.open()
+        self.start()
+
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
         self._tasks.append(asyncio.create_task(self._start(), name="voicehost-startup"))
@@ -409,6 +417,8 @@ class ServingProcess:
     async def close(self) -> None:
         if self.frontend is not None:
             self.frontend.mark(False)
+        if self.channel is not None:
+            await self.channel.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -381,7 +381,7 @@ def create_app(
         app.on_response_prepare.append(name_frontend)
 
     async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[SERVING].start()
+        await app[SERVING].open()
         yield
         await app[SERVING].close()
 

@@ -28,4 +28,12 @@ end's ``/metrics`` sums them all). Elsewhere, but one per host too: the clone-jo
 end 0 runs it; the others queue into the same jobs folder, which it polls); the audit chain
 (its file lock); usage (each stream is counted by the front end that sends it, into the one
 usage file).
+
+The front ends speak to each other over the host's channel (``channel``): each listens on a
+Unix socket in the host's folder, ``frontend-<i>.sock``, and a message is a question and its
+answer on a connection of their own, each a frame of 4 bytes of length and a JSON object
+``{"topic", "body"}`` (the answer ``{"body"}`` or ``{"error"}``). A front end that has gone is
+not listening (``PeerGone``, at once); one that does not answer within 2 s is ``PeerSilent``.
+A serving process opens its end before it serves a request and closes it as it ends; each part
+of it that the others may ask about registers a handler for its topics (``HostChannel.on``).
 """

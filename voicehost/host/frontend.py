@@ -1,5 +1,6 @@
 """A front end's place in its host: its client slot at the shared engine core, and the host's
-folder, where the host keeps what its front ends share (the files named here)."""
+folder, where the host keeps what its front ends share (the files named here, the channel's
+sockets)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from voicehost.host.board import HostBoard
+from voicehost.host.channel import HostChannel
 from voicehost.host.lora_ids import HostLoraIds
 
 # in the host's folder
@@ -40,7 +42,7 @@ class FrontEnd:
     """This process's place among one host's front ends (``voicehost.host``): its client slot
     at the shared engine core, and the host's folder, where each front end marks itself ready
     (a file named by its index, there while it can take streams) beside the host's stream
-    counts (``BOARD_FILE``)."""
+    counts (``BOARD_FILE``) and the sockets of its channel."""
 
     slot: EngineSlot
     ready_dir: Path
@@ -49,6 +51,10 @@ class FrontEnd:
         """This front end's row of the host's stream counts (the host made the file)."""
         path = self.ready_dir / BOARD_FILE
         return HostBoard(path, self.slot.count, self.slot.index, capacity)
+
+    def channel(self) -> HostChannel:
+        """This front end's end of the host's channel (not listening until opened)."""
+        return HostChannel(self.ready_dir, self.slot.index, self.slot.count)
 
     def drain_host(self) -> None:
         """Tell every front end of the host to drain (each looks every half second)."""
