@@ -440,6 +440,10 @@ def webrtc_operations() -> dict[str, Json]:
         "private ones unless the service allows them."
     )
     missing = "`session_not_found`: no such session of this key's."
+    silent = (
+        "`frontend_unavailable`: another front end of this host (`--frontends`), which may "
+        "hold the session, did not answer in time; retry after `Retry-After`."
+    )
     return {
         "speak_webrtc": operation(
             "Realtime speech over WebRTC: an SDP offer in, the answer out",
@@ -487,6 +491,7 @@ def webrtc_operations() -> dict[str, Json]:
                         "candidate line that is not one.",
                         404: missing,
                         415: "`unsupported_media_type`: not `application/trickle-ice-sdpfrag`.",
+                        503: silent,
                     }
                 ),
             },
@@ -498,7 +503,10 @@ def webrtc_operations() -> dict[str, Json]:
         ),
         "end_webrtc": operation(
             "End a WebRTC session",
-            {"204": {"description": "Ended; its stream is freed."}, **errors({404: missing})},
+            {
+                "204": {"description": "Ended; its stream is freed."},
+                **errors({404: missing, 503: silent}),
+            },
             tag="speech",
         ),
     }

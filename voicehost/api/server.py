@@ -371,8 +371,9 @@ def create_app(
         own_routes=(*INTERNAL_ROUTES, *(DEV_ROUTES if settings.dev else ())),
     )
     app[SERVING] = serving
-    if frontend is not None:  # a session's DELETE or PATCH may reach another front end
-        app[webrtc.PEERS].mailboxes = frontend.ready_dir / "webrtc"
+    if serving.channel is not None:  # a session's DELETE or PATCH may reach another front end
+        app[webrtc.PEERS].join(serving.channel)
+    if frontend is not None:
         index = str(frontend.slot.index)
 
         async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:

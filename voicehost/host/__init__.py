@@ -36,4 +36,8 @@ answer on a connection of their own, each a frame of 4 bytes of length and a JSO
 not listening (``PeerGone``, at once); one that does not answer within 2 s is ``PeerSilent``.
 A serving process opens its end before it serves a request and closes it as it ends; each part
 of it that the others may ask about registers a handler for its topics (``HostChannel.on``).
+The WebRTC sessions do: the host's front ends share the port, so a session's ``PATCH`` or
+``DELETE`` may reach one that does not hold it, which asks the others who holds it (with the
+caller's key: another key's session is answered as none) and hands the request to the holder
+(``voicehost.api.webrtc.PeerSessions``).
 """
