@@ -19,7 +19,8 @@ from voicehost.audio.encoding import FormatEncoderPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
-from voicehost.host.frontend import CORE_LOST_SIGNAL, FrontEnd
+from voicehost.host.channel import Body, ChannelError
+from voicehost.host.frontend import CORE_LOST_SIGNAL, DRAIN_TOPIC, FrontEnd
 from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
@@ -128,6 +129,8 @@ class ServingProcess:
         self.frontend = frontend
         self.slot = frontend.slot if frontend is not None else None
         self.channel = frontend.channel() if frontend is not None else None  # opened by ``open``
+        if self.channel is not None:
+            self.channel.on(DRAIN_TOPIC, self._drained_by_host)
         self.metrics = SpeechMetrics()
         self.voices: VoiceDirectory
         queue: JobQueue | None = None
@@ -262,13 +265,30 @@ class ServingProcess:
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish. A front end
-        drains its whole host: the host's place on the ring is front end 0's."""
+        drains its whole host (the host's place on the ring is front end 0's): it tells the
+        others over the host's channel, once they have drained, and leaves the host's drain
+        flag for any not listening yet."""
+        await self._drain_here()
+        if self.frontend is None or self.channel is None:
+            return
+        self.frontend.drain_host()
+        for frontend, answer in (await self.channel.ask_others(DRAIN_TOPIC, {})).items():
+            if isinstance(answer, ChannelError):  # gone (the host is stopping) or silent
+                log.info("front end %d not told of the drain: %s", frontend, answer)
+
+    async def _drain_here(self) -> None:
         self.draining = True
         if self.frontend is not None:
             self.frontend.mark(False)
-            self.frontend.drain_host()
         if self.cluster is not None:
             await self.cluster.leave()
+
+    async def _drained_by_host(self, body: Body) -> Body:
+        """Another front end of the host was drained: this one drains too."""
+        if not self.draining:
+            log.info("another front end of this host was drained: draining")
+        await self._drain_here()
+        return {}
 
     @asynccontextmanager
     async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
@@ -296,8 +316,10 @@ class ServingProcess:
     async def open(self) -> None:
         """Open this front end's end of the host's channel (before it serves a request), then
         ``start``."""
-        if self.channel is not None:
+        if self.channel is not None and self.frontend is not None:
             await self.channel.open()
+            if self.frontend.host_draining():  # drained before this end listened
+                await self._drain_here()
         self.start()
 
     def start(self) -> None:
@@ -330,8 +352,6 @@ class ServingProcess:
                 gauge.labels(str(batch)).set(rate)
             self.metrics.realtime_headroom.set(self.admission.headroom())
             self.metrics.refresh()
-            if self.frontend is not None and not self.draining and self.frontend.host_draining():
-                await self.drain()  # another front end of the host was drained
 
     async def _start(self) -> None:
         try:

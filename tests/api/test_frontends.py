@@ -495,18 +495,19 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
 
 
 async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
-    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through
-    the encoding processes) and a socket play: the host's capacity. One front end is drained
+    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through the
+    encoding processes) and a socket play: the host's capacity. One front end is drained
     (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
-    every front end at once, every front end drains itself within a second (new streams 503
-    ``not_ready``), and ``/internal/load`` on either counts the host's streams. SIGTERM to the
-    host reaches its front ends, which keep their streams playing. Then the engine core is
-    killed: a front end's engine client does not watch a core it did not start, so the host
-    does. It tells its front ends, which fail their engine requests: every stream ends as a
-    failure after the first byte does (before, they waited for tokens for ever, then were cut
-    by the front end's end), the SSE stream and the socket with an error event. The host exits
-    by itself, not cleanly, leaving no process: front ends, encoding processes, core. (A
-    SIGTERM that drains a host to a clean exit is the cluster's last test, on w2.)"""
+    every front end at once, every front end has drained by the time the drain is answered (told
+    over the host's channel: new streams 503 ``not_ready``), and ``/internal/load`` on either
+    counts the host's streams. SIGTERM to the host reaches its front ends, which keep their
+    streams playing. Then the engine core is killed: a front end's engine client does not watch
+    a core it did not start, so the host does. It tells its front ends, which fail their engine
+    requests: every stream ends as a failure after the first byte does (before, they waited for
+    tokens for ever, then were cut by the front end's end), the SSE stream and the socket with
+    an error event. The host exits by itself, not cleanly, leaving no process: front ends,
+    encoding processes, core. (A SIGTERM that drains a host to a clean exit is the cluster's
+    last test, on w2.)"""
     url = frontends.url
     tree = process_tree(frontends.process.pid)
     assert len(encoding_processes(frontends.process.pid)) == 2
@@ -534,7 +535,7 @@ async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_st
         others = [message for frontend, _, message in answers if frontend != drained]
         assert others, answers  # the kernel spread 12 connections over both
         assert all(f"[{drained}]" in m or "draining" in m for m in others), others
-        await asyncio.sleep(1.0)  # each front end looks for a drain of its host every 0.5 s
+        # the drained front end answered once it had told the others over the host's channel
         refusals = await from_both(lambda: attempt(url, "c"))
         assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
 

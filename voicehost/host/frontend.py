@@ -18,6 +18,7 @@ BOARD_FILE = "streams"  # the host's stream counts: its ``HostBoard``
 LORA_IDS_FILE = "lora-ids"  # the host's LoRA numbering: ``HostLoraIds``
 METRICS_DIR = "metrics"  # each front end's metrics, summed by any of them (Prometheus)
 DRAINING_FILE = "draining"  # there once any front end of the host has been drained
+DRAIN_TOPIC = "host.drain"  # on the host's channel: a front end drained tells the others
 CORE_LOST_SIGNAL = signal.SIGUSR1  # from the host to its front ends: the engine core died
 
 
@@ -57,7 +58,8 @@ class FrontEnd:
         return HostChannel(self.ready_dir, self.slot.index, self.slot.count)
 
     def drain_host(self) -> None:
-        """Tell every front end of the host to drain (each looks every half second)."""
+        """Leave the host's drain flag: a front end that opens its end of the host's channel
+        after a drain was told over it drains at once."""
         (self.ready_dir / DRAINING_FILE).touch()
 
     def host_draining(self) -> bool:
