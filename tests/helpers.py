@@ -668,11 +668,11 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def is_frontend(process: psutil.Process) -> bool:
-    """Whether ``process`` is one of a host's front ends (``voicehost.api.host``: a spawned
+    """Whether ``process`` is one of a host's front ends (``voicehost.host``: a spawned
     child, named ``voicehost-frontend-N`` where the platform lets it be)."""
     try:
         return "voicehost-frontend" in process.name() or any(
-            "voicehost.api.host" in part or "multiprocessing.spawn" in part
+            "voicehost.host" in part or "multiprocessing.spawn" in part
             for part in process.cmdline()
         )
     except psutil.NoSuchProcess:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,14 +20,16 @@ from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
+from voicehost.host.channel import Body, ChannelError
+from voicehost.host.frontend import CORE_LOST_SIGNAL, DRAIN_TOPIC, FrontEnd
 from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
-from voicehost.model.engine import EngineSlot, SpeechEngine
+from voicehost.model.engine import SpeechEngine
 from voicehost.model.served import adapter_roots, check_segments_fit, served_codec, served_model
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
-from voicehost.speech.board import HostBoard, LocalBoard
+from voicehost.speech.board import LocalBoard
 from voicehost.speech.capacity import RateMeter, Realtime
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
@@ -114,52 +114,13 @@ def is_missing_folder(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists()
 
 
-BOARD_FILE = "streams"  # in a host's ready folder: its ``HostBoard``
-DRAINING_FILE = "draining"  # there once any front end of the host has been drained
-CORE_LOST_SIGNAL = signal.SIGUSR1  # from the host to its front ends: the engine core died
-
-
-@dataclass(frozen=True)
-class FrontEnd:
-    """This process's place among one host's front ends (``voicehost.api.host``): its client
-    slot at the shared engine core, and the folder where each front end marks itself ready
-    (a file named by its index, there while it can take streams) beside the host's stream
-    counts (``BOARD_FILE``)."""
-
-    slot: EngineSlot
-    ready_dir: Path
-
-    def board(self, capacity: int) -> HostBoard:
-        """This front end's row of the host's stream counts (the host made the file)."""
-        path = self.ready_dir / BOARD_FILE
-        return HostBoard(path, self.slot.count, self.slot.index, capacity)
-
-    def drain_host(self) -> None:
-        """Tell every front end of the host to drain (each looks every half second)."""
-        (self.ready_dir / DRAINING_FILE).touch()
-
-    def host_draining(self) -> bool:
-        return (self.ready_dir / DRAINING_FILE).exists()
-
-    def mark(self, ready: bool) -> None:
-        flag = self.ready_dir / str(self.slot.index)
-        if ready:
-            flag.touch()
-        else:
-            flag.unlink(missing_ok=True)
-
-    def not_ready(self) -> list[int]:
-        """The front ends of the host that cannot take streams now (this one included)."""
-        return [i for i in range(self.slot.count) if not (self.ready_dir / str(i)).exists()]
-
-
 class ServingProcess:
     """Engine, codec, voice directory, clone jobs and metrics of one process.
 
     Alone (``voicehost serve``) voices are the local adapter folders and jobs queue in the jobs
-    folder; as a cluster worker they come from Redis and the shared store. ``slot``: this
-    process is one of several front ends of one engine core (``voicehost.api.host``); the
-    first of them runs the host's clone jobs.
+    folder; as a cluster worker they come from Redis and the shared store. ``frontend``: this
+    process is one of several front ends of one engine core (``voicehost.host``), speaking to
+    the others over the host's ``channel``; the first of them runs the host's clone jobs.
     """
 
     def __init__(
@@ -173,6 +134,9 @@ class ServingProcess:
         self.cluster = cluster
         self.frontend = frontend
         self.slot = frontend.slot if frontend is not None else None
+        self.channel = frontend.channel() if frontend is not None else None  # opened by ``open``
+        if self.channel is not None:
+            self.channel.on(DRAIN_TOPIC, self._drained_by_host)
         self.metrics = SpeechMetrics()
         self.voices: VoiceDirectory
         queue: JobQueue | None = None
@@ -305,13 +269,30 @@ class ServingProcess:
 
     async def drain(self) -> None:
         """Stop taking new streams and leave the ring; streams in flight finish. A front end
-        drains its whole host: the host's place on the ring is front end 0's."""
+        drains its whole host (the host's place on the ring is front end 0's): it tells the
+        others over the host's channel, once they have drained, and leaves the host's drain
+        flag for any not listening yet."""
+        await self._drain_here()
+        if self.frontend is None or self.channel is None:
+            return
+        self.frontend.drain_host()
+        for frontend, answer in (await self.channel.ask_others(DRAIN_TOPIC, {})).items():
+            if isinstance(answer, ChannelError):  # gone (the host is stopping) or silent
+                log.info("front end %d not told of the drain: %s", frontend, answer)
+
+    async def _drain_here(self) -> None:
         self.draining = True
         if self.frontend is not None:
             self.frontend.mark(False)
-            self.frontend.drain_host()
         if self.cluster is not None:
             await self.cluster.leave()
+
+    async def _drained_by_host(self, body: Body) -> Body:
+        """Another front end of the host was drained: this one drains too."""
+        if not self.draining:
+            log.info("another front end of this host was drained: draining")
+        await self._drain_here()
+        return {}
 
     @asynccontextmanager
     async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
@@ -335,6 +316,15 @@ class ServingProcess:
         """``drain``, then return once the last admitted stream has ended (SIGTERM)."""
         await self.drain()
         await self.admission.idle()
+
+    async def open(self) -> None:
+        """Open this front end's end of the host's channel (before it serves a request), then
+        ``start``."""
+        if self.channel is not None and self.frontend is not None:
+            await self.channel.open()
+            if self.frontend.host_draining():  # drained before this end listened
+                await self._drain_here()
+        self.start()
 
     def start(self) -> None:
         """Begin start-up in the background (call from the event loop)."""
@@ -366,8 +356,6 @@ class ServingProcess:
                 gauge.labels(str(batch)).set(rate)
             self.metrics.realtime_headroom.set(self.admission.headroom())
             self.metrics.refresh()
-            if self.frontend is not None and not self.draining and self.frontend.host_draining():
-                await self.drain()  # another front end of the host was drained
 
     async def _start(self) -> None:
         try:
@@ -454,6 +442,8 @@ class ServingProcess:
     async def close(self) -> None:
         if self.frontend is not None:
             self.frontend.mark(False)
+        if self.channel is not None:
+            await self.channel.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,5 +1,5 @@
 """``voicehost serve --frontends 2`` on the dev engine: one vLLM engine core, two serving
-processes accepting on one port, each an engine client of the core (``voicehost.api.host``).
+processes accepting on one port, each an engine client of the core (``voicehost.host``).
 What is one per host is tested as such: the capacity and each key's quota count both front
 ends' streams, ``/metrics`` and ``/v1/usage`` answer for the host from either, and the audit
 chain stays one chain when both write to it at once. Each front end encodes in an encoding
@@ -39,10 +39,10 @@ from helpers import (
     wait_until,
 )
 
-from voicehost.api import host
 from voicehost.api.auth import INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import FRONTEND_HEADER, REQUEST_ID_HEADER
-from voicehost.serving import CORE_LOST_SIGNAL
+from voicehost.host import launcher
+from voicehost.host.frontend import CORE_LOST_SIGNAL
 from voicehost.tenancy.audit import Head, verify_events
 
 SPEECH = "/v1/audio/speech"
@@ -128,7 +128,7 @@ def core_that_ends(how: str) -> None:
 def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a_failure(
     tmp_path, how, failure
 ):
-    """The host's watch (``host._wait``), stopping after SIGTERM, over real processes: a
+    """The host's watch (``launcher._wait``), stopping after SIGTERM, over real processes: a
     draining front end is told its core is lost at once (its streams end with the error, not
     at the drain timeout); the host fails if the core was killed, not if it ended on the stop's
     own signal (Ctrl-C and a supervisor's SIGTERM reach the whole process group)."""
@@ -140,7 +140,7 @@ def test_a_core_lost_while_the_host_drains_ends_the_streams_and_only_a_kill_is_a
     core = context.Process(target=core_that_ends, args=(how,))
     core.start()
     started = time.monotonic()
-    assert host._wait([front_end], [core], lambda: True) is failure
+    assert launcher._wait([front_end], [core], lambda: True) is failure
     assert told.exists() and time.monotonic() - started < 5
     assert core.exitcode == (-signal.SIGKILL if how == "killed" else 0)
 
@@ -168,7 +168,7 @@ def test_a_front_end_killed_ends_the_host_at_once_and_as_a_failure(tmp_path, sto
     wait_until(lambda: all(r.exists() for r in ready), 10)
     os.kill(front_ends[0].pid, signal.SIGKILL)
     started = time.monotonic()
-    assert host._wait(front_ends, [], lambda: stop_came) is True
+    assert launcher._wait(front_ends, [], lambda: stop_came) is True
     assert time.monotonic() - started < 5
     assert [p.exitcode for p in front_ends] == [-signal.SIGKILL, -signal.SIGKILL]
 
@@ -380,8 +380,8 @@ async def test_both_front_ends_writing_at_once_keep_one_audit_chain(frontends):
 
 async def test_a_webrtc_session_is_patched_and_ended_through_either_front_end(frontends):
     """Both front ends share the port, so a session's PATCH and DELETE may reach the one that
-    does not hold it: they are posted to the holder's mailbox in the host's folder. Another
-    key's request is 404 on both."""
+    does not hold it: that one asks the other over the host's channel and hands it over.
+    Another key's request is 404 on both."""
     from aiortc import RTCPeerConnection
 
     url = frontends.url
@@ -415,7 +415,7 @@ async def test_a_webrtc_session_is_patched_and_ended_through_either_front_end(fr
         assert (await call("DELETE", location))[1] == 204
     finally:
         await pc.close()
-    # a DELETE the other front end answers: the holder ends its session within a poll
+    # a DELETE the other front end answers: the holder has ended its session when it answers
     for _ in range(12):  # each DELETE lands on either front end: sessions until one lands apart
         pc, holder, location = await open_session()
         try:
@@ -426,11 +426,7 @@ async def test_a_webrtc_session_is_patched_and_ended_through_either_front_end(fr
         finally:
             await pc.close()
     assert answered_by != holder
-    for _ in range(40):
-        if (await host_metric(url, "voicehost_webrtc_sessions"))[1] == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert (await host_metric(url, "voicehost_webrtc_sessions"))[1] == 0
+    assert (await host_metric(url, "voicehost_webrtc_sessions"))[1] == 0  # no poll to wait for
     assert set(await from_both(lambda: call("DELETE", location), least=2)) == {404}
 
 
@@ -499,18 +495,19 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
 
 
 async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
-    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through
-    the encoding processes) and a socket play: the host's capacity. One front end is drained
+    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through the
+    encoding processes) and a socket play: the host's capacity. One front end is drained
     (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
-    every front end at once, every front end drains itself within a second (new streams 503
-    ``not_ready``), and ``/internal/load`` on either counts the host's streams. SIGTERM to the
-    host reaches its front ends, which keep their streams playing. Then the engine core is
-    killed: a front end's engine client does not watch a core it did not start, so the host
-    does. It tells its front ends, which fail their engine requests: every stream ends as a
-    failure after the first byte does (before, they waited for tokens for ever, then were cut
-    by the front end's end), the SSE stream and the socket with an error event. The host exits
-    by itself, not cleanly, leaving no process: front ends, encoding processes, core. (A
-    SIGTERM that drains a host to a clean exit is the cluster's last test, on w2.)"""
+    every front end at once, every front end has drained by the time the drain is answered (told
+    over the host's channel: new streams 503 ``not_ready``), and ``/internal/load`` on either
+    counts the host's streams. SIGTERM to the host reaches its front ends, which keep their
+    streams playing. Then the engine core is killed: a front end's engine client does not watch
+    a core it did not start, so the host does. It tells its front ends, which fail their engine
+    requests: every stream ends as a failure after the first byte does (before, they waited for
+    tokens for ever, then were cut by the front end's end), the SSE stream and the socket with
+    an error event. The host exits by itself, not cleanly, leaving no process: front ends,
+    encoding processes, core. (A SIGTERM that drains a host to a clean exit is the cluster's
+    last test, on w2.)"""
     url = frontends.url
     tree = process_tree(frontends.process.pid)
     assert len(encoding_processes(frontends.process.pid)) == 2
@@ -538,7 +535,7 @@ async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_st
         others = [message for frontend, _, message in answers if frontend != drained]
         assert others, answers  # the kernel spread 12 connections over both
         assert all(f"[{drained}]" in m or "draining" in m for m in others), others
-        await asyncio.sleep(1.0)  # each front end looks for a drain of its host every 0.5 s
+        # the drained front end answered once it had told the others over the host's channel
         refusals = await from_both(lambda: attempt(url, "c"))
         assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
 

@@ -1,6 +1,7 @@
 """The WebRTC endpoint's parts that need no server: offers checked, ICE servers announced,
-trickled candidates read, host candidates announced at a public address, and ICE bound in the
-operator's UDP port range (two real aiortc peers on this machine)."""
+trickled candidates read, host candidates announced at a public address, ICE bound in the
+operator's UDP port range (two real aiortc peers on this machine), and a session's PATCH and
+DELETE handed between the front ends of a host over its channel."""
 
 import asyncio
 import logging
@@ -9,6 +10,7 @@ from collections import Counter
 
 import aioice.ice
 import pytest
+from aiohttp.test_utils import make_mocked_request
 from aiortc import RTCPeerConnection
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as Metric
@@ -16,7 +18,12 @@ from pydantic import ValidationError
 
 from voicehost.api.edge import ApiError, MalformedRequests
 from voicehost.api.webrtc import (
+    END_TOPIC,
+    TRICKLE_TOPIC,
     CandidateScreen,
+    HeldElsewhere,
+    PeerSession,
+    PeerSessions,
     announced,
     configure_ice,
     ice_configuration,
@@ -26,6 +33,9 @@ from voicehost.api.webrtc import (
     trickled_candidates,
 )
 from voicehost.config import IceServer, Settings
+from voicehost.host.channel import HostChannel
+from voicehost.speech.admission import Refused
+from voicehost.tenancy.keys import Principal
 
 pytestmark = pytest.mark.unit
 
@@ -344,3 +354,85 @@ def test_malformed_requests_are_one_warning_line_per_address_and_all_counted():
     assert kept[0].getMessage().startswith("malformed HTTP request from 203.0.113.0: 400")
     failed = record("203.0.113.0", RuntimeError("a handler's own failure"))
     assert quiet.filter(failed) and failed.levelno == logging.ERROR and failed.exc_info
+
+
+class HeldPeer:
+    """What a session's hand-over reaches of its peer: the candidates added, the hang-up."""
+
+    def __init__(self) -> None:
+        self.pc = self
+        self.track = self
+        self.candidates: list[str] = []
+        self.ended = False
+
+    async def addIceCandidate(self, candidate) -> None:  # aiortc's name
+        self.candidates.append(candidate.ip)
+
+    def drop(self) -> None:
+        pass
+
+    async def hang_up(self) -> None:
+        self.ended = True
+
+
+def session_request(method: str, session_id: str):
+    return make_mocked_request(
+        method, f"/v1/audio/speech/webrtc/{session_id}", match_info={"session_id": session_id}
+    )
+
+
+async def test_a_session_another_front_end_holds_is_found_and_handed_over_only_for_its_key(
+    tmp_path,
+):
+    """Two front ends of a host, each with its ``PeerSessions`` on the host's channel (real
+    sockets): the one that does not hold a session finds its holder by asking, and hands it a
+    trickle and the end; another key's request, or an unknown session, is the same 404; a
+    holder that has gone holds none (404 at once) and one that does not answer is 503."""
+    settings = Settings()
+    here, there = PeerSessions(settings), PeerSessions(settings)
+    ends = [HostChannel(tmp_path, index, 2, timeout=0.5) for index in range(2)]
+    here.join(ends[0])
+    there.join(ends[1])
+    for end in ends:
+        await end.open()
+    peer, session_id = HeldPeer(), "a" * 32
+    there.sessions[session_id] = PeerSession(session_id, peer, "key-a")  # type: ignore[arg-type]
+    owner, other = (Principal(key, "acme", frozenset()) for key in ("key-a", "key-b"))
+    try:
+        found = await here.find(session_request("PATCH", session_id), owner)
+        assert found == HeldElsewhere(1, session_id, "key-a")
+        for who, asked in ((other, session_id), (owner, "b" * 32), (owner, "not-an-id")):
+            with pytest.raises(ApiError) as missing:
+                await here.find(session_request("PATCH", asked), who)
+            assert (missing.value.status, missing.value.code) == (404, "session_not_found")
+        fragment = "a=mid:0\r\na=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host\r\n"
+        await here.hand_over(found, TRICKLE_TOPIC, fragment=fragment)
+        assert peer.candidates == ["127.0.0.1"]
+        await here.hand_over(found, END_TOPIC)
+        assert peer.ended
+        del there.sessions[session_id]  # its task would have removed it
+        with pytest.raises(ApiError) as ended:
+            await here.hand_over(found, END_TOPIC)
+        assert ended.value.status == 404
+
+        async def stuck(body: dict) -> dict:
+            await asyncio.sleep(30)
+            return {}
+
+        await ends[1].close()
+        with pytest.raises(ApiError) as gone:  # gone: its sessions with it
+            await here.find(session_request("DELETE", session_id), owner)
+        assert gone.value.status == 404
+        silent = HostChannel(tmp_path, 1, 2)  # front end 1 again, its handlers blocked
+        silent.on("webrtc.holds", stuck)
+        await silent.open()
+        try:
+            with pytest.raises(Refused) as unanswered:
+                await here.find(session_request("DELETE", session_id), owner)
+            assert unanswered.value.code == "frontend_unavailable"  # 503: the error table's
+            assert "front end 1 of this host did not answer" in unanswered.value.message
+        finally:
+            await silent.close()
+    finally:
+        for end in ends:
+            await end.close()

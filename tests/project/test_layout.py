@@ -1,6 +1,6 @@
 """The package's layout, pinned: packages follow the data and import only the ones below them
-(text, voices, model, audio, tenancy, speech, lora_training, cloning, serving, api, cluster,
-then the tools, the client, its integrations and the entry points); lora_training and the
+(text, voices, model, audio, tenancy, speech, host, lora_training, cloning, serving, api,
+cluster, then the tools, the client, its integrations and the entry points); lora_training and the
 serving side depend one way; the benchmark client stays out of what serving imports, and the
 settings load no web framework."""
 
@@ -26,6 +26,7 @@ LAYERS = [
     "audio",  # response formats, tempo, where speech starts, the speaker embedder
     "tenancy",  # keys, audit, usage, the lexicon store
     "speech",  # the synthesis pipeline, admission, capacity
+    "host",  # one engine core, several front ends: the launcher, shared tables, the channel
     "lora_training",  # training components: on the core above, never the serving side
     "cloning",  # jobs, consent, candidate and evaluation
     "serving",  # the serving process that composes it all

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from helpers import Server, metric
 
+from voicehost.host.board import HostBoard
 from voicehost.metrics import series
 from voicehost.model import orpheus
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
-from voicehost.speech.board import HostBoard
 from voicehost.tenancy.keys import TokenStreams
 
 

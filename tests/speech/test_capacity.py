@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from voicehost.speech.board import HostBoard
+from voicehost.host.board import HostBoard
 from voicehost.speech.capacity import RateMeter, Realtime, step_line
 
 

@@ -249,6 +249,13 @@ ERRORS: dict[str, ErrorKind] = _kinds(
     (400, "no_data_channel", "an offer without a data channel.", {"speak_webrtc"}),
     (404, "session_not_found", "no such WebRTC session of this key's.", WEBRTC_SESSION),
     (
+        503,
+        "frontend_unavailable",
+        "another front end of this host (`--frontends`), which may hold the session, did not "
+        "answer in time.",
+        WEBRTC_SESSION,
+    ),
+    (
         409,
         "no_api_keys",
         "a server without API keys mints no tokens (speak without one).",

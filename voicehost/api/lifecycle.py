@@ -21,16 +21,17 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from aiohttp import StreamReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from voicehost.api.auth import AUTH, bind_host
+from voicehost.api.auth import AUTH, Authenticator, bind_host
 
 if TYPE_CHECKING:
     from voicehost.config import Settings
+    from voicehost.host.launcher import FrontEndMain
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +159,16 @@ def serve_app(
             sock=sock,
         )
     )
+
+
+def serve_host(
+    settings: Settings, main: FrontEndMain, role: Literal["serve", "worker"] = "serve"
+) -> None:
+    """A host of one engine core and ``settings.frontend_count()`` front ends, each running
+    ``main`` (``voicehost.host.launcher.serve_frontends``), on the settings' host (loopback
+    when no key is configured: ``bind_host``) and port; keys ``role`` cannot use stop it before
+    anything starts. Returns once every front end has exited."""
+    from voicehost.host.launcher import serve_frontends
+
+    auth = Authenticator.from_settings(settings, role)
+    serve_frontends(settings, main, bind_host(settings.host, auth.enabled))

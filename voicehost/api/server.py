@@ -47,7 +47,8 @@ from voicehost.audio.encoding import FormatStream
 from voicehost.audio.formats import content_type
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
-from voicehost.serving import ClusterLink, FrontEnd, ServingProcess
+from voicehost.host.frontend import FrontEnd
+from voicehost.serving import ClusterLink, ServingProcess
 from voicehost.speech.synthesis import SegmentStarted, SpeechEvent, SpokenWord
 from voicehost.tenancy.usage import UsageTally
 from voicehost.text.segment import Segment
@@ -349,8 +350,8 @@ def create_app(
     """The application of a process that speaks; its serving starts when the app starts.
 
     ``cluster``: what a cluster worker adds (``voicehost.cluster.worker``): voices and jobs in
-    Redis and the shared store, and a place on the ring. ``slot``: this process is a front end
-    of an engine core it shares with others (``voicehost.api.host``).
+    Redis and the shared store, and a place on the ring. ``frontend``: this process is a front
+    end of an engine core it shares with others (``voicehost.host``).
     """
     serving = ServingProcess(settings, cluster, frontend)
     app = public_app(
@@ -368,8 +369,9 @@ def create_app(
         own_routes=(*INTERNAL_ROUTES, *(DEV_ROUTES if settings.dev else ())),
     )
     app[SERVING] = serving
-    if frontend is not None:  # a session's DELETE or PATCH may reach another front end
-        app[webrtc.PEERS].mailboxes = frontend.ready_dir / "webrtc"
+    if serving.channel is not None:  # a session's DELETE or PATCH may reach another front end
+        app[webrtc.PEERS].join(serving.channel)
+    if frontend is not None:
         index = str(frontend.slot.index)
 
         async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:
@@ -378,7 +380,7 @@ def create_app(
         app.on_response_prepare.append(name_frontend)
 
     async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[SERVING].start()
+        await app[SERVING].open()
         yield
         await app[SERVING].close()
 
@@ -386,9 +388,9 @@ def create_app(
     return app
 
 
-def frontend_app(settings: Settings, frontend: FrontEnd) -> web.Application:
-    """``voicehost serve``'s app, as front end ``frontend`` of a host."""
-    return create_app(settings, frontend=frontend)
+def serve_frontend(settings: Settings, frontend: FrontEnd, sock: socket.socket) -> None:
+    """A front end of ``voicehost serve``'s host (``voicehost.host.launcher.FrontEndMain``)."""
+    serve(settings, create_app(settings, frontend=frontend), sock=sock)
 
 
 def serve(
@@ -396,12 +398,10 @@ def serve(
 ) -> None:
     """Serve ``app`` (``create_app(settings)`` by default) until SIGTERM or SIGINT, then drain
     (see ``lifecycle``); a disconnecting client cancels its handler. With
-    ``VOICEHOST_FRONTENDS`` above 1, ``voicehost.api.host`` starts one engine core and that
+    ``VOICEHOST_FRONTENDS`` above 1, a host (``voicehost.host``) of one engine core and that
     many front ends, each serving ``create_app`` on the one port (``sock``)."""
     if app is None and sock is None and settings.frontend_count() > 1:
-        from voicehost.api.host import serve_frontends
-
-        serve_frontends(settings, frontend_app)
+        lifecycle.serve_host(settings, serve_frontend, "serve")
         return
     app = app if app is not None else create_app(settings)
     serving = app[SERVING]

@@ -22,16 +22,13 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import re
-import shutil
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aioice.ice
@@ -55,6 +52,7 @@ from voicehost.api.realtime import SessionWork, serve_listener, speaking
 from voicehost.api.speech import RealtimeConfig
 from voicehost.audio.opus_track import OPUS_RATE, OpusPacketizer, PacedOpusTrack
 from voicehost.config import IceServer, Settings
+from voicehost.host.channel import Body, ChannelError, HostChannel, PeerGone, PeerSilent
 from voicehost.metrics import SpeechMetrics
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
@@ -473,23 +471,44 @@ class PeerSession:
                 await asyncio.shield(self.task)  # a caller cancelled leaves the ending whole
 
 
-MAILBOX_POLL_SECONDS = 0.25
-END = "end"  # a mailbox's request to end its session
-OWNER = "owner.json"
+# what a front end of a host asks the others about a session (``PeerSessions.join``)
+HOLDS, TRICKLE_TOPIC, END_TOPIC = "webrtc.holds", "webrtc.trickle", "webrtc.end"
+END_TIMEOUT_S = 10.0  # for the holder to end a session handed over (its stream freed first)
+
+
+@dataclass(frozen=True)
+class HeldElsewhere:
+    """A session another front end of this host holds: front end ``frontend``'s, opened with
+    the key ``key_id``."""
+
+    frontend: int
+    session_id: str
+    key_id: str | None
+
+    def body(self, **more: str) -> Body:
+        return {"session_id": self.session_id, "key_id": self.key_id, **more}
 
 
 @dataclass
 class PeerSessions:
     """This process's WebRTC sessions, by id. The front ends of one host (``--frontends``)
     share its port, so a session's ``DELETE`` or ``PATCH`` may reach another front end than
-    the one holding it: each session then has a mailbox in the host's folder (``mailboxes``),
-    which that front end reads every ``MAILBOX_POLL_SECONDS``."""
+    the one holding it: that one asks the others over the host's channel (``join``) which of
+    them holds it, then hands the request to the holder."""
 
     settings: Settings
-    mailboxes: Path | None = None
+    channel: HostChannel | None = None
     sessions: dict[str, PeerSession] = field(default_factory=dict)
     # answered, waiting for their peer: no data channel and config yet (they hold no stream)
     pending: dict[str, PeerSession] = field(default_factory=dict)
+
+    def join(self, channel: HostChannel) -> None:
+        """Answer the host's other front ends about this process's sessions over ``channel``
+        (``voicehost.host.channel``), and ask them about theirs."""
+        self.channel = channel
+        channel.on(HOLDS, self._holds)
+        channel.on(TRICKLE_TOPIC, self._trickle)
+        channel.on(END_TOPIC, self._end)
 
     def check_pending(self, key_id: str | None, address: str | None) -> None:
         """Refuse another offer while too many wait for their peers: in all (503), of this
@@ -511,59 +530,77 @@ class PeerSessions:
             what = f"{settings.webrtc_max_pending_per_address} WebRTC offers from {address} pending"
             raise Refused("too_many_pending", what, retry)
 
-    def find(self, request: web.Request, principal: Principal | None) -> PeerSession | Path:
-        """The session the path names, this process's, or the mailbox of another front end's;
-        404 for none, or another key's."""
+    async def find(
+        self, request: web.Request, principal: Principal | None
+    ) -> PeerSession | HeldElsewhere:
+        """The session the path names, this process's or another front end's of the host; 404
+        for none, or another key's; 503 ``frontend_unavailable`` when a front end that might
+        hold it does not answer."""
         session_id = request.match_info["session_id"]
         key_id = principal.key_id if principal is not None else None
-        found: PeerSession | Path | None = None
-        owner: str | None = None
         if SESSION_ID.fullmatch(session_id):
             if (session := self.sessions.get(session_id)) is not None:
-                found, owner = session, session.key_id
-            elif self.mailboxes is not None and (self.mailboxes / session_id).is_dir():
-                with suppress(OSError, ValueError, KeyError):
-                    mailbox = self.mailboxes / session_id
-                    owner = json.loads((mailbox / OWNER).read_text())["key_id"]
-                    found = mailbox
-        if found is None or owner != key_id:  # another's is as good as none
-            raise ApiError("session_not_found", f"no WebRTC session {session_id!r}")
-        return found
+                if session.key_id == key_id:  # another's is as good as none
+                    return session
+            elif self.channel is not None:
+                if (elsewhere := await self._holder(session_id, key_id)) is not None:
+                    return elsewhere
+        raise ApiError("session_not_found", f"no WebRTC session {session_id!r}")
 
-    def open_mailbox(self, session: PeerSession) -> Path | None:
-        if self.mailboxes is None:
-            return None
-        mailbox = self.mailboxes / session.session_id
-        mailbox.mkdir(parents=True)
-        (mailbox / OWNER).write_text(json.dumps({"key_id": session.key_id}))
-        return mailbox
+    async def _holder(self, session_id: str, key_id: str | None) -> HeldElsewhere | None:
+        """The other front end holding ``session_id`` for ``key_id``, asked over the channel.
+        One not listening holds none (it has ended, its sessions with it, or not started)."""
+        assert self.channel is not None
+        answers = await self.channel.ask_others(HOLDS, {"session_id": session_id, "key_id": key_id})
+        for frontend, answer in answers.items():
+            if isinstance(answer, dict) and answer.get("held"):
+                return HeldElsewhere(frontend, session_id, key_id)
+        for answer in answers.values():
+            if isinstance(answer, PeerSilent):
+                raise _unavailable(answer)
+            if isinstance(answer, ChannelError) and not isinstance(answer, PeerGone):
+                raise answer  # its handler failed: a failure of this request (500)
+        return None
 
-    async def read_mailbox(self, session: PeerSession, mailbox: Path) -> None:
-        """Until the session ends: what other front ends were asked for it."""
-        while True:
-            await asyncio.sleep(MAILBOX_POLL_SECONDS)
-            for name, text in await asyncio.to_thread(take_letters, mailbox):
-                if name == END:
-                    await session.end()
-                    return
-                await session.trickle(read_candidates(text))
+    async def hand_over(self, elsewhere: HeldElsewhere, topic: str, **more: str) -> None:
+        """``topic``'s request to the front end holding the session; 404 if it no longer
+        does, 503 ``frontend_unavailable`` if it does not answer."""
+        assert self.channel is not None
+        within = END_TIMEOUT_S if topic == END_TOPIC else None
+        try:
+            answer = await self.channel.ask(
+                elsewhere.frontend, topic, elsewhere.body(**more), within=within
+            )
+        except PeerSilent as exc:
+            raise _unavailable(exc) from exc
+        except PeerGone:
+            answer = {"held": False}  # ended, and its sessions with it
+        if not answer.get("held"):
+            raise ApiError("session_not_found", f"no WebRTC session {elsewhere.session_id!r}")
+
+    def _held(self, body: Body) -> PeerSession | None:
+        """This process's session a question from another front end names, if its key's."""
+        session = self.sessions.get(str(body.get("session_id")))
+        return session if session is not None and session.key_id == body.get("key_id") else None
+
+    async def _holds(self, body: Body) -> Body:
+        return {"held": self._held(body) is not None}
+
+    async def _trickle(self, body: Body) -> Body:
+        if (session := self._held(body)) is None:
+            return {"held": False}
+        await session.trickle(read_candidates(str(body["fragment"])))
+        return {"held": True}
+
+    async def _end(self, body: Body) -> Body:
+        if (session := self._held(body)) is None:
+            return {"held": False}
+        await session.end()
+        return {"held": True}
 
 
-def take_letters(mailbox: Path) -> list[tuple[str, str]]:
-    """The letters posted to a mailbox, oldest name first, each read and removed."""
-    letters = []
-    for letter in sorted(mailbox.iterdir()):
-        if not letter.name.startswith(".") and letter.name != OWNER:
-            letters.append((letter.name, letter.read_text()))
-            letter.unlink()
-    return letters
-
-
-def post(mailbox: Path, name: str, text: str = "") -> None:
-    """A letter to the front end holding the session, whole or not at all."""
-    draft = mailbox / f".{name}"
-    draft.write_text(text)
-    os.replace(draft, mailbox / name)
+def _unavailable(exc: ChannelError) -> Refused:
+    return Refused("frontend_unavailable", f"{exc}: try again", retry_after=1)
 
 
 def read_candidates(fragment: str) -> list[RTCIceCandidate]:
@@ -621,9 +658,8 @@ async def open_session(
         # found by its DELETE or PATCH from the moment it is answered, on any front end
         sessions.sessions[session.session_id] = session
         metrics.webrtc_sessions.inc()
-        mailbox = sessions.open_mailbox(session)
         session.task = asyncio.create_task(
-            run_session(sessions, session, work, metrics, mailbox), name="webrtc-session"
+            run_session(sessions, session, work, metrics), name="webrtc-session"
         )
         failing.pop_all()
     headers = {"Location": f"{WEBRTC_PATH}/{session.session_id}"}
@@ -639,21 +675,17 @@ async def run_session(
     session: PeerSession,
     work: SessionWork,
     metrics: SpeechMetrics,
-    mailbox: Path | None,
 ) -> None:
     """The session from its answer to its end: its data channel opens within the connect
     timeout, then its config arrives and ``work`` runs on it (the session no longer pending);
-    at the end its record and mailbox are removed."""
+    at the end its record is removed."""
     listener = session.listener
     settings = sessions.settings
-    reader = None
 
     async def settled(listener: Listener, config: RealtimeConfig) -> None:
         sessions.pending.pop(session.session_id, None)
         await work(listener, config)
 
-    if mailbox is not None:
-        reader = asyncio.create_task(sessions.read_mailbox(session, mailbox))
     try:
         try:
             async with asyncio.timeout(settings.webrtc_connect_timeout_seconds):
@@ -673,19 +705,14 @@ async def run_session(
         sessions.sessions.pop(session.session_id, None)
         sessions.pending.pop(session.session_id, None)
         metrics.webrtc_sessions.dec()
-        try:
-            with suppress(Exception):
-                await listener.hang_up()
-        finally:
-            if reader is not None:
-                reader.cancel()
-            if mailbox is not None:
-                shutil.rmtree(mailbox, ignore_errors=True)
+        with suppress(Exception):
+            await listener.hang_up()
 
 
 async def update_session(request: web.Request) -> web.Response:
     """``PATCH``: the client's trickled ICE candidates (``application/trickle-ice-sdpfrag``)."""
-    target = request.app[PEERS].find(request, request_principal(request))
+    sessions = request.app[PEERS]
+    target = await sessions.find(request, request_principal(request))
     if request.content_type != TRICKLE:
         raise ApiError("unsupported_media_type", f"send trickled candidates as {TRICKLE}")
     body = await request.content.read(MAX_SDP_BYTES + 1)
@@ -696,8 +723,8 @@ async def update_session(request: web.Request) -> web.Response:
     except UnicodeDecodeError as exc:
         raise ApiError("invalid_sdp", "the trickle-ice-sdpfrag is not UTF-8 text") from exc
     candidates = read_candidates(fragment)
-    if isinstance(target, Path):
-        post(target, f"candidates-{uuid.uuid4().hex}", fragment)
+    if isinstance(target, HeldElsewhere):
+        await sessions.hand_over(target, TRICKLE_TOPIC, fragment=fragment)
     else:
         await target.trickle(candidates)
     return web.Response(status=204)
@@ -705,9 +732,10 @@ async def update_session(request: web.Request) -> web.Response:
 
 async def end_session(request: web.Request) -> web.Response:
     """``DELETE``: the session ends now (its queued audio dropped), its stream freed."""
-    target = request.app[PEERS].find(request, request_principal(request))
-    if isinstance(target, Path):
-        post(target, END)
+    sessions = request.app[PEERS]
+    target = await sessions.find(request, request_principal(request))
+    if isinstance(target, HeldElsewhere):
+        await sessions.hand_over(target, END_TOPIC)
     else:
         await target.end()
     return web.Response(status=204)

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from voicehost.api.auth import AUTH, INTERNAL_TOKEN_HEADER
 from voicehost.api.edge import WORKER_HEADER, Handler
-from voicehost.api.host import serve_frontends
+from voicehost.api.lifecycle import serve_host
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
@@ -25,7 +25,7 @@ from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
-from voicehost.serving import FrontEnd
+from voicehost.host.frontend import FrontEnd
 from voicehost.speech.admission import WorkerLoad
 from voicehost.voices.validation import AdapterRules
 
@@ -133,8 +133,13 @@ def create_worker_app(settings: Settings, frontend: FrontEnd | None = None) -> w
     return app
 
 
+def serve_worker_frontend(settings: Settings, frontend: FrontEnd, sock: socket.socket) -> None:
+    """A front end of a worker's host (``voicehost.host.launcher.FrontEndMain``)."""
+    serve(settings, create_worker_app(settings, frontend), sock=sock)
+
+
 def serve_worker(settings: Settings) -> None:
     if settings.frontend_count() > 1:
-        serve_frontends(settings, create_worker_app, role="worker")
+        serve_host(settings, serve_worker_frontend, role="worker")
         return
     serve(settings, create_worker_app(settings))

@@ -15,14 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from voicehost import lifeline
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
 from voicehost.model import orpheus
 from voicehost.model.devmodel import MAX_AUDIO_FRAMES as DEV_MAX_AUDIO_FRAMES
-from voicehost.model.lora_ids import HostLoraIds
 from voicehost.model.served import served_model
 from voicehost.voices.validation import (
     ADAPTER_CONFIG,
@@ -280,17 +279,30 @@ def in_core_worker(config: VllmConfig) -> None:
     parallel.distributed_executor_backend = "uni"
 
 
-@dataclass(frozen=True)
-class EngineSlot:
-    """A front end's place at an engine core it shares (``voicehost.api.host``): vLLM's client
-    addresses of client ``index`` (the core's input and output sockets, as
-    ``bind_engine_zmq_listeners`` made them), ``count`` clients in all, and the file that
-    numbers LoRA adapters for all of them (the core knows an adapter by its id alone)."""
+class LoraIds(Protocol):
+    """The LoRA ids of every client of one engine core: the core knows an adapter by its id
+    alone (``voicehost.host.lora_ids.HostLoraIds``)."""
 
-    addresses: dict[str, Any]
-    index: int
-    count: int
-    lora_ids: Path  # the host's LoRA numbering (``voicehost.model.lora_ids``)
+    def id_of(self, voice_id: str, checksum: str | None) -> int:
+        """The id of this version of ``voice_id`` (from 1 up), the same for every client."""
+        ...
+
+
+class SharedCore(Protocol):
+    """A client's place at an engine core another process started (a host's front end:
+    ``voicehost.host.frontend.EngineSlot``): vLLM's client addresses of client ``index`` of
+    ``count``, and the LoRA ids every client of the core gives."""
+
+    @property
+    def addresses(self) -> dict[str, Any]: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+    def lora_ids(self) -> LoraIds: ...
 
 
 class SpeechEngine:
@@ -303,13 +315,13 @@ class SpeechEngine:
         self.tokenizer = tokenizer
         self.settings = settings
         self._lora_ids: dict[tuple[str, str | None], int] = {}
-        self.host_lora_ids: HostLoraIds | None = None  # set when front ends share the core
+        self.host_lora_ids: LoraIds | None = None  # set when front ends share the core
         # the zero adapter that base voices are served through on CPU (write_zero_adapter)
         self.base_voice_lora: LoRARequest | None = None
         self._scratch: Path | None = None
 
     @classmethod
-    def start(cls, settings: Settings, slot: EngineSlot | None = None) -> SpeechEngine:
+    def start(cls, settings: Settings, slot: SharedCore | None = None) -> SpeechEngine:
         """Build the engine (blocking: loads weights and profiles memory); with ``slot``, a
         client of an engine core another process started (blocking until it is ready)."""
         from transformers import AutoTokenizer
@@ -340,7 +352,7 @@ class SpeechEngine:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         engine = cls(llm, tokenizer, settings)
         if slot is not None:
-            engine.host_lora_ids = HostLoraIds(slot.lora_ids)
+            engine.host_lora_ids = slot.lora_ids()
         if not current_platform.is_cuda():
             engine.serve_base_voices_through_a_zero_adapter(Path(args.model) / "config.json")
         return engine

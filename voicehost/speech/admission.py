@@ -38,8 +38,9 @@ class Refused(ServiceError):
 
 @dataclass
 class Admission:
-    """Counts the streams in progress, in all and per API key, on the ``board`` (this process
-    alone, or every front end of the host: ``voicehost.speech.board``).
+    """Counts the streams in progress, in all and per API key, on the ``board``
+    (``voicehost.speech.board``: this process alone, or every front end of the host,
+    ``voicehost.host.board.HostBoard``).
 
     ``capacity``: streams the host keeps real-time (beyond: 503, it is full); ``per_key``:
     streams one key may hold at once (beyond: 429, that key is over its quota; 0: no quota);

@@ -1,4 +1,4 @@
-"""The LoRA ids of a host's front ends (voicehost.model.lora_ids): one engine core knows an
+"""The LoRA ids of a host's front ends (voicehost.host.lora_ids): one engine core knows an
 adapter by its id alone, so every front end must give a voice version the same id, and no two
 voice versions one id."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from voicehost.model.lora_ids import HostLoraIds
+from voicehost.host.lora_ids import HostLoraIds
 
 
 @pytest.mark.unit

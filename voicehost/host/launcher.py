@@ -1,28 +1,5 @@
-"""One engine core, several front ends: ``voicehost serve --frontends N``.
-
-One serving process cannot feed a GPU: vLLM's output handling, the pipeline to PCM and the
-encoders run on its one event loop and GIL (``docs/BENCHMARKS.md``, host capacity). So the host
-runs as ``vllm serve --api-server-count N`` does:
-
-- this process (the parent) binds the HTTP port once, binds the engine core's sockets for N
-  clients (``bind_engine_zmq_listeners``), starts the engine core (``launch_core_engines``) and
-  spawns N front ends;
-- each front end is a whole serving process (``create_app``: its own event loop, GIL, SNAC codec
-  and encoder pool) whose engine is an ``AsyncLLM`` client of the shared core: client ``i`` of
-  ``N`` (``voicehost.model.engine.EngineSlot``), accepting on the inherited socket;
-- the parent waits: SIGTERM or SIGINT is passed to every front end, each drains as one server
-  does, and the engine core is shut down once they have exited; a front end that dies takes
-  the host down (a supervisor restarts it whole). Killed with SIGKILL, the parent's reaper
-  (``voicehost.lifeline``) ends the engine core and the front ends die with their parent.
-
-What is one per host: the engine's batch; the streams admission counts, in all and per API key,
-and the engine requests the rate meter measures against (``voicehost.speech.board``); the
-LoRA ids (``voicehost.model.lora_ids``: the core knows an adapter by its id alone); the
-metrics (Prometheus' multiprocess mode: any front end's ``/metrics`` sums them all); the
-clone-job runner (front end 0 runs it; the others queue into the same jobs folder, which it
-polls); the audit chain (its file lock); usage (each stream is counted by the front end that
-sends it, into the one usage file).
-"""
+"""The host's launcher: one engine core and its front ends (``voicehost.host``), started,
+watched and stopped by one parent process."""
 
 from __future__ import annotations
 
@@ -37,18 +14,22 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from voicehost import lifeline
 from voicehost.config import Settings
+from voicehost.host.board import HostBoard
+from voicehost.host.frontend import (
+    BOARD_FILE,
+    CORE_LOST_SIGNAL,
+    LORA_IDS_FILE,
+    METRICS_DIR,
+    EngineSlot,
+    FrontEnd,
+)
+from voicehost.host.lora_ids import HostLoraIds
 from voicehost.metrics import MULTIPROCESS
-from voicehost.model.engine import EngineSlot, engine_args, engine_config
-from voicehost.model.lora_ids import HostLoraIds
-from voicehost.serving import BOARD_FILE, CORE_LOST_SIGNAL, FrontEnd
-from voicehost.speech.board import HostBoard
-
-if TYPE_CHECKING:
-    from aiohttp import web
+from voicehost.model.engine import engine_args, engine_config
 
 log = logging.getLogger(__name__)
 
@@ -64,34 +45,30 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-AppFactory = Callable[[Settings, FrontEnd], "web.Application"]
+# What a front end's process runs: it serves as ``FrontEnd`` on the host's HTTP socket until it is
+# stopped. A module's function: the front ends are spawned, so it travels pickled, by its name.
+FrontEndMain = Callable[[Settings, FrontEnd, socket.socket], None]
 
 
 def run_frontend(
-    settings: Settings, frontend: FrontEnd, sock: socket.socket, app: AppFactory
+    settings: Settings, frontend: FrontEnd, sock: socket.socket, main: FrontEndMain
 ) -> None:
-    """A front end's process: the serving app ``app`` makes on ``sock``, its engine client
-    ``frontend.slot``."""
-    from voicehost.api.server import serve
-
+    """A front end's process: ``main`` on ``sock``, its engine client ``frontend.slot``."""
     lifeline.die_with_parent()
     index = frontend.slot.index
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s frontend-{index} %(name)s %(message)s"
     )
-    serve(settings, app(settings, frontend), sock=sock)
+    main(settings, frontend, sock)
 
 
-def serve_frontends(
-    settings: Settings, app: AppFactory, role: Literal["serve", "worker"] = "serve"
-) -> None:
-    """Start the engine core and ``settings.frontend_count()`` front ends, each serving what
-    ``app`` makes (a module's function: the front ends are spawned); return once they have all
-    exited (after SIGTERM/SIGINT, passed on to each) or one of them has died."""
+def serve_frontends(settings: Settings, main: FrontEndMain, address: str) -> None:
+    """Start the engine core and ``settings.frontend_count()`` front ends, each running
+    ``main`` on the HTTP port bound once at ``address``; return once they have all exited
+    (after SIGTERM/SIGINT, passed on to each) or one of them has died."""
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
     from vllm.v1.executor import Executor
 
-    from voicehost.api.auth import Authenticator, bind_host
     from voicehost.model.devmodel import ensure_dev_model
 
     count = settings.frontend_count()
@@ -101,13 +78,12 @@ def serve_frontends(
     lifeline.start_reaper()  # the engine core and the front ends end with this process
     config = engine_config(engine_args(settings, count, -1))
     listeners = bind_engine_zmq_listeners(config, count)
-    auth = Authenticator.from_settings(settings, role)  # keys it cannot use stop it here
-    sock = listening_socket(bind_host(settings.host, auth.enabled), settings.port)
+    sock = listening_socket(address, settings.port)
     ready_dir = Path(tempfile.mkdtemp(prefix="voicehost-frontends-"))
     HostBoard.create(ready_dir / BOARD_FILE, count, capacity)
-    lora_ids = ready_dir / "lora-ids"  # the engine core knows an adapter by its id alone
+    lora_ids = ready_dir / LORA_IDS_FILE  # the engine core knows an adapter by its id alone
     HostLoraIds.create(lora_ids)
-    metrics_dir = ready_dir / "metrics"  # each front end's values, summed by any of them
+    metrics_dir = ready_dir / METRICS_DIR  # each front end's values, summed by any of them
     metrics_dir.mkdir()
     os.environ[MULTIPROCESS] = str(metrics_dir)
     context = multiprocessing.get_context("spawn")
@@ -139,7 +115,7 @@ def serve_frontends(
                 frontend = FrontEnd(EngineSlot(addresses, index, count, lora_ids), ready_dir)
                 process = context.Process(
                     target=run_frontend,
-                    args=(settings, frontend, sock, app),
+                    args=(settings, frontend, sock, main),
                     name=f"voicehost-frontend-{index}",
                 )
                 process.start()

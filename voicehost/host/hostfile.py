@@ -1,6 +1,6 @@
 """A table of 64-bit integers shared by the processes of one host: a file mapped into each
 process's memory, changed under an exclusive ``flock`` of it (``voicehost serve --frontends N``:
-``voicehost.speech.board``, ``voicehost.model.lora_ids``).
+``voicehost.host.board``, ``voicehost.host.lora_ids``).
 
 ``flock`` belongs to the open file, so each process opens its own; a process that dies lets go
 of the lock with its files.

@@ -5,9 +5,9 @@ core has loaded is served with the weights loaded under it, whichever client sen
 front end of a host (``voicehost serve --frontends N``) must therefore give a voice version the
 id every other front end gives it, and never give one voice's id to another: another tenant's
 voice would be spoken with the first one's weights. ``HostLoraIds`` numbers voice versions in a
-table shared by the host's front ends (``voicehost.model.hostfile``): a voice version's 128-bit hash
+table shared by the host's front ends (``voicehost.host.hostfile``): a voice version's 128-bit hash
 in row ``id - 1``, found or claimed under the host's lock. One serving process alone numbers
-them itself (``SpeechEngine``).
+them itself (``voicehost.model.engine.SpeechEngine``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voicehost.model import hostfile
+from voicehost.host import hostfile
 
 CAPACITY = 1 << 20  # voice versions one host numbers in its life (8 MB of file, mostly sparse)
 
