@@ -184,7 +184,9 @@ async def test_gateway_serves_the_same_document_with_its_own_routes(tmp_path, re
                 assert r.status == 200
                 served = await r.json()
         own = {path: served["paths"].pop(path) for path in ("/v1/cluster", "/v1/cluster/route")}
+        route_request = served["components"]["schemas"].pop("RouteRequest")  # its own model
         assert served == document()
+        assert route_request["required"] == ["voices"]
         assert own["/v1/cluster"]["get"]["x-scopes"] == ["admin"]
         assert own["/v1/cluster/route"]["post"]["operationId"] == "cluster_route"
     finally:
