@@ -146,6 +146,14 @@ class SpeechMetrics:
             ["stage"],
             registry=r,
         )
+        self.intake_checks = Counter(
+            "voicehost_intake_checks",
+            "Uploads this process checked before queueing their clone job (the consent "
+            "recording heard, the files probed; voicehost.cloning.intake), by outcome: passed, "
+            "or the code it was refused with. A gateway checks none: it asks a worker.",
+            ["outcome"],
+            registry=r,
+        )
         self.engine_requests = Gauge(
             "voicehost_engine_unfinished_requests",
             "Requests held by the vLLM engine.",

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from voicehost.audio.encoding import FormatEncoderPool
 from voicehost.audio.speaker import shared_embedder
+from voicehost.cloning.intake import LocalIntake
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
@@ -181,6 +182,7 @@ class ServingProcess:
             audit=self.audit,
             lease_seconds=settings.job_lease_seconds,
         )
+        self.intake = LocalIntake(settings, self.jobs, self.metrics)  # an upload's checks
         self._started = asyncio.Event()  # start-up has ended, ready or failed
         # the host's streams: this process's, or every front end's of the engine core
         capacity = settings.stream_capacity()
@@ -459,5 +461,6 @@ class ServingProcess:
         if self.codec is not None:
             self.codec.close()
         self.format_encoders.close()
+        self.intake.close()
         if self.cluster is not None:
             await self.cluster.close()

@@ -497,6 +497,91 @@ async def test_a_broken_adapter_voice_is_refused_at_the_gateway_as_on_one_server
         assert response.status == 204
 
 
+INTAKE_CHECKS = "voicehost_intake_checks_total"
+OTHER_VOICE = "en-us+f3"  # a woman's voice; build_corpus speaks espeak-ng's default man's
+
+
+async def intake_checks(http, node: Node) -> float:
+    """The uploads ``node`` checked itself (a host's, from either front end), 0 before any."""
+    async with http.get(node.url + "/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(INTAKE_CHECKS)
+    )
+
+
+async def test_an_upload_at_the_gateway_is_checked_on_a_worker_and_anothers_consent_refused(
+    cluster, http
+):
+    """A gateway decodes no audio: an upload's intake (the consent recording heard against the
+    training audio, the files probed) runs on a worker, which counts it
+    (``voicehost_intake_checks_total``), the gateway's count staying 0. The statement read in
+    another espeak-ng voice than the training audio is refused in the upload's answer, 422
+    ``consent_speaker_mismatch`` as ``serve`` refuses it; read in the same voice it passes the
+    check (and two clips are then too little speech, 400 ``not_enough_speech``): no job is
+    left of either."""
+    corpus = build_corpus(cluster.root / "intake", count=2)  # 6.7 s: under the 10 s
+    same, other = cluster.root / "intake-same.wav", cluster.root / "intake-other.wav"
+    devcorpus.speak(CONSENT["statement"], same, 0.2, "wav")
+    devcorpus.speak(CONSENT["statement"], other, 0.2, "wav", voice=OTHER_VOICE)
+    jobs = cluster.root / "shared" / "jobs"
+    earlier = set(jobs.iterdir())
+    checked = [await intake_checks(http, worker) for worker in cluster.workers.values()]
+    answers = []
+    for recording in (other, same):
+        form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Intake Voice")
+        form.add_field("consent", json.dumps(CONSENT))
+        form.add_field("consent_recording", recording.read_bytes(), filename="consent.wav")
+        async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+            answers.append((response.status, (await response.json())["error"]))
+    (refused, refusal), (passed, shortfall) = answers
+    assert (refused, refusal["code"]) == (422, "consent_speaker_mismatch"), refusal
+    assert "similarity" in refusal["message"]
+    assert (passed, shortfall["code"]) == (400, "not_enough_speech"), shortfall  # past the check
+    now = [await intake_checks(http, worker) for worker in cluster.workers.values()]
+    assert sum(now) - sum(checked) == 2, (checked, now)
+    assert await intake_checks(http, cluster.gateway) == 0
+    assert set(jobs.iterdir()) == earlier
+
+
+async def reserved_for(runner: str, http, cluster: Cluster, form: aiohttp.FormData) -> dict:
+    """The job of a clone upload through the gateway, reserved for ``runner``: its lease is
+    written for that runner (as its claim would) once the upload has a folder, while the body's
+    last bytes are held back, so before the job's intake (a worker's: the workers stay awake)
+    and before it is queued. The workers pass over a job another runner holds."""
+    jobs = cluster.root / "shared" / "jobs"
+    earlier = set(jobs.iterdir())
+    writer = form()
+    body = await writer.as_bytes()
+    leased = asyncio.Event()
+
+    async def held_back():
+        yield body[:-64]
+        await leased.wait()
+        yield body[-64:]
+
+    async def upload() -> tuple[int, str]:
+        headers = {"Content-Type": writer.content_type}
+        async with http.post(
+            cluster.gateway.url + "/v1/voices", data=held_back(), headers=headers
+        ) as r:
+            return r.status, await r.text()
+
+    posting = asyncio.create_task(upload())
+    try:
+        await eventually(lambda: set(jobs.iterdir()) - earlier, 30)
+        (folder,) = set(jobs.iterdir()) - earlier
+        lease = {"runner": runner, "until": time.time() + 60}
+        (folder / LEASE_FILE).write_text(json.dumps(lease))
+    finally:
+        leased.set()
+    status, text = await posting
+    assert status == 202, text
+    return json.loads(text)["job"]
+
+
 CLONE_RUNNER = Path(__file__).with_name("clone_runner.py")
 
 
@@ -504,13 +589,14 @@ async def test_a_clone_job_whose_runner_dies_after_redis_lost_the_queue_is_taken
     cluster, http
 ):
     """The cluster's one clone, with its consent record and the speaker's recording of the
-    statement (the training audio's espeak-ng voice: accepted at the gateway), stored with the
-    voice for its tenant. The job is queued in Redis and taken by r1, a runner of the cluster
-    without an engine (``clone_runner.py``: a worker's queue, registry and audit trail), the
-    workers paused meanwhile. Past r1's first checkpoint Redis loses its data (the queue's entry
-    with it) and r1 is killed with SIGKILL: a worker takes the job over once its lease lapses,
-    from the jobs folder, resumes it from the checkpoint, evaluates it through its engine for
-    longer than a lease, and the gate holds it: once, one voice, one version."""
+    statement (the training audio's espeak-ng voice: accepted by a worker's intake), stored
+    with the voice for its tenant. The job is queued in Redis and taken by r1, a runner of the
+    cluster without an engine (``clone_runner.py``: a worker's queue, registry and audit
+    trail), for which it is reserved (``reserved_for``). Past r1's first checkpoint Redis loses
+    its data (the queue's entry with it) and r1 is killed with SIGKILL: a worker takes the job
+    over once its lease lapses, from the jobs folder, resumes it from the checkpoint, evaluates
+    it through its engine for longer than a lease, and the gate holds it: once, one voice, one
+    version."""
     corpus = build_corpus(cluster.root / "corpus", count=10)  # 25 s: 3 held out, 17 s to train
     form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Fleet Voice")
     async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
@@ -529,22 +615,12 @@ async def test_a_clone_job_whose_runner_dies_after_redis_lost_the_queue_is_taken
     )
     try:
         wait_until(lambda: "runner r1 ready" in r1_log.read_text(), 60)
-        # the workers paused while r1 takes the job (a second: well within their ring's TTL)
-        paused = [p for w in cluster.workers.values() for p in process_tree(w.process.pid)]
-        for process in paused:
-            process.suspend()
-        try:
-            async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
-                assert response.status == 202, await response.text()
+        job = await reserved_for("r1", http, cluster, form)
+        while job["runner"] != "r1":
+            assert job["status"] == "queued", job
+            await asyncio.sleep(0.1)
+            async with http.get(f"{cluster.gateway.url}/v1/jobs/{job['id']}") as response:
                 job = (await response.json())["job"]
-            while job["runner"] != "r1":
-                assert job["status"] == "queued", job
-                await asyncio.sleep(0.1)
-                async with http.get(f"{cluster.gateway.url}/v1/jobs/{job['id']}") as response:
-                    job = (await response.json())["job"]
-        finally:
-            for process in paused:
-                process.resume()
         # training, past its first checkpoint: Redis loses the queue, then r1 is killed
         folder = cluster.root / "shared" / "jobs" / job["id"]
         deadline = time.monotonic() + 300

@@ -37,6 +37,7 @@ from voicehost.api.auth import (
 from voicehost.api.errors import ApiError, ErrorDetail, ErrorResponse, documented, kind_of
 from voicehost.api.listeners import Listener
 from voicehost.audio.encoding import EncodingFailed
+from voicehost.cloning.intake import Intake
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
@@ -78,6 +79,7 @@ class VoiceService(Protocol):
     metrics: SpeechMetrics
     voices: VoiceDirectory
     jobs: CloneJobs
+    intake: Intake  # an upload's checks: this process's own, or a gateway's asked of a worker
     audit: AuditTrail
     usage: UsageLedger
     lexicons: LexiconStore

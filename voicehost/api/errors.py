@@ -73,7 +73,8 @@ REDIS = (
     | {"list_lexicons", "cluster_view", "cluster_route"}
 )
 ENGINE = STREAMS | {"readyz"}
-GATEWAY = SPEECH | {"speak_webrtc", "readyz", "cluster_route"}  # answered by proxying to a worker
+# answered by asking a worker: speech proxied to one, an upload checked on one (its intake)
+GATEWAY = SPEECH | UPLOADS | {"speak_webrtc", "readyz", "cluster_route"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +359,12 @@ ERRORS: dict[str, ErrorKind] = _kinds(
     (404, "model_not_found", "no such model name.", {"get_model"}),
     # --- the cluster (voicehost.cluster) ---
     (503, "redis_unavailable", "the cluster's Redis is unreachable (cluster mode).", REDIS),
-    (503, "no_workers", "no worker is available (gateway).", GATEWAY),
+    (
+        503,
+        "no_workers",
+        "no worker is available to speak, or to check an upload (gateway).",
+        GATEWAY,
+    ),
     (502, "upstream_failed", "a gateway's workers failed (cluster mode).", GATEWAY),
 )
 

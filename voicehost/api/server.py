@@ -8,7 +8,7 @@ import base64
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -345,13 +345,17 @@ DEV_ROUTES = (Route("PATCH", "/internal/dev/settings", change_dev_settings, INTE
 
 
 def create_app(
-    settings: Settings, cluster: ClusterLink | None = None, frontend: FrontEnd | None = None
+    settings: Settings,
+    cluster: ClusterLink | None = None,
+    frontend: FrontEnd | None = None,
+    routes: Iterable[Route] = (),
 ) -> web.Application:
     """The application of a process that speaks; its serving starts when the app starts.
 
     ``cluster``: what a cluster worker adds (``voicehost.cluster.worker``): voices and jobs in
     Redis and the shared store, and a place on the ring. ``frontend``: this process is a front
-    end of an engine core it shares with others (``voicehost.host``).
+    end of an engine core it shares with others (``voicehost.host``). ``routes``: a worker's own
+    internal routes, beside ``INTERNAL_ROUTES``.
     """
     serving = ServingProcess(settings, cluster, frontend)
     app = public_app(
@@ -366,7 +370,7 @@ def create_app(
             "healthz": healthz,
             "readyz": readyz,
         },
-        own_routes=(*INTERNAL_ROUTES, *(DEV_ROUTES if settings.dev else ())),
+        own_routes=(*INTERNAL_ROUTES, *routes, *(DEV_ROUTES if settings.dev else ())),
     )
     app[SERVING] = serving
     if serving.channel is not None:  # a session's DELETE or PATCH may reach another front end

@@ -1,11 +1,13 @@
 """Uploads over HTTP: ``POST /v1/voices`` and ``POST /v1/voices/{id}/versions``.
 
-The handler parses the multipart form (streamed to disk under safe names, capped while read),
-checks its consent record and recording, and then either registers an uploaded adapter at once
-(201) or hands the audio to the cloning service (``voicehost.cloning.intake``: a probe of each
-file, then a queued job, 202). Nothing here builds a training spec or prepares the training
-audio: the worker that trains does; only a consent recording is compared with the first 30 s of
-up to 8 clips (``voicehost.cloning.consent``), so that a mismatch is refused at once (422)."""
+The handler receives the multipart form (streamed to disk under safe names, capped while read),
+stores it (the clips and transcripts in a new job's inputs folder, the consent recording beside
+them), validates its consent record, and then either registers an uploaded adapter at once
+(201) or asks the cloning service's intake to check the audio (``voicehost.cloning.intake``: the
+consent recording heard against the training audio, so that a mismatch is refused at once with
+422, and each file probed) and queues the job (202). Nothing here decodes audio, builds a
+training spec or prepares the training audio: intake runs in this process off its loop, or,
+behind a gateway, on a worker; the worker that trains prepares the audio."""
 
 from __future__ import annotations
 
@@ -39,9 +41,9 @@ from voicehost.api.voices import VersionInfo, VoiceDetail, managed_voice, versio
 from voicehost.cloning import consent
 from voicehost.cloning.intake import (
     TRANSCRIPTS,
+    UPLOADED_RECORDING,
     CloneRequest,
-    check_audio,
-    check_consent_recording,
+    StoredUpload,
     queue_clone,
     store_transcripts,
 )
@@ -249,10 +251,7 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
                 "cloning from audio needs a 'consent' part: the speaker's name, the statement "
                 "they agreed to, who collected it, when, and the purpose",
             )
-        measured = None
-        if recording is not None and upload.files.get("audio"):  # the speaker before the data
-            measured = await _check_consent_recording(service, recording, upload.files["audio"])
-        await _check_audio(service, upload, inputs)
+        measured = await _check(service, job_id, upload, inputs, recording is not None)
         if consent_record is not None:
             await asyncio.to_thread(
                 consent.save_for_job, job_dir, consent_record, recording, measured
@@ -302,7 +301,7 @@ def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | N
     recording = None
     for index, path in enumerate(recordings):
         if index == 0:
-            recording = path.replace(job_dir / "consent_upload")
+            recording = path.replace(job_dir / UPLOADED_RECORDING)
         else:
             path.unlink()
     if len(recordings) > 1:
@@ -322,24 +321,20 @@ def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | N
     return record.model_dump(mode="json"), recording
 
 
-async def _check_consent_recording(
-    service: VoiceService, recording: Path, clips: list[Path]
-) -> float:
-    """The consent recording heard against the training audio (``intake``), off the loop:
-    422 ``consent_speaker_mismatch`` below ``VOICEHOST_CONSENT_MIN_SIMILARITY``."""
-    return await asyncio.to_thread(check_consent_recording, service.settings, recording, clips)
-
-
-async def _check_audio(service: VoiceService, upload: Upload, inputs: Path) -> None:
-    """The upload's audio and transcripts, as the cloning service judges them before anything
-    is decoded (``intake.check_audio``): 413 or 415 naming the file that is not audio we take,
-    400 for clips without transcripts or too little audio."""
+async def _check(
+    service: VoiceService, job_id: str, upload: Upload, inputs: Path, recording: bool
+) -> float | None:
+    """The stored upload, as the cloning service's intake judges it (``service.intake``): 422
+    ``consent_speaker_mismatch`` for a consent recording of another speaker than the audio's,
+    413 or 415 naming a file that is not audio we take, 400 for clips without transcripts or
+    too little audio; the recording's similarity if there is one."""
     audio = upload.files.get("audio", [])
     if not audio:
         raise ApiError("no_audio", "send one or more 'audio' files (or an adapter)")
-    for path in upload.files.get("transcripts", []):
-        store_transcripts(path, inputs / TRANSCRIPTS, upload.renamed)
-    await asyncio.to_thread(check_audio, audio, inputs, service.settings)
+    for path in upload.files.get("transcripts", []):  # stored under the clips' saved names
+        await asyncio.to_thread(store_transcripts, path, inputs / TRANSCRIPTS, upload.renamed)
+    stored = StoredUpload(job_id, tuple(path.name for path in audio), recording)
+    return await service.intake.check(stored)
 
 
 async def _register_adapter(

@@ -1,12 +1,18 @@
 """Intake: an upload's saved files -> a queued clone job.
 
-The checks a user needs at once run here, cheaply: each file is probed (``ingest.probe``:
-its packets are read, not decoded) for what we take and for the upload's minutes, and the
-recipe's ``precheck`` judges transcripts and the least speech from the lengths alone; uploaded
-transcripts are read and stored under the names the clips were saved as; a consent recording is
-heard against the training audio (``consent.check_recording``). Decoding, splitting, trimming
+The upload handler receives and stores an upload (its clips in the job's inputs folder, a
+consent recording beside them as ``UPLOADED_RECORDING``) and asks ``Intake.check`` once, before
+it queues the job; the checks a user needs at once run here: a consent recording is heard
+against the training audio (``consent.check_recording``: it decodes and embeds up to 8 clips, so
+that a mismatch is refused at once, 422), each file is probed (``ingest.probe``: its packets are
+read, not decoded) for what we take and for the upload's minutes, and the recipe's ``precheck``
+judges transcripts and the least speech from the lengths alone. Decoding, splitting, trimming
 and measuring the speech run where the job trains (``lora_training.recipe.prepare``, in the
 training worker), once.
+
+``LocalIntake`` runs the checks in this process, on threads of its own, off the event loop and
+off the loop's default executor (``voicehost serve``, a cluster worker); a gateway decodes no
+audio and asks a worker to run them (``voicehost.cluster.intake``), with the same answers.
 
 Each check raises the service's own error (``voicehost.errors.ServiceError``): the API layer
 answers it from its error table and imports nothing of the training pipeline.
@@ -14,8 +20,11 @@ answers it from its error table and imports nothing of the training pipeline.
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from lora_training.ingest import UnreadableAudio, probe
 from lora_training.recipe import precheck
@@ -26,8 +35,15 @@ from voicehost.cloning.jobs import CloneJob, CloneJobs
 from voicehost.cloning.spec import training_spec
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
+from voicehost.ids import child
+from voicehost.metrics import SpeechMetrics
 
 TRANSCRIPTS = "metadata.csv"  # an upload's transcripts, in its inputs folder
+UPLOADED_RECORDING = "consent_upload"  # in a job's folder: the consent recording, until checked
+# Checks at once in one process: each holds a thread for seconds (decoding, the embedder), on a
+# pool of its own so that a burst of uploads never takes the threads the loop's other file work
+# (and a clone job's lease renewals) run on.
+INTAKE_THREADS = 2
 
 
 class RefusedFile(ServiceError, ValueError):
@@ -103,6 +119,72 @@ def check_consent_recording(settings: Settings, recording: Path, clips: list[Pat
         return consent.check_recording(embedder, recording, clips, settings.consent_min_similarity)
     except UnreadableAudio as exc:
         raise RefusedFile(recording, exc, "the consent recording") from exc
+
+
+@dataclass(frozen=True)
+class StoredUpload:
+    """What intake checks: job ``job_id``'s stored upload, its ``clips`` (the names its audio
+    files were saved under, in the job's inputs folder) and, if ``consent_recording``, the
+    speaker's recording of the consent statement (``UPLOADED_RECORDING`` in the job's folder).
+    Names, not paths: a worker finds the same job in the shared store."""
+
+    job_id: str
+    clips: tuple[str, ...]
+    consent_recording: bool = False
+
+
+class Intake(Protocol):
+    """The cloning service's checks of a stored upload, asked once before its job is queued:
+    ``LocalIntake`` here, a gateway's ``voicehost.cluster.intake.WorkerIntake`` on a worker."""
+
+    async def check(self, upload: StoredUpload) -> float | None:
+        """The consent recording's similarity to the training audio's speaker (None without
+        a recording), once every check has passed; else the first check's ``ServiceError``
+        (``ConsentMismatch``, ``RefusedFile``, the recipe's ``MissingTranscripts`` and
+        ``NotEnoughSpeech``)."""
+        ...
+
+
+class LocalIntake:
+    """Intake in this process: the consent recording heard against the training audio (the
+    speaker before the data), then the files probed and prechecked, on ``INTAKE_THREADS``
+    threads of its own (the speaker embedder is loaded once per process, and torch and the
+    decoders release the GIL for most of the work). Each check is counted in
+    ``voicehost_intake_checks_total{outcome}``: ``passed``, or the code it was refused with."""
+
+    def __init__(self, settings: Settings, jobs: CloneJobs, metrics: SpeechMetrics) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.metrics = metrics
+        self._threads = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="voicehost-intake")
+
+    async def check(self, upload: StoredUpload) -> float | None:
+        loop = asyncio.get_running_loop()
+        try:
+            measured = await loop.run_in_executor(self._threads, self._check, upload)
+        except ServiceError as exc:
+            self.metrics.intake_checks.labels(exc.code).inc()
+            raise
+        except Exception:
+            self.metrics.intake_checks.labels("internal").inc()
+            raise
+        self.metrics.intake_checks.labels("passed").inc()
+        return measured
+
+    def _check(self, upload: StoredUpload) -> float | None:
+        folder = self.jobs.job_dir(upload.job_id)
+        inputs = folder / "inputs"
+        clips = [child(inputs, name) for name in upload.clips]
+        measured = None
+        if upload.consent_recording:
+            recording = folder / UPLOADED_RECORDING
+            measured = check_consent_recording(self.settings, recording, clips)
+        check_audio(clips, inputs, self.settings)
+        return measured
+
+    def close(self) -> None:
+        """Stop taking checks; one under way ends on its thread."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 async def queue_clone(

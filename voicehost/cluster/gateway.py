@@ -57,6 +57,7 @@ from voicehost.api.webrtc import open_session
 from voicehost.cloning.jobs import CloneJobs, registrar
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
+from voicehost.cluster.intake import WorkerIntake
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.lexicons import shared_lexicons
 from voicehost.cluster.ring import choose_worker
@@ -137,6 +138,7 @@ class Gateway:
         self.jobs = CloneJobs(
             settings.shared_dir / "jobs", registrar(self.voices), queue, "gateway", audit=self.audit
         )
+        self.intake = WorkerIntake(self.ask, settings)  # an upload's checks, on a worker
         # a gateway speaks nothing: its ledger only reads the workers' sums
         usage = ClusterUsageStore(
             self.redis, settings.usage_mirror_dir(), "gateway", settings.usage_retention_days
@@ -216,6 +218,25 @@ class Gateway:
         if session_id:
             await self.pins.pin(session_id, chosen, remote=self.membership.redis_ok)
         return workers[chosen]
+
+    async def ask(
+        self, key: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, bytes]:
+        """POST a JSON ``body`` to ``path`` on the worker ``key`` routes to (as a voice's
+        stream does: the next one if that one fails), and read its whole answer: the worker's
+        status and body. Counted as a stream of that worker's while it runs. Raises as
+        ``_on_a_worker`` does (503 ``no_workers``, 502 ``upstream_failed``)."""
+        opening = _on_a_worker(
+            self, key, None, lambda w: _open_upstream(self, w, path, body, dict(headers))
+        )
+        async with opening as (upstream, first):
+            try:  # a 200's first bytes are read already; the rest, or an error's body, now
+                return upstream.status, first + await upstream.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                worker = upstream.headers.get(WORKER_HEADER)
+                raise ApiError("upstream_failed", f"{worker}: cut mid-answer: {exc}") from exc
+            finally:
+                upstream.release()
 
     @contextmanager
     def streaming(self, worker_id: str, voice_id: str) -> Iterator[None]:

@@ -1,6 +1,6 @@
 """A cluster worker: a serving process (``voicehost.api.server``) with its links to the cluster:
 its identity, Redis, the shared voice directory with a local adapter cache, the clone-job queue,
-and its presence in the ring."""
+its presence in the ring, and the uploads it checks for the gateways (``cluster.intake``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from voicehost.api.lifecycle import serve_host
 from voicehost.api.server import create_app, serve
 from voicehost.cluster.adapters import AdapterCache, SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
+from voicehost.cluster.intake import INTAKE_ROUTES
 from voicehost.cluster.jobs import RedisJobQueue
 from voicehost.cluster.leases import KeyLeases
 from voicehost.cluster.lexicons import RedisLexicons, shared_lexicons
@@ -110,10 +111,11 @@ class WorkerCluster:
 
 def create_worker_app(settings: Settings, frontend: FrontEnd | None = None) -> web.Application:
     """A serving app whose voices and jobs live in Redis and the shared store, naming itself in
-    every response (``X-Voicehost-Worker``); ``frontend``: one of a host's front ends, the
-    host being one worker (one ring member, one load figure)."""
+    every response (``X-Voicehost-Worker``), that checks uploads for the gateways
+    (``voicehost.cluster.intake``); ``frontend``: one of a host's front ends, the host being
+    one worker (one ring member, one load figure)."""
     cluster = WorkerCluster(settings)
-    app = create_app(settings, cluster, frontend)
+    app = create_app(settings, cluster, frontend, INTAKE_ROUTES)
 
     async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
         response.headers[WORKER_HEADER] = cluster.worker_id
