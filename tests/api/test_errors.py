@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -36,23 +37,37 @@ def source_files() -> list[Path]:
     return sorted([*(ROOT / "voicehost").rglob("*.py"), *(ROOT / "lora_training").rglob("*.py")])
 
 
+SNAKE = re.compile(r"[a-z]+(_[a-z]+)+")
+
+
+def literal(node: ast.expr) -> object:
+    return node.value if isinstance(node, ast.Constant) else None
+
+
 def raised_codes() -> dict[str, str]:
     """code -> where: the first argument of every ``ApiError``/``Refused``/``AccessDenied``/
-    ``InvalidToken`` call written with a literal, and every class's ``code = "..."``."""
+    ``InvalidToken`` call written with a literal, every class's ``code = "..."``, the code of
+    every ``error_response(status, code, ...)`` written with one, and every module constant
+    ``NAME = (code, message)`` (a stream's failure). A socket's own event codes (``idle_timeout``,
+    ``invalid_message``: ``error_event``) are no HTTP answer and not the table's."""
     found: dict[str, str] = {}
     for path in source_files():
         if path.name == "errors.py" and path.parent.name == "api":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in RAISERS and node.args:
-                    first = node.args[0]
-                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                        found.setdefault(first.value, where)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+                name, first = node.func.id, node.args[0]
+                if name in RAISERS:
+                    if isinstance(literal(first), str):
+                        found.setdefault(first.value, where)  # type: ignore[attr-defined]
                     elif isinstance(first, ast.JoinedStr):  # f"invalid_{key}": each key it takes
                         for key in ("voice_id", "job_id"):
                             found.setdefault(f"invalid_{key}", where)
+                elif name == "error_response" and len(node.args) > 1:
+                    if isinstance(literal(node.args[1]), str):
+                        found.setdefault(node.args[1].value, where)  # type: ignore[attr-defined]
             elif isinstance(node, ast.ClassDef):
                 for statement in node.body:
                     if (
@@ -61,6 +76,31 @@ def raised_codes() -> dict[str, str]:
                         and isinstance(statement.value, ast.Constant)
                     ):
                         found.setdefault(statement.value.value, where)
+        for statement in tree.body:  # SYNTHESIS_FAILED = ("synthesis_failed", "...")
+            if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Tuple):
+                items = [literal(e) for e in statement.value.elts]
+                if len(items) == 2 and all(isinstance(i, str) for i in items):
+                    if SNAKE.fullmatch(str(items[0])):
+                        found.setdefault(str(items[0]), where)
+    return found
+
+
+def literal_statuses() -> list[tuple[int, str, str]]:
+    """(status, code, where) of every ``error_response`` written with both as literals: the
+    few answers made without the table (a probe's, a refused upgrade's) must agree with it."""
+    found = []
+    for path in source_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "error_response"
+                and len(node.args) > 1
+                and isinstance(literal(node.args[0]), int)
+                and isinstance(literal(node.args[1]), str)
+            ):
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                found.append((node.args[0].value, node.args[1].value, where))  # type: ignore[attr-defined]
     return found
 
 
@@ -69,23 +109,18 @@ def test_every_code_raised_is_a_row_of_the_table():
     assert not missing, f"raised but not in voicehost.api.errors: {missing}"
 
 
-def string_literals() -> set[str]:
-    """Every string constant of the package and the training pipeline, but the table's own."""
-    found = set()
-    for path in source_files():
-        if path.name == "errors.py" and path.parent.name == "api":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                found.add(node.value)
-    return found
-
-
 def test_every_row_is_raised_somewhere():
     """No row that nothing answers: each code is written where it is raised (or made from an
-    aiohttp reason, or kept in a constant such as a stream's failure)."""
-    raised = set(raised_codes()) | FROM_REASONS | string_literals()
+    aiohttp reason)."""
+    raised = set(raised_codes()) | FROM_REASONS
     assert set(ERRORS) - raised == set()
+
+
+def test_an_answer_written_with_its_status_has_the_tables():
+    found = literal_statuses()
+    assert found  # the scan sees them (healthz's `failed`)
+    wrong = [(s, c, w) for s, c, w in found if ERRORS[c].status != s]
+    assert wrong == []
 
 
 def test_every_service_error_names_a_code_of_the_table():
@@ -162,9 +197,10 @@ async def test_an_answer_its_operation_does_not_list_is_counted_and_logged(caplo
         second = await client.get("/v1/models/x")
         assert (first.status, (await first.json())["error"]["code"]) == (409, "voice_exists")
         assert second.status == 404
-    undocumented = Service.metrics.undocumented_errors
-    assert undocumented.labels("get_model", "voice_exists")._value.get() == 1
-    assert undocumented.labels("get_model", "model_not_found")._value.get() == 0
+    sample = Service.metrics.registry.get_sample_value
+    name = "voicehost_undocumented_errors_total"
+    assert sample(name, {"operation": "get_model", "code": "voice_exists"}) == 1
+    assert sample(name, {"operation": "get_model", "code": "model_not_found"}) is None
     assert "get_model answered 'voice_exists'" in caplog.text
 
 

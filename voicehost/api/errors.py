@@ -388,18 +388,18 @@ def kind_of(exc: ServiceError) -> ErrorKind:
     return ERRORS.get(exc.code) or ERRORS["internal"]
 
 
+def answers(kind: ErrorKind, operation: str, keyed: bool) -> bool:
+    """Whether ``operation`` (guarded by an API key if ``keyed``) may answer ``kind``."""
+    where = kind.answered_by
+    return operation in where or ANY in where or (keyed and KEYED in where)
+
+
 def answered_by(operation: str, keyed: bool) -> list[ErrorKind]:
     """The rows ``operation`` may answer, by status then code."""
-    rows = [
-        kind
-        for kind in ERRORS.values()
-        if operation in kind.answered_by
-        or ANY in kind.answered_by
-        or (keyed and KEYED in kind.answered_by)
-    ]
+    rows = [kind for kind in ERRORS.values() if answers(kind, operation, keyed)]
     return sorted(rows, key=lambda kind: (kind.status, kind.code))
 
 
 def documented(operation: str, keyed: bool, code: str) -> bool:
     kind = ERRORS.get(code)
-    return kind is not None and kind in answered_by(operation, keyed)
+    return kind is not None and answers(kind, operation, keyed)

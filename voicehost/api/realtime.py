@@ -30,9 +30,9 @@ from voicehost.api.auth import request_principal
 from voicehost.api.captions import WordClock, word_fields
 from voicehost.api.edge import (
     SERVING,
+    answer,
     end_broken_stream,
     error_event,
-    error_response,
     find_voice,
     load_json,
     stream_failure,
@@ -458,8 +458,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
             # a session holds one stream slot while it is open
             await admitted.enter_async_context(serving.admit(principal))
         except (NotReady, Refused) as exc:
-            serving.metrics.errors.labels(exc.code).inc()
-            return refused_upgrade(exc)
+            return refused_upgrade(request, exc)
 
         work = speaking(request, serving, synthesizer, principal)
         return await serve_socket(request, serving.settings.ws_idle_timeout_seconds, work)
@@ -487,11 +486,11 @@ def speaking(
     return session
 
 
-def refused_upgrade(refusal: Refused | NotReady) -> web.Response:
-    """The HTTP answer to an upgrade that cannot be admitted now, as the error middleware gives
-    any refusal, plus its code in ``ERROR_CODE_HEADER``."""
-    response = error_response(kind_of(refusal).status, refusal.code, refusal.message)
-    response.headers["Retry-After"] = str(getattr(refusal, "retry_after", 1))
+def refused_upgrade(request: web.Request, refusal: Refused | NotReady) -> web.Response:
+    """The HTTP answer to an upgrade that cannot be admitted now: the error middleware's
+    (``edge.answer``: the table's status, ``Retry-After``, counted), plus its code in
+    ``ERROR_CODE_HEADER``."""
+    response = answer(request, refusal)
     response.headers[ERROR_CODE_HEADER] = refusal.code
     return response
 
