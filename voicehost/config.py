@@ -54,6 +54,16 @@ class IceServer(BaseModel):
         return [urls] if isinstance(urls, str) else urls
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address (an IP or ``localhost``) is a loopback one."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _default_dev_dir() -> Path:
     return Path.home() / ".cache" / "voicehost" / "dev-model"
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import ValidationError
+
 
 class ServiceError(Exception):
     """An error the service answers as ``{"error": {"code", "message"}}``; the message is the
@@ -32,3 +34,10 @@ class ServiceError(Exception):
     @property
     def message(self) -> str:
         return str(self)
+
+
+def validation_message(exc: ValidationError, whole: str = "body") -> str:
+    """Every problem pydantic found, ``field.path: message`` joined by ``; ``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in exc.errors()
+    )

@@ -6,7 +6,8 @@ letters), and ``child`` is the one way to turn an id into a path under its root.
 ``anna@3`` pins version 3 of a voice (``voice_ref`` writes one, ``split_voice_ref`` reads it).
 Every timestamp written is ``now_iso``'s (UTC, ISO 8601, microseconds, ``+00:00``), and
 ``parse_iso`` reads one back; ``as_iso`` shows a stored one in ``now_iso``'s form, Unix seconds
-(what jobs and lexicons stored before) included.
+(what jobs and lexicons stored before) included. ``checked_voice_id``, ``checked_job_id``
+and ``checked_version`` raise ``InvalidId`` for what breaks a pattern.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+
+from voicehost.errors import ServiceError
 
 VOICE_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 JOB_ID_PATTERN = re.compile(r"^job-[0-9a-f]{16}$")
@@ -32,6 +35,33 @@ def is_job_id(value: object) -> bool:
 
 def is_version(value: object) -> bool:
     return isinstance(value, str) and VERSION_PATTERN.fullmatch(value) is not None
+
+
+class InvalidId(ServiceError, ValueError):
+    """A voice id, job id or version number that breaks its pattern."""
+
+    code = "invalid_voice_id"
+
+
+def checked_voice_id(value: str, name: str = "voice_id") -> str:
+    """``value`` if it is a voice id, else ``InvalidId`` naming the pattern (as ``name``)."""
+    if not is_voice_id(value):
+        raise InvalidId(f"{name} must match {VOICE_ID_PATTERN.pattern}")
+    return value
+
+
+def checked_job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise InvalidId(f"job_id must match {JOB_ID_PATTERN.pattern}", code="invalid_job_id")
+    return value
+
+
+def checked_version(value: str) -> int:
+    """A version number written as text (``"3"``), else ``InvalidId``."""
+    if not is_version(value):
+        message = f"version must match {VERSION_PATTERN.pattern}"
+        raise InvalidId(message, code="invalid_version")
+    return int(value)
 
 
 def voice_ref(voice_id: str, version: int | None) -> str:

@@ -18,7 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"  # set: this process is one front end of several
 
-# why a remote ICE candidate gets no check (voicehost.api.webrtc.CandidateScreen)
+# why a remote ICE candidate gets no check (voicehost.webrtc.ice.CandidateScreen)
 CANDIDATE_REFUSALS = (
     "link_local",
     "loopback",

@@ -13,6 +13,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from voicehost.audio.encoding import FormatEncoderPool
@@ -20,7 +21,7 @@ from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.intake import LocalIntake
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
 from voicehost.config import Settings
-from voicehost.errors import ServiceError
+from voicehost.errors import ServiceError, validation_message
 from voicehost.host.channel import Body, ChannelError
 from voicehost.host.frontend import CORE_LOST_SIGNAL, DRAIN_TOPIC, FrontEnd
 from voicehost.metrics import SpeechMetrics
@@ -100,6 +101,12 @@ class ClusterLink(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class InvalidDevSettings(ServiceError, ValueError):
+    """A run-time settings change a dev server refuses (nothing is changed)."""
+
+    code = "invalid_request"
 
 
 class NotReady(ServiceError, RuntimeError):
@@ -242,16 +249,22 @@ class ServingProcess:
 
     def change_dev_settings(self, changes: Mapping[str, object]) -> dict[str, object]:
         """Apply ``changes`` (names of ``RUNTIME_DEV_SETTINGS``) to a dev server's settings now:
-        every runtime setting's value after. ``ValueError`` off ``--dev``, for another name, or
-        for a value its field refuses (nothing is changed then)."""
+        every runtime setting's value after. ``InvalidDevSettings`` off ``--dev``, for another
+        name, or for a value its field refuses (nothing is changed then)."""
         if not self.settings.dev:
-            raise ValueError("settings change at run time only on a dev server (--dev)")
+            raise InvalidDevSettings("settings change at run time only on a dev server (--dev)")
         if unknown := sorted(set(changes) - RUNTIME_DEV_SETTINGS):
             allowed = ", ".join(sorted(RUNTIME_DEV_SETTINGS))
-            raise ValueError(f"not a runtime setting: {', '.join(unknown)} (only {allowed})")
+            message = f"not a runtime setting: {', '.join(unknown)} (only {allowed})"
+            raise InvalidDevSettings(message)
         s = self.settings
-        checked = type(s).model_validate({**s.model_dump(), **changes})
-        check_segments_fit(checked)
+        try:
+            checked = type(s).model_validate({**s.model_dump(), **changes})
+            check_segments_fit(checked)
+        except ValidationError as exc:
+            raise InvalidDevSettings(validation_message(exc)) from exc
+        except ValueError as exc:
+            raise InvalidDevSettings(str(exc)) from exc
         for name in changes:
             setattr(s, name, getattr(checked, name))
         self.admission.realtime = Realtime.from_settings(self.meter, s)

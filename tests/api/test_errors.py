@@ -46,7 +46,8 @@ def literal(node: ast.expr) -> object:
 
 def raised_codes() -> dict[str, str]:
     """code -> where: the first argument of every ``ApiError``/``Refused``/``AccessDenied``/
-    ``InvalidToken`` call written with a literal, every class's ``code = "..."``, the code of
+    ``InvalidToken`` call written with a literal, every ``code="..."`` a call passes, every
+    class's ``code = "..."``, the code of
     every ``error_response(status, code, ...)`` written with one, and every module constant
     ``NAME = (code, message)`` (a stream's failure). A socket's own event codes (``idle_timeout``,
     ``invalid_message``: ``error_event``) are no HTTP answer and not the table's."""
@@ -57,6 +58,10 @@ def raised_codes() -> dict[str, str]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Call):  # InvalidOffer(message, code="no_audio")
+                for keyword in node.keywords:
+                    if keyword.arg == "code" and isinstance(literal(keyword.value), str):
+                        found.setdefault(keyword.value.value, where)  # type: ignore[attr-defined]
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
                 name, first = node.func.id, node.args[0]
                 if name in RAISERS:

@@ -17,25 +17,21 @@ from prometheus_client import Counter as Metric
 from pydantic import ValidationError
 
 from voicehost.api.edge import ApiError, MalformedRequests
-from voicehost.api.webrtc import (
-    END_TOPIC,
-    TRICKLE_TOPIC,
-    CandidateScreen,
-    HeldElsewhere,
-    PeerSession,
-    PeerSessions,
-    announced,
-    configure_ice,
-    ice_configuration,
-    link_headers,
-    read_offer,
-    screening,
-    trickled_candidates,
-)
+from voicehost.api.errors import kind_of
+from voicehost.api.webrtc import END_TOPIC, TRICKLE_TOPIC, HeldElsewhere, PeerSession, PeerSessions
 from voicehost.config import IceServer, Settings
 from voicehost.host.channel import HostChannel
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
+from voicehost.webrtc.ice import (
+    CandidateScreen,
+    announced,
+    configure_ice,
+    ice_configuration,
+    link_headers,
+    screening,
+)
+from voicehost.webrtc.offer import InvalidOffer, read_offer, trickled_candidates
 
 pytestmark = pytest.mark.unit
 
@@ -57,13 +53,6 @@ def ice(monkeypatch):
     yield lambda settings: configure_ice(settings, lambda reason: refused.update([reason])), refused
 
 
-class Offered:
-    """What ``read_offer`` reads of a request: its content type."""
-
-    def __init__(self, content_type: str = "application/sdp") -> None:
-        self.content_type = content_type
-
-
 async def make_offer(audio: str | None = "recvonly", channel: bool = True) -> str:
     pc = RTCPeerConnection()
     if channel:
@@ -76,7 +65,7 @@ async def make_offer(audio: str | None = "recvonly", channel: bool = True) -> st
 
 
 async def test_an_offer_needs_receiving_opus_audio_and_a_data_channel():
-    assert read_offer(Offered(), await make_offer(), OPEN, no_count).type == "offer"
+    assert read_offer(await make_offer(), OPEN, no_count).type == "offer"
     refusals = {}
     for name, sdp in {
         "sendonly": await make_offer(audio="sendonly"),
@@ -85,9 +74,9 @@ async def test_an_offer_needs_receiving_opus_audio_and_a_data_channel():
         "garbage": "v=0\r\nm=audio x",
         "no media": "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n",
     }.items():
-        with pytest.raises(ApiError) as refused:
-            read_offer(Offered(), sdp, OPEN, no_count)
-        refusals[name] = (refused.value.status, refused.value.code)
+        with pytest.raises(InvalidOffer) as refused:
+            read_offer(sdp, OPEN, no_count)
+        refusals[name] = (kind_of(refused.value).status, refused.value.code)
     assert refusals == {
         "sendonly": (400, "no_audio"),
         "no audio": (400, "no_audio"),
@@ -95,9 +84,6 @@ async def test_an_offer_needs_receiving_opus_audio_and_a_data_channel():
         "garbage": (400, "invalid_sdp"),
         "no media": (400, "invalid_sdp"),
     }
-    with pytest.raises(ApiError) as refused:
-        read_offer(Offered("application/json"), await make_offer(), OPEN, no_count)
-    assert (refused.value.status, refused.value.code) == (415, "unsupported_media_type")
 
 
 def test_ice_servers_come_from_the_rtcconfiguration_json_and_go_out_as_link_headers():
@@ -210,9 +196,9 @@ async def test_an_offer_without_its_fingerprint_ice_credentials_or_a_usable_cand
         "holdconn": good.replace("a=setup:actpass", "a=setup:holdconn"),
         "metadata only": with_candidates(good, "169.254.169.254"),
     }.items():
-        with pytest.raises(ApiError) as refusal:
-            read_offer(Offered(), sdp, OPEN, refused.append)
-        said[name] = (refusal.value.status, refusal.value.code, refusal.value.message)
+        with pytest.raises(InvalidOffer) as refusal:
+            read_offer(sdp, OPEN, refused.append)
+        said[name] = (kind_of(refusal.value).status, refusal.value.code, refusal.value.message)
     assert {name: status_code[:2] for name, status_code in said.items()} == {
         name: (400, "invalid_sdp") for name in said
     }
@@ -224,9 +210,9 @@ async def test_an_offer_without_its_fingerprint_ice_credentials_or_a_usable_cand
     assert refused == ["link_local"]  # an address once, whatever sections name it
     # one usable candidate beside it is an offer (the other is screened when it is added)
     mixed = with_candidates(good, "169.254.169.254", "198.51.100.7")
-    assert read_offer(Offered(), mixed, OPEN, refused.append).type == "offer"
+    assert read_offer(mixed, OPEN, refused.append).type == "offer"
     # none at all: trickled later
-    assert read_offer(Offered(), without(good, "a=candidate:"), OPEN, no_count).type == "offer"
+    assert read_offer(without(good, "a=candidate:"), OPEN, no_count).type == "offer"
 
 
 def test_the_screen_refuses_what_no_check_may_reach_and_private_ranges_unless_allowed():
@@ -320,9 +306,9 @@ async def test_ice_sends_no_check_to_a_refused_candidate_and_one_to_an_allowed_o
 
 def test_a_trickle_fragment_with_a_line_no_fragment_holds_is_400():
     for fragment in ("", "\x00\x01garbage", "v=0\r\na=candidate:1 1 udp 1 192.0.2.7 5 typ host"):
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(InvalidOffer) as refused:
             trickled_candidates(fragment)
-        assert (refused.value.status, refused.value.code) == (400, "invalid_sdp")
+        assert (kind_of(refused.value).status, refused.value.code) == (400, "invalid_sdp")
     assert trickled_candidates("a=end-of-candidates\r\n") == []
 
 

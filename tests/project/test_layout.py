@@ -1,5 +1,5 @@
 """The package's layout, pinned: packages follow the data and import only the ones below them
-(text, voices, model, audio, tenancy, speech, host, lora_training, cloning, serving, api,
+(text, voices, model, audio, webrtc, tenancy, speech, host, lora_training, cloning, serving, api,
 cluster, then the tools, the client, its integrations and the entry points); lora_training and the
 serving side depend one way; the benchmark client stays out of what serving imports, and the
 settings load no web framework."""
@@ -24,6 +24,7 @@ LAYERS = [
     "voices",  # the voice type, voice@n, the folders on disk, adapter validation
     "model",  # the token format, the codec, the engine, the dev model
     "audio",  # response formats, tempo, where speech starts, the speaker embedder
+    "webrtc",  # the WebRTC peer's rules: ICE servers, ports and screen, what an offer holds
     "tenancy",  # keys, audit, usage, the lexicon store
     "speech",  # the synthesis pipeline, admission, capacity
     "host",  # one engine core, several front ends: the launcher, shared tables, the channel

@@ -15,7 +15,7 @@ from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, query_value
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, query_param, ref
-from voicehost.ids import VOICE_ID_PATTERN, is_voice_id, parse_iso
+from voicehost.ids import VOICE_ID_PATTERN, checked_voice_id, parse_iso
 from voicehost.tenancy.audit import AuditQuery
 from voicehost.tenancy.keys import Principal
 
@@ -132,10 +132,8 @@ async def list_audit(request: web.Request) -> web.Response:
     """``GET /v1/audit?voice=&since=&after=&limit=``: events in order of their seq."""
     principal = request_principal(request)
     voice = query_value(request, "voice")
-    if voice is not None and not (
-        is_voice_id(voice) or voice in request.app[SERVICE].voices.builtin
-    ):
-        raise ApiError("invalid_voice_id", f"voice must match {VOICE_ID_PATTERN.pattern}")
+    if voice is not None and voice not in request.app[SERVICE].voices.builtin:
+        checked_voice_id(voice, "voice")
     since = query_value(request, "since")
     query = AuditQuery(
         voice=voice,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import ipaddress
 import logging
 import math
 import re
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from aiohttp import web
 from pydantic import ValidationError
 
+from voicehost.config import is_loopback_host
 from voicehost.errors import ServiceError
 from voicehost.tenancy.keys import (
     SPEECH_TOKEN,
@@ -268,16 +268,6 @@ _REDACT_KEYS = RedactKeys()
 def redact_access_log() -> None:
     """Install ``RedactKeys`` on aiohttp's access log (once per process; a server calls it)."""
     logging.getLogger("aiohttp.access").addFilter(_REDACT_KEYS)
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a bind address (an IP or ``localhost``) is a loopback one."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 AUTH = web.AppKey("auth", Authenticator)

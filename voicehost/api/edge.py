@@ -40,14 +40,11 @@ from voicehost.audio.encoding import EncodingFailed
 from voicehost.cloning.intake import Intake
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.config import Settings
-from voicehost.errors import ServiceError
+from voicehost.errors import ServiceError, validation_message
 from voicehost.ids import (
-    JOB_ID_PATTERN,
-    VERSION_PATTERN,
-    VOICE_ID_PATTERN,
-    is_job_id,
-    is_version,
-    is_voice_id,
+    checked_job_id,
+    checked_version,
+    checked_voice_id,
     split_voice_ref,
 )
 from voicehost.metrics import SpeechMetrics
@@ -57,7 +54,13 @@ from voicehost.tenancy.audit import Action, AuditTrail, Change, actor_of
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.tenancy.lexicons import LexiconStore
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.voice import RegistryRebuilding, Voice, VoiceDirectory
+from voicehost.voices.voice import (
+    RegistryRebuilding,
+    UnusableVersion,
+    Voice,
+    VoiceDirectory,
+    VoiceNotFound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ VERSION_HEADER = "X-Voicehost-Voice-Version"  # which version of the voice a res
 # A JSON body (speech, routing) is read whole: 1 MiB holds VOICEHOST_MAX_INPUT_CHARS' default of
 # 100000 characters however they are escaped; uploads stream under their own caps.
 MAX_JSON_BODY_BYTES = 1 << 20
-PATH_IDS = {"voice_id": (is_voice_id, VOICE_ID_PATTERN), "job_id": (is_job_id, JOB_ID_PATTERN)}
+PATH_IDS = {"voice_id": checked_voice_id, "job_id": checked_job_id}
 
 
 class VoiceService(Protocol):
@@ -157,13 +160,6 @@ async def end_broken_stream(
         request.transport.close()
 
 
-def validation_message(exc: ValidationError, whole: str = "body") -> str:
-    """Every problem pydantic found, ``field.path: message`` joined by ``; ``."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in exc.errors()
-    )
-
-
 def answer(request: web.Request, exc: ServiceError) -> web.Response:
     """``exc`` as the one error shape, with the table's status (``voicehost.api.errors``):
     ``Retry-After`` where waiting helps (an admission refusal's own seconds, else 1),
@@ -207,7 +203,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except RegistryRebuilding as exc:  # a voice route's lookup in Redis's gap
         if not can_see(request_principal(request), exc.tenant, held=exc.held):
-            return answer(request, voice_not_found(exc.voice_id))  # as outside the gap
+            return answer(request, VoiceNotFound(exc.voice_id))  # as outside the gap
         return answer(request, exc)
     except ServiceError as exc:
         return answer(request, exc)
@@ -343,11 +339,11 @@ def load_json(text: str) -> object:
     return value
 
 
-async def read_json_object(request: web.Request) -> dict[str, object]:
-    """The JSON object a request's body holds: 400 ``invalid_json`` or ``invalid_request``
-    otherwise."""
+def json_object(body: bytes | str) -> dict[str, object]:
+    """The JSON object ``body`` holds (bytes: UTF-8): 400 ``invalid_json`` or
+    ``invalid_request`` otherwise."""
     try:
-        payload = load_json(await request.text())
+        payload = load_json(body.decode() if isinstance(body, bytes) else body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
@@ -355,21 +351,25 @@ async def read_json_object(request: web.Request) -> dict[str, object]:
     return payload
 
 
-async def read_body(request: web.Request, model: type[Body]) -> Body:
-    """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
-    payload = await read_json_object(request)
+def validated(model: type[Body], payload: object) -> Body:
+    """``payload`` as ``model``: 400 ``invalid_request`` naming each problem otherwise."""
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
         raise ApiError("invalid_request", validation_message(exc)) from exc
 
 
+async def read_json_object(request: web.Request) -> dict[str, object]:
+    """The JSON object a request's body holds (``json_object``: JSON is UTF-8, RFC 8259)."""
+    return json_object(await request.read())
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    """The JSON body as ``model``: 400 ``invalid_json`` or ``invalid_request`` otherwise."""
+    return validated(model, await read_json_object(request))
+
+
 # --- voices ----------------------------------------------------------------------------------
-
-
-def voice_not_found(voice_id: str) -> ApiError:
-    """The one answer for a voice that does not exist, or is another tenant's."""
-    return ApiError("voice_not_found", f"voice {voice_id!r} does not exist")
 
 
 async def find_voice(
@@ -388,8 +388,8 @@ async def find_voice(
     ``aliases`` (``VOICEHOST_VOICE_ALIASES``): an id that names no voice ``principal`` can see
     is looked up as the voice its alias names; a voice of that id it can see comes first."""
     voice_id, version = split_voice_ref(ref)
-    if voice_id not in directory.builtin and not is_voice_id(voice_id):
-        raise ApiError("invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
+    if voice_id not in directory.builtin:
+        checked_voice_id(voice_id)
     if principal is not None and principal.voices is not None and voice_id not in principal.voices:
         allowed = ", ".join(sorted(principal.voices))
         raise ApiError("voice_not_allowed", f"this token speaks only {allowed}")
@@ -397,34 +397,29 @@ async def find_voice(
         voice = await directory.find(voice_id, version)
     except RegistryRebuilding as exc:  # it exists: retry soon (a socket gets retry_after too)
         if not can_see(principal, exc.tenant, held=exc.held):
-            raise voice_not_found(ref) from None  # another's: as outside the gap
+            raise VoiceNotFound(ref) from None  # another's: as outside the gap
         raise Refused("registry_rebuilding", str(exc), 1) from exc
     seen = voice is not None and can_see(principal, voice.tenant, held=voice.status == "held")
     if not seen and version is None and aliases and voice_id in aliases:
         target = aliases[voice_id]
         try:
             return await find_voice(directory, target, principal)
-        except ApiError as exc:
-            if exc.code != "voice_not_found":
-                raise
+        except VoiceNotFound:
             message = f"voice {voice_id!r} is an alias of {target!r}, which does not exist"
-            raise ApiError("voice_not_found", message) from None
+            raise VoiceNotFound(voice_id, message) from None
     if voice is None:
         broken = directory.broken(voice_id, version)
         if broken is not None and (principal is None or principal.admin):
-            raise ApiError("voice_unusable", f"voice {ref!r} is unusable: {broken}")
-        raise voice_not_found(ref)
+            raise UnusableVersion(f"voice {ref!r} is unusable: {broken}")
+        raise VoiceNotFound(ref)
     if not can_see(principal, voice.tenant, held=voice.status == "held"):
-        raise voice_not_found(ref)
+        raise VoiceNotFound(ref)
     return voice
 
 
 def path_version(request: web.Request) -> int:
     """The version number in the route's path: 400 unless it is one (1, 2, ...)."""
-    value = request.match_info["version"]
-    if not is_version(value):
-        raise ApiError("invalid_version", f"version must match {VERSION_PATTERN.pattern}")
-    return int(value)
+    return checked_version(request.match_info["version"])
 
 
 def query_value(request: web.Request, name: str) -> str | None:
@@ -436,11 +431,7 @@ def query_value(request: web.Request, name: str) -> str | None:
 def path_id(request: web.Request, key: str) -> str:
     """A voice or job id from the route's path (aiohttp has percent-decoded it): 400 unless it
     matches the id pattern whole."""
-    value = request.match_info[key]
-    valid, pattern = PATH_IDS[key]
-    if not valid(value):
-        raise ApiError(f"invalid_{key}", f"{key} must match {pattern.pattern}")
-    return value
+    return PATH_IDS[key](request.match_info[key])
 
 
 # --- a quiet log under attack -----------------------------------------------------------------

@@ -13,10 +13,18 @@ from voicehost.api.edge import (
     path_id,
     record,
 )
-from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, wrapped
-from voicehost.cloning.jobs import FINISHED, RETRYABLE, CloneJob, JobStatus
+from voicehost.cloning.jobs import (
+    FINISHED,
+    RETRYABLE,
+    CloneJob,
+    JobBusy,
+    JobNotFound,
+    JobStatus,
+    NotRetryable,
+)
 from voicehost.tenancy.keys import can_see
+from voicehost.voices.voice import VoiceExists
 
 # --- its wire models ---
 
@@ -64,7 +72,7 @@ def _job(request: web.Request) -> CloneJob:
     job_id = path_id(request, "job_id")
     job = request.app[SERVICE].jobs.get(job_id)
     if job is None or not can_see(request_principal(request), job.tenant):
-        raise ApiError("job_not_found", f"job {job_id!r} does not exist")
+        raise JobNotFound(job_id)
     return job
 
 
@@ -80,7 +88,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     job = _job(request)
     if job.status in FINISHED:
         if service.jobs.is_running(job.id):
-            raise ApiError("job_busy", "the job's worker is still stopping; try again")
+            raise JobBusy("the job's worker is still stopping; try again")
         await asyncio.to_thread(service.jobs.discard, job.id)
         await record(request, "job.deleted", tenant=job.tenant, voice=job.voice_id, job=job.id)
         return web.Response(status=204)
@@ -93,14 +101,13 @@ async def retry_job(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     job = _job(request)
     if service.jobs.is_running(job.id):
-        raise ApiError("job_not_retryable", "the job's worker is still stopping; try again")
+        raise NotRetryable("the job's worker is still stopping; try again")
     if not job.new_version and await service.voices.exists(job.voice_id):
-        raise ApiError("voice_exists", f"voice {job.voice_id!r} exists now")
+        raise VoiceExists(f"voice {job.voice_id!r} exists now")
     if job.status not in RETRYABLE:
-        raise ApiError(
-            "job_not_retryable",
+        raise NotRetryable(
             f"job is {job.status}; a failed, cancelled or queued job retries, or one whose "
-            "runner was lost",
+            "runner was lost"
         )
     job = await service.jobs.retry(job.id)
     await record(request, "job.retried", tenant=job.tenant, voice=job.voice_id, job=job.id)

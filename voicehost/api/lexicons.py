@@ -12,18 +12,23 @@ import functools
 import logging
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from voicehost.api.auth import request_principal
-from voicehost.api.edge import SERVICE, VoiceService, load_json, validation_message
-from voicehost.api.errors import ApiError
+from voicehost.api.edge import (
+    SERVICE,
+    VoiceService,
+    json_object,
+    validated,
+)
 from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
 from voicehost.tenancy.keys import Principal, owner_tenant
 from voicehost.tenancy.lexicons import (
-    LEXICON_NAME_PATTERN,
+    LexiconNotFound,
     LexiconTooLarge,
     StoredLexicon,
     checked_entries,
+    checked_name,
     is_lexicon_name,
     parse_pls,
 )
@@ -84,14 +89,7 @@ MANIFEST_KEY = "lexicon"  # a voice's default lexicon, named in its voice.json
 
 
 def _name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not is_lexicon_name(name):
-        raise ApiError("invalid_lexicon_name", f"name must match {LEXICON_NAME_PATTERN.pattern}")
-    return name
-
-
-def lexicon_not_found(name: str) -> ApiError:
-    return ApiError("lexicon_not_found", f"lexicon {name!r} does not exist")
+    return checked_name(request.match_info["name"])
 
 
 def _info(lexicon: StoredLexicon) -> LexiconInfo:
@@ -109,19 +107,11 @@ def _entries(
     )
     if pls:
         return parse_pls(body, limits)
-    try:
-        payload = load_json(body.decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise ApiError("invalid_request", "the body must be a JSON object")
+    payload = json_object(body)
     entries = payload.get("entries")
     if isinstance(entries, list) and len(entries) > limits.max_entries:  # before reading each
         raise LexiconTooLarge(f"a lexicon holds at most {limits.max_entries} entries")
-    try:
-        upload = LexiconUpload.model_validate(payload)
-    except ValidationError as exc:
-        raise ApiError("invalid_request", validation_message(exc)) from exc
+    upload = validated(LexiconUpload, payload)
     found = (LexiconEntry(e.grapheme, e.alias, e.case_sensitive) for e in upload.entries)
     return checked_entries(found, limits), 0
 
@@ -135,7 +125,7 @@ async def put_lexicon(request: web.Request) -> web.Response:
     new = await service.lexicons.put(tenant, name, entries)
     stored = await service.lexicons.get(tenant, name)
     if stored is None:  # deleted meanwhile
-        raise lexicon_not_found(name)
+        raise LexiconNotFound(name)
     saved = LexiconSaved(lexicon=_info(stored), skipped=skipped)
     headers = {"Location": f"/v1/lexicons/{name}"} if new else None
     return web.json_response(saved.model_dump(), status=201 if new else 200, headers=headers)
@@ -146,7 +136,7 @@ async def get_lexicon(request: web.Request) -> web.Response:
     name = _name(request)
     stored = await service.lexicons.get(owner_tenant(request_principal(request)), name)
     if stored is None:
-        raise lexicon_not_found(name)
+        raise LexiconNotFound(name)
     entries = [
         PronunciationEntry(grapheme=e.grapheme, alias=e.alias, case_sensitive=e.case_sensitive)
         for e in stored.entries
@@ -159,7 +149,7 @@ async def delete_lexicon(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = _name(request)
     if not await service.lexicons.delete(owner_tenant(request_principal(request)), name):
-        raise lexicon_not_found(name)
+        raise LexiconNotFound(name)
     return web.Response(status=204)
 
 
@@ -187,7 +177,7 @@ async def speech_lexicon(
     for name in dict.fromkeys(names):
         stored = await service.lexicons.get(tenant, name)
         if stored is None:
-            raise lexicon_not_found(name)
+            raise LexiconNotFound(name)
         found.append(stored)
     manifest = await service.voices.manifest(voice.voice_id) or {}
     default = manifest.get(MANIFEST_KEY)

@@ -66,6 +66,7 @@ from voicehost.api.openapi import (
 )
 from voicehost.config import Settings
 from voicehost.tenancy.keys import SPEECH_TOKEN
+from voicehost.webrtc.ice import configure_ice
 
 Slot = Literal["speech", "speech_captioned", "speech_ws", "speech_webrtc", "healthz", "readyz"]
 SYNTHESIZE = frozenset({"synthesize"})
@@ -221,7 +222,7 @@ def public_app(
     app[SERVICE] = service
     app[webrtc.PEERS] = webrtc.PeerSessions(settings)
     refused = service.metrics.webrtc_candidates_refused
-    webrtc.configure_ice(settings, lambda reason: refused.labels(reason).inc())
+    configure_ice(settings, lambda reason: refused.labels(reason).inc())
     app.on_cleanup.append(webrtc.close_sessions)
     redact_access_log()
     quiet_malformed_requests(service.metrics)

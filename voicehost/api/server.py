@@ -15,7 +15,6 @@ from functools import partial
 
 import numpy as np
 from aiohttp import web
-from pydantic import ValidationError
 
 from voicehost.api import lifecycle, realtime, webrtc
 from voicehost.api.auth import INTERNAL, request_principal
@@ -30,7 +29,6 @@ from voicehost.api.edge import (
     read_body,
     read_json_object,
     stream_failure,
-    validation_message,
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.lexicons import speech_lexicon
@@ -325,13 +323,7 @@ async def change_dev_settings(request: web.Request) -> web.Response:
     """``PATCH /internal/dev/settings`` (a dev server's only): a JSON object of runtime settings
     (``serving.RUNTIME_DEV_SETTINGS``) changed now, answered with every runtime setting's value;
     400 for another name or a value its field refuses."""
-    payload = await read_json_object(request)
-    try:
-        values = request.app[SERVING].change_dev_settings(payload)
-    except ValidationError as exc:
-        raise ApiError("invalid_request", validation_message(exc)) from exc
-    except ValueError as exc:
-        raise ApiError("invalid_request", str(exc)) from exc
+    values = request.app[SERVING].change_dev_settings(await read_json_object(request))
     return web.json_response(values)
 
 

@@ -28,6 +28,7 @@ from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.speech.alignment import Aligner
 from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
+from voicehost.text.stage import check_input
 
 # --- its wire models ---
 
@@ -206,13 +207,7 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
     """400 for input with nothing to say, an unservable format, or word timing where the
     answer has no place for it (raw audio; the captioned endpoint's JSON has one); 413 past
     ``max_chars``."""
-    if not any(ch.isalnum() for ch in body.input):
-        raise ApiError("empty_input", "input is empty or has nothing to say")
-    if len(body.input) > max_chars:
-        raise ApiError(
-            "input_too_long",
-            f"input has {len(body.input)} characters; the limit is {max_chars}",
-        )
+    check_input(body.input, max_chars)
     captioned = isinstance(body, CaptionedSpeechRequest)
     if body.timestamps == "word" and body.stream_format != "sse" and not captioned:
         raise ApiError(

@@ -13,7 +13,7 @@ from voicehost.api.auth import AUTH, request_principal
 from voicehost.api.edge import read_body
 from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, ref
-from voicehost.ids import VOICE_ID_PATTERN
+from voicehost.ids import checked_voice_id
 from voicehost.tenancy.tokens import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 
 
@@ -62,8 +62,7 @@ async def mint_token(request: web.Request) -> web.Response:
         raise ApiError("no_api_keys", "this server runs without API keys: speak without one")
     body = await read_body(request, TokenRequest)
     for voice in body.voices or ():
-        if not VOICE_ID_PATTERN.fullmatch(voice):
-            raise ApiError("invalid_voice_id", f"{voice!r} is not a voice id")
+        checked_voice_id(voice, "voices")
     token, minted = request.app[AUTH].tokens.mint(
         principal.key_id, body.ttl_seconds, body.voices, body.origin, max_streams=body.max_streams
     )

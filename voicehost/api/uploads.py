@@ -22,17 +22,13 @@ from urllib.parse import unquote
 
 from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from voicehost.api.auth import request_principal
 from voicehost.api.edge import (
     SERVICE,
     VoiceService,
-    load_json,
     path_id,
     record,
-    validation_message,
-    voice_not_found,
 )
 from voicehost.api.errors import ApiError
 from voicehost.api.jobs import CloneJobInfo, job_info
@@ -47,7 +43,8 @@ from voicehost.cloning.intake import (
     queue_clone,
     store_transcripts,
 )
-from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
+from voicehost.cloning.jobs import JobInProgress
+from voicehost.ids import checked_voice_id
 from voicehost.tenancy.keys import owner_tenant
 from voicehost.voices.validation import (
     MANIFEST,
@@ -59,28 +56,9 @@ from voicehost.voices.validation import (
 )
 from voicehost.voices.voice import (
     NoSuchVersion,
+    VoiceExists,
+    VoiceNotFound,
 )
-
-# --- its wire models ---
-
-
-class ConsentRecord(BaseModel):
-    """The ``consent`` part of a clone from audio: who agreed to have their voice cloned, to
-    which statement, who collected that and when, and for what purpose."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    speaker_name: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
-    statement: StrictStr = Field(
-        min_length=1,
-        max_length=4000,
-        pattern=r"\S",
-        description="What the speaker agreed to, word for word (what a consent recording says).",
-    )
-    collected_by: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
-    collected_at: AwareDatetime = Field(description="When, with its time zone (ISO 8601).")
-    purpose: StrictStr = Field(min_length=1, max_length=1000, pattern=r"\S")
-
 
 CHUNK = 1 << 16
 MAX_FIELD_BYTES = 1 << 16  # a form field (voice_id, name) is short; files are streamed to disk
@@ -163,22 +141,20 @@ async def _read_parts(reader: MultipartReader, folder: Path, max_bytes: int) -> 
 async def _voice_id(service: VoiceService, fields: dict[str, str]) -> str:
     voice_id = fields.get("voice_id") or re.sub(r"[^a-z0-9]+", "-", fields.get("name", "").lower())
     voice_id = voice_id.strip("-_") or f"voice-{secrets.token_hex(4)}"
-    if not is_voice_id(voice_id):
-        raise ApiError("invalid_voice_id", f"voice_id must match {VOICE_ID_PATTERN.pattern}")
-    await _ensure_free(service, voice_id)
+    await _ensure_free(service, checked_voice_id(voice_id))
     return voice_id
 
 
 async def _ensure_no_job(service: VoiceService, voice_id: str) -> None:
     if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
-        raise ApiError("job_in_progress", f"a version of {voice_id!r} is being trained")
+        raise JobInProgress(f"a version of {voice_id!r} is being trained")
 
 
 async def _ensure_free(service: VoiceService, voice_id: str) -> None:
     if await service.voices.exists(voice_id):
-        raise ApiError("voice_exists", f"voice {voice_id!r} already exists")
+        raise VoiceExists(f"voice {voice_id!r} already exists")
     if await asyncio.to_thread(service.jobs.voice_in_progress, voice_id):
-        raise ApiError("voice_exists", f"voice {voice_id!r} is being trained")
+        raise VoiceExists(f"voice {voice_id!r} is being trained")
 
 
 async def create_voice(request: web.Request) -> web.Response:
@@ -223,13 +199,8 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             raise ApiError(
                 "ambiguous_upload", "send audio files (to clone) or an adapter, not both"
             )
-        if recording is not None and consent_record is None:
-            raise ApiError("consent_required", "a consent recording goes with its 'consent' record")
+        consent.check_parts(consent_record, recording, not adapter, settings.consent_required())
         if adapter:
-            if recording is not None:
-                raise ApiError(
-                    "invalid_consent", "a consent recording is checked against audio to clone"
-                )
             response, added = await _register_adapter(
                 service, voice_id, upload, inputs, tenant, consent_record, version_of, promote
             )
@@ -245,12 +216,6 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             if consent_record is not None:
                 await record(request, "voice.consent_recorded", **audited)
             return response
-        if consent_record is None and settings.consent_required():
-            raise ApiError(
-                "consent_required",
-                "cloning from audio needs a 'consent' part: the speaker's name, the statement "
-                "they agreed to, who collected it, when, and the purpose",
-            )
         measured = await _check(service, job_id, upload, inputs, recording is not None)
         if consent_record is not None:
             await asyncio.to_thread(
@@ -305,20 +270,8 @@ def _consent_parts(upload: Upload, job_dir: Path) -> tuple[dict | None, Path | N
         else:
             path.unlink()
     if len(recordings) > 1:
-        raise ApiError("invalid_consent", "send one 'consent_recording' file")
-    if text is None:
-        return None, recording
-    try:
-        payload = load_json(text)
-    except ValueError as exc:
-        raise ApiError("invalid_consent", f"'consent' is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise ApiError("invalid_consent", "'consent' must be a JSON object")
-    try:
-        record = ConsentRecord.model_validate(payload)
-    except ValidationError as exc:
-        raise ApiError("invalid_consent", validation_message(exc, "consent")) from exc
-    return record.model_dump(mode="json"), recording
+        raise consent.InvalidConsent("send one 'consent_recording' file")
+    return (None if text is None else consent.read_record(text)), recording
 
 
 async def _check(
@@ -356,12 +309,13 @@ async def _register_adapter(
     staging.mkdir()
     for part, name in ADAPTER_PARTS.items():
         if len(files.get(part, [])) != 1:
-            raise ApiError("invalid_adapter", f"send exactly one '{part}' file")
+            raise InvalidAdapter(f"send exactly one '{part}' file")
         if files[part][0].suffix.lower() in PICKLE_SUFFIXES:
             message = f"'{part}' is named like a pickle file: safetensors only"
-            raise ApiError("invalid_adapter", message)
+            raise InvalidAdapter(message)
         if files[part][0].stat().st_size > max_bytes:
-            raise ApiError("adapter_too_large", f"adapters are limited to {max_bytes} bytes")
+            message = f"adapters are limited to {max_bytes} bytes"
+            raise InvalidAdapter(message, code="adapter_too_large")
         files[part][0].replace(staging / name)
     manifest_part = files.get("voice", [])
     try:  # the weights are first read by the directory's validation, after the config
@@ -386,7 +340,7 @@ async def _register_adapter(
         else:
             await service.voices.add(voice_id, staging)
     except NoSuchVersion as exc:  # the voice was deleted meanwhile
-        raise voice_not_found(voice_id) from exc
+        raise VoiceNotFound(voice_id) from exc
     if version_of is not None:
         info = await version_info(service, voice_id, added.version, None)
         response = web.json_response(
@@ -516,4 +470,4 @@ def _operations() -> dict[str, Json]:
 
 
 OPERATIONS: dict[str, Json] = _operations()
-MODELS: Models = ((ConsentRecord, "validation"),)
+MODELS: Models = ((consent.ConsentRecord, "validation"),)

@@ -19,9 +19,7 @@ from voicehost.api.edge import (
     path_version,
     read_body,
     record,
-    voice_not_found,
 )
-from voicehost.api.errors import ApiError
 from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
 from voicehost.api.schemas import VersionNumber
 from voicehost.cloning import consent
@@ -33,7 +31,9 @@ from voicehost.voices.validation import (
 )
 from voicehost.voices.voice import (
     NoSuchVersion,
+    ReadOnlyVoice,
     VoiceDirectory,
+    VoiceNotFound,
     VoiceVersion,
 )
 
@@ -120,9 +120,9 @@ async def managed_voice(
     for a built-in voice or a shared one (admins only)."""
     detail = await voice_detail(service, voice_id, principal)
     if detail.kind == "builtin":
-        raise ApiError("voice_read_only", f"voice {voice_id!r} is a built-in voice")
+        raise ReadOnlyVoice(f"voice {voice_id!r} is a built-in voice")
     if not can_manage(principal, voice_tenant(detail.manifest)):
-        raise ApiError("voice_read_only", f"voice {voice_id!r} is shared: admins only")
+        raise ReadOnlyVoice(f"voice {voice_id!r} is shared: admins only")
     return detail
 
 
@@ -145,7 +145,7 @@ async def version_info(
         if entry.version == version:
             tenant = voice_tenant(entry.manifest)
             return _version_of(entry, can_manage(principal, tenant))
-    raise ApiError("version_not_found", f"voice {voice_id!r} has no version {version}")
+    raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
 
 
 async def list_versions(request: web.Request) -> web.Response:
@@ -157,7 +157,7 @@ async def list_versions(request: web.Request) -> web.Response:
     detail = await voice_detail(service, voice_id, principal)
     entries = await service.voices.versions(voice_id)
     if entries is None:
-        raise voice_not_found(voice_id)
+        raise VoiceNotFound(voice_id)
     manageable = can_manage(principal, voice_tenant(detail.manifest))
     live = next((e.version for e in entries if e.live), 1)
     listed = [_version_of(e, manageable) for e in entries if e.status != "held" or manageable]
@@ -189,9 +189,9 @@ async def delete_version(request: web.Request) -> web.Response:
     try:
         removed = await service.voices.remove_version(voice_id, version)
     except NoSuchVersion as exc:  # the voice was deleted meanwhile
-        raise voice_not_found(voice_id) from exc
+        raise VoiceNotFound(voice_id) from exc
     if not removed:
-        raise ApiError("version_not_found", f"voice {voice_id!r} has no version {version}")
+        raise NoSuchVersion(f"voice {voice_id!r} has no version {version}")
     tenant = voice_tenant(detail.manifest)
     await record(request, "voice.version_deleted", tenant=tenant, voice=voice_id, version=version)
     return web.Response(status=204)
@@ -204,7 +204,7 @@ async def voice_detail(
     if manifest is None or not can_see(
         principal, voice_tenant(manifest), held=voice_status(manifest) == "held"
     ):
-        raise voice_not_found(voice_id)
+        raise VoiceNotFound(voice_id)
     builtin = service.voices.builtin.get(voice_id)
     if builtin is not None and not manifest:
         return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
@@ -269,11 +269,11 @@ async def delete_voice(request: web.Request) -> web.Response:
     if principal is not None and not principal.admin:  # 404 for another tenant's
         tenant = voice_tenant((await voice_detail(service, voice_id, principal)).manifest)
         if not can_manage(principal, tenant) and voice_id not in service.voices.builtin:
-            raise ApiError("voice_read_only", f"voice {voice_id!r} is shared: admins only")
+            raise ReadOnlyVoice(f"voice {voice_id!r} is shared: admins only")
     owner = voice_tenant(await service.voices.manifest(voice_id) or {})  # for its audit event
     removed = await service.voices.remove(voice_id)
     if not removed:
-        raise ApiError("voice_not_found", f"voice {voice_id!r} does not exist")
+        raise VoiceNotFound(voice_id)
     await record(request, "voice.deleted", tenant=owner, voice=voice_id)
     return web.Response(status=204)
 
@@ -294,7 +294,7 @@ async def publish_voice(request: web.Request) -> web.Response:
     }
     voice = await service.voices.publish(voice_id, published, body.version)
     if voice is None:  # deleted meanwhile
-        raise voice_not_found(voice_id)
+        raise VoiceNotFound(voice_id)
     detail = await voice_detail(service, voice_id, principal)
     tenant = voice_tenant(detail.manifest)
     await record(

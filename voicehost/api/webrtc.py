@@ -18,32 +18,22 @@ connects (``webrtc_connect_timeout_seconds``) or stops answering ICE consent che
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import math
 import re
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager, suppress
-from contextvars import ContextVar
+from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
-from typing import Any
 
-import aioice.ice
 from aiohttp import web
 from aiortc import (
-    RTCConfiguration,
     RTCDataChannel,
     RTCIceCandidate,
-    RTCIceServer,
     RTCPeerConnection,
-    RTCSessionDescription,
 )
-from aiortc.sdp import SessionDescription, candidate_from_sdp
 
-from voicehost.api.auth import is_loopback_host, request_principal
+from voicehost.api.auth import request_principal
 from voicehost.api.edge import SERVICE, SERVING
 from voicehost.api.errors import ApiError
 from voicehost.api.listeners import Listener, NotText
@@ -51,277 +41,28 @@ from voicehost.api.openapi import Json, Models, operation
 from voicehost.api.realtime import SessionWork, serve_listener, speaking
 from voicehost.api.speech import RealtimeConfig
 from voicehost.audio.opus_track import OPUS_RATE, OpusPacketizer, PacedOpusTrack
-from voicehost.config import IceServer, Settings
+from voicehost.config import Settings
 from voicehost.host.channel import Body, ChannelError, HostChannel, PeerGone, PeerSilent
 from voicehost.metrics import SpeechMetrics
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
+from voicehost.webrtc.ice import (
+    announced,
+    configured_screen,
+    ice_configuration,
+    link_headers,
+    screening,
+)
+from voicehost.webrtc.offer import DATA_CHANNEL, InvalidOffer, read_candidates, read_offer
 
 log = logging.getLogger(__name__)
 
 WEBRTC_PATH = "/v1/audio/speech/webrtc"
 SESSION_PATH = WEBRTC_PATH + "/{session_id}"
-DATA_CHANNEL = "voicehost"
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"
 MAX_SDP_BYTES = 64 * 1024
 SESSION_ID = re.compile(r"[0-9a-f]{32}")
-
-
-# --- ICE: the servers, the ports ----------------------------------------------------------------
-
-
-def ice_configuration(servers: list[IceServer]) -> RTCConfiguration:
-    """The peer connection's configuration: the operator's STUN/TURN servers, or none (host
-    candidates only: no server is contacted unless configured)."""
-    return RTCConfiguration(
-        iceServers=[
-            RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in servers
-        ]
-    )
-
-
-def link_headers(servers: list[IceServer]) -> list[str]:
-    """The ``Link`` headers of a WHIP answer: each ICE server for the client, TURN's
-    credentials with it (RFC 9725, section 4.6)."""
-    links = []
-    for server in servers:
-        for url in server.urls:
-            link = f'<{url}>; rel="ice-server"'
-            if server.username is not None:
-                link += f'; username="{server.username}"'
-            if server.credential is not None:
-                link += f'; credential="{server.credential}"; credential-type="password"'
-            links.append(link)
-    return links
-
-
-def announced(sdp: str, address: str | None) -> str:
-    """``sdp`` with its host candidates (and connection lines) at ``address``, their ports
-    unchanged: behind a one-to-one NAT or a published port, the address a client can reach."""
-    if address is None:
-        return sdp
-    version = "IP6" if ":" in address else "IP4"
-    lines = []
-    for line in sdp.split("\r\n"):
-        bits = line.split(" ")
-        if line.startswith("a=candidate:") and len(bits) >= 8 and bits[7] == "host":
-            bits[4] = address
-            line = " ".join(bits)
-        elif line.startswith("c=IN "):
-            line = f"c=IN {version} {address}"
-        lines.append(line)
-    return "\r\n".join(lines)
-
-
-# --- ICE: where checks may go ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CandidateScreen:
-    """Which remote candidates ICE may send checks to: a client writes its candidates' addresses
-    itself, so a check is a packet this service sends wherever an offer says. Never to
-    link-local (a cloud's metadata address), unspecified, multicast or broadcast addresses;
-    to loopback only when the service binds a loopback address; to private ranges only when
-    ``webrtc_private_candidates`` says the service is on a private network."""
-
-    loopback: bool
-    private: bool
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> CandidateScreen:
-        return cls(is_loopback_host(settings.host), settings.webrtc_private_candidates)
-
-    def refusal(self, address: str) -> str | None:
-        """Why no check may go to ``address`` (the reason counted), or None if one may.
-        An mDNS name (``.local``) is screened once it resolves (aioice resolves it)."""
-        try:
-            ip = ipaddress.ip_address(address.split("%")[0])
-        except ValueError:
-            return "not_an_address"
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        if ip.is_unspecified:
-            return "unspecified"
-        if ip.is_multicast:
-            return "multicast"
-        if ip == ipaddress.IPv4Address("255.255.255.255"):
-            return "broadcast"
-        if ip.is_link_local:
-            return "link_local"
-        if ip.is_loopback:
-            return None if self.loopback else "loopback"
-        if ip.is_private or ip.is_reserved or ip in _SHARED_ADDRESSES:
-            return None if self.private else "private"
-        return None
-
-
-_SHARED_ADDRESSES = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
-_gather = aioice.ice.Connection.get_component_candidates
-_add_remote = aioice.ice.Connection._add_remote_candidate
-_ports: tuple[int, int] | None = None
-_screen = CandidateScreen(loopback=False, private=False)
-_refused: Callable[[str], None] = lambda reason: None  # noqa: E731 (set by configure_ice)
-
-
-def configure_ice(settings: Settings, refused: Callable[[str], None]) -> None:
-    """This process's ICE: host candidates bound in ``webrtc_udp_ports`` (aioice binds each on
-    an ephemeral port, and has no setting for a range), loopback where the host has no other
-    address, consent checks that find a vanished peer in ``webrtc_consent_seconds``, and
-    remote candidates screened (``CandidateScreen``), each refused one told to ``refused``
-    with its reason. Every remote candidate, from an offer, a trickle or an mDNS name
-    resolved, reaches aioice's connection through ``_add_remote_candidate``: screened there."""
-    global _ports, _screen, _refused
-    _ports = settings.udp_port_range()
-    _screen = CandidateScreen.from_settings(settings)
-    _refused = refused
-    aioice.ice.CONSENT_INTERVAL = settings.webrtc_consent_seconds / aioice.ice.CONSENT_FAILURES
-    aioice.ice.Connection.get_component_candidates = _gather_in_range  # type: ignore[method-assign]
-    aioice.ice.Connection._add_remote_candidate = _add_screened  # type: ignore[method-assign]
-
-
-# set while this service adds a client's candidates (its answer, a trickle): the screen applies
-# to the service's own peer connections only, not to a client's in the same process (a test's)
-_screening: ContextVar[CandidateScreen | None] = ContextVar("ice_screening", default=None)
-
-
-@contextmanager
-def screening() -> Iterator[None]:
-    """Screen the remote candidates added within (tasks started within inherit it)."""
-    token = _screening.set(_screen)
-    try:
-        yield
-    finally:
-        _screening.reset(token)
-
-
-def _add_screened(
-    connection: aioice.ice.Connection, candidate: aioice.Candidate, host: str
-) -> None:
-    screen = _screening.get()
-    reason = None if screen is None else screen.refusal(host)
-    if reason is not None:
-        log.debug("ICE candidate %s refused (%s)", host, reason)
-        _refused(reason)
-        return
-    _add_remote(connection, candidate, host)
-
-
-async def _gather_in_range(
-    connection: aioice.ice.Connection,
-    component: int,
-    addresses: list[str],
-    timeout: int = 5,  # noqa: ASYNC109 (aioice's signature)
-) -> list[aioice.Candidate]:
-    addresses = addresses or ["127.0.0.1"]  # a host with no other address: a local one
-    if _ports is None:
-        return await _gather(connection, component, addresses, timeout)
-    first, last = _ports
-    loop = asyncio.get_running_loop()
-    bind_any = loop.create_datagram_endpoint
-
-    async def bind_in_range(
-        factory: Callable[[], asyncio.DatagramProtocol],
-        local_addr: tuple[str, int] | None = None,
-        **kwargs: Any,
-    ) -> tuple[asyncio.DatagramTransport, asyncio.DatagramProtocol]:
-        if local_addr is None or local_addr[1] != 0:
-            return await bind_any(factory, local_addr=local_addr, **kwargs)
-        for port in range(first, last + 1):
-            with suppress(OSError):
-                return await bind_any(factory, local_addr=(local_addr[0], port), **kwargs)
-        raise OSError(f"no free UDP port in {first}-{last}")
-
-    loop.create_datagram_endpoint = bind_in_range  # type: ignore[method-assign]
-    try:
-        return await _gather(connection, component, addresses, timeout)
-    finally:
-        del loop.create_datagram_endpoint
-
-
-# --- the offer ------------------------------------------------------------------------------------
-
-
-def read_offer(
-    request: web.Request, body: str, screen: CandidateScreen, refused: Callable[[str], None]
-) -> RTCSessionDescription:
-    """The client's offer, checked: SDP, with an audio section that receives Opus and a data
-    channel section, each section with its DTLS fingerprint, a setup role aiortc takes and ICE
-    credentials, and a candidate ``screen`` lets ICE check if it names any (an offer may name
-    none and trickle them). 415 for another content type, 400 otherwise (``invalid_sdp``,
-    ``no_audio``, ``no_data_channel``); the candidates of an offer refused for having no
-    usable one are told to ``refused``."""
-    if request.content_type != SDP:
-        raise ApiError("unsupported_media_type", f"send the SDP offer as {SDP}")
-    try:
-        parsed = SessionDescription.parse(body)
-    except Exception as exc:  # aiortc's parser raises what it meets: ValueError, KeyError ...
-        raise ApiError("invalid_sdp", f"the offer is not SDP: {exc!r}") from exc
-    if not body.startswith("v=0") or not parsed.media:
-        raise ApiError("invalid_sdp", "the offer is not SDP with media sections")
-    audio = [m for m in parsed.media if m.kind == "audio"]
-    receiving = [m for m in audio if m.direction in (None, "sendrecv", "recvonly")]
-    if not receiving:
-        raise ApiError("no_audio", "the offer has no audio section that receives")
-    if not any(c.mimeType.lower() == "audio/opus" for m in receiving for c in m.rtp.codecs):
-        raise ApiError("no_audio", "the offer's audio does not take Opus")
-    if not any(m.kind == "application" and (m.sctpmap or m.sctp_port) for m in parsed.media):
-        missing = f"the offer has no data channel: open one labelled {DATA_CHANNEL!r}"
-        raise ApiError("no_data_channel", missing)
-    for media in parsed.media:
-        if media.dtls is None or not media.dtls.fingerprints:
-            raise ApiError("invalid_sdp", f"the offer's {media.kind} has no DTLS fingerprint")
-        if media.dtls.role not in ("auto", "client", "server"):
-            raise ApiError("invalid_sdp", f"the offer's DTLS setup role is {media.dtls.role}")
-        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
-            missing = "no ICE credentials (a=ice-ufrag, a=ice-pwd)"
-            raise ApiError("invalid_sdp", f"the offer's {media.kind} has {missing}")
-    # each address once (the sections of a bundle name the same ones); an mDNS name is
-    # screened once aioice has resolved it
-    addresses = {c.ip for m in parsed.media for c in m.ice_candidates}
-    reasons = {ip: screen.refusal(ip) for ip in addresses if not ip.endswith(".local")}
-    if addresses and len(reasons) == len(addresses) and None not in reasons.values():
-        # none usable (an offer naming none at all trickles them later: not refused)
-        for reason in reasons.values():
-            refused(reason)
-        counts = Counter(reasons.values())
-        listed = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
-        raise ApiError("invalid_sdp", f"the offer has no usable ICE candidate ({listed})")
-    return RTCSessionDescription(sdp=body, type="offer")
-
-
-# the lines a trickle-ice-sdpfrag holds (RFC 8840, section 9): anything else is not one
-FRAGMENT_LINES = (
-    "a=ice-lite",
-    "a=ice-options:",
-    "a=ice-ufrag:",
-    "a=ice-pwd:",
-    "a=group:",
-    "m=",
-    "a=mid:",
-    "a=candidate:",
-    "a=end-of-candidates",
-)
-
-
-def trickled_candidates(fragment: str) -> list[tuple[str | None, str]]:
-    """(mid, candidate) of each ``a=candidate`` line of a trickle-ice-sdpfrag (RFC 8840);
-    400 ``invalid_sdp`` for a fragment with no line, or with a line no fragment holds."""
-    mid, found, lines = None, [], 0
-    for line in fragment.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        lines += 1
-        if not line.startswith(FRAGMENT_LINES):
-            raise ApiError("invalid_sdp", f"not a trickle-ice-sdpfrag line: {line[:80]!r}")
-        if line.startswith("a=mid:"):
-            mid = line[len("a=mid:") :]
-        elif line.startswith("a=candidate:"):
-            found.append((mid, line[len("a=candidate:") :]))
-    if not lines:
-        raise ApiError("invalid_sdp", "the trickle-ice-sdpfrag is empty")
-    return found
 
 
 # --- the listener ---------------------------------------------------------------------------------
@@ -603,21 +344,6 @@ def _unavailable(exc: ChannelError) -> Refused:
     return Refused("frontend_unavailable", f"{exc}: try again", retry_after=1)
 
 
-def read_candidates(fragment: str) -> list[RTCIceCandidate]:
-    """The ICE candidates of a trickle-ice-sdpfrag; 400 ``invalid_sdp`` for a line that is
-    not one."""
-    candidates = []
-    for mid, line in trickled_candidates(fragment):
-        try:
-            candidate = candidate_from_sdp(line)
-        except (AssertionError, ValueError, IndexError) as exc:
-            raise ApiError("invalid_sdp", f"not an ICE candidate: {line[:80]!r}") from exc
-        candidate.sdpMid = mid
-        candidate.sdpMLineIndex = None if mid is not None else 0
-        candidates.append(candidate)
-    return candidates
-
-
 PEERS = web.AppKey("webrtc_sessions", PeerSessions)
 
 
@@ -635,7 +361,9 @@ async def open_session(
         body = await request.content.read(MAX_SDP_BYTES + 1)
         if len(body) > MAX_SDP_BYTES:
             raise ApiError("body_too_large", f"an offer is at most {MAX_SDP_BYTES} bytes")
-        offer = read_offer(request, body.decode("utf-8", "replace"), _screen, _refused)
+        if request.content_type != SDP:
+            raise ApiError("unsupported_media_type", f"send the SDP offer as {SDP}")
+        offer = read_offer(body.decode("utf-8", "replace"), *configured_screen())
         if len(sessions.sessions) >= settings.webrtc_max_sessions:
             raise Refused(
                 "at_capacity", "this server holds its most WebRTC sessions", retry_after=1
@@ -654,7 +382,7 @@ async def open_session(
             pc.addTrack(listener.track)
             await pc.setLocalDescription(await pc.createAnswer())
         except (ValueError, KeyError, AttributeError) as exc:  # aiortc's, on an offer it can't take
-            raise ApiError("invalid_sdp", f"the offer cannot be answered: {exc}") from exc
+            raise InvalidOffer(f"the offer cannot be answered: {exc}") from exc
         # found by its DELETE or PATCH from the moment it is answered, on any front end
         sessions.sessions[session.session_id] = session
         metrics.webrtc_sessions.inc()
@@ -721,7 +449,7 @@ async def update_session(request: web.Request) -> web.Response:
     try:
         fragment = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError("invalid_sdp", "the trickle-ice-sdpfrag is not UTF-8 text") from exc
+        raise InvalidOffer("the trickle-ice-sdpfrag is not UTF-8 text") from exc
     candidates = read_candidates(fragment)
     if isinstance(target, HeldElsewhere):
         await sessions.hand_over(target, TRICKLE_TOPIC, fragment=fragment)

@@ -15,10 +15,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from voicehost.audio.channel import ChannelView
 from voicehost.audio.speaker import SpeakerEmbedder, centroid, similarity
-from voicehost.errors import ServiceError
+from voicehost.errors import ServiceError, validation_message
 from voicehost.voices.validation import MANIFEST, read_json_object, write_manifest
 
 CONSENT = "consent"  # the manifest key of a version's consent record
@@ -27,6 +28,63 @@ RECORDING = "consent_recording"  # the recording's file name (no suffix: it is s
 MAX_RECORDING_SECONDS = 120.0
 MAX_CLIPS = 8  # training clips the recording is compared with (their speaker's centroid)
 MAX_CLIP_SECONDS = 30.0
+
+
+class ConsentRecord(BaseModel):
+    """The ``consent`` part of a clone from audio: who agreed to have their voice cloned, to
+    which statement, who collected that and when, and for what purpose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    speaker_name: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    statement: StrictStr = Field(
+        min_length=1,
+        max_length=4000,
+        pattern=r"\S",
+        description="What the speaker agreed to, word for word (what a consent recording says).",
+    )
+    collected_by: StrictStr = Field(min_length=1, max_length=200, pattern=r"\S")
+    collected_at: AwareDatetime = Field(description="When, with its time zone (ISO 8601).")
+    purpose: StrictStr = Field(min_length=1, max_length=1000, pattern=r"\S")
+
+
+class InvalidConsent(ServiceError, ValueError):
+    """A consent part that is not a ``ConsentRecord`` (or a second consent recording)."""
+
+    code = "invalid_consent"
+
+
+class ConsentRequired(ServiceError, ValueError):
+    """A clone from audio without its consent record where the service requires one, or a
+    consent recording sent without the record it goes with."""
+
+    code = "consent_required"
+
+
+def check_parts(
+    record: dict | None, recording: Path | None, from_audio: bool, required: bool
+) -> None:
+    """What a clone's consent parts must be: a recording goes with its record and is checked
+    against audio to clone (an adapter has none); cloning from audio needs a record where the
+    service requires one (``VOICEHOST_CONSENT_REQUIRED``)."""
+    if recording is not None and record is None:
+        raise ConsentRequired("a consent recording goes with its 'consent' record")
+    if recording is not None and not from_audio:
+        raise InvalidConsent("a consent recording is checked against audio to clone")
+    if from_audio and record is None and required:
+        raise ConsentRequired(
+            "cloning from audio needs a 'consent' part: the speaker's name, the statement "
+            "they agreed to, who collected it, when, and the purpose"
+        )
+
+
+def read_record(text: str) -> dict:
+    """The ``consent`` part's JSON, validated: the record as it is stored."""
+    try:
+        record = ConsentRecord.model_validate_json(text)
+    except ValidationError as exc:
+        raise InvalidConsent(validation_message(exc, "consent")) from exc
+    return record.model_dump(mode="json")
 
 
 class ConsentMismatch(ServiceError, ValueError):

@@ -44,6 +44,7 @@ from typing import Literal, Protocol
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
 from voicehost.cloning import consent
+from voicehost.errors import ServiceError
 from voicehost.ids import as_iso, child, is_job_id, now_iso, parse_iso
 from voicehost.tenancy.audit import Action, AuditTrail, Change, service_actor
 from voicehost.voices.validation import assign_tenant
@@ -70,6 +71,33 @@ CANCEL_POLL_SECONDS = 0.5
 LEASE_SECONDS = 15.0
 LEASE_FILE = "lease.json"
 LEASE_LOCK = "lease.lock"
+
+
+class JobNotFound(ServiceError, LookupError):
+    """No such job (or another tenant's)."""
+
+    code = "job_not_found"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r} does not exist")
+
+
+class JobInProgress(ServiceError, ValueError):
+    """A version of the voice is being trained: one clone job at a time per voice."""
+
+    code = "job_in_progress"
+
+
+class JobBusy(ServiceError, RuntimeError):
+    """The job's runner is still stopping: the change waits for it (try again)."""
+
+    code = "job_busy"
+
+
+class NotRetryable(ServiceError, ValueError):
+    """A job that cannot run again in the state it is in."""
+
+    code = "job_not_retryable"
 
 
 @dataclass

@@ -45,6 +45,23 @@ def is_lexicon_name(value: object) -> bool:
     return isinstance(value, str) and LEXICON_NAME_PATTERN.fullmatch(value) is not None
 
 
+def checked_name(name: str) -> str:
+    """``name`` if it is a lexicon's name, else ``LexiconError`` (``invalid_lexicon_name``)."""
+    if not is_lexicon_name(name):
+        message = f"name must match {LEXICON_NAME_PATTERN.pattern}"
+        raise LexiconError(message, code="invalid_lexicon_name")
+    return name
+
+
+class LexiconNotFound(ServiceError, LookupError):
+    """No lexicon of this name (the caller's tenant's)."""
+
+    code = "lexicon_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"lexicon {name!r} does not exist")
+
+
 class LexiconError(ServiceError, ValueError):
     """A lexicon that is refused, with the API's code for why."""
 

@@ -20,16 +20,30 @@ from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, fi
 
 
 class TextTooLong(ServiceError, ValueError):
-    """A lexicon's aliases make the input say more than the limit."""
+    """Input longer than the limit, as sent or as its lexicons' aliases make it say."""
 
     code = "input_too_long"
 
-    def __init__(self, said: int, limit: int) -> None:
-        super().__init__(
-            f"with its lexicons the input says {said} characters; the limit is {limit}"
-        )
+    def __init__(self, said: int, limit: int, *, lexicons: bool = True) -> None:
+        says = "with its lexicons the input says" if lexicons else "input has"
+        super().__init__(f"{says} {said} characters; the limit is {limit}")
         self.said = said
         self.limit = limit
+
+
+class NothingToSay(ServiceError, ValueError):
+    """Input with no letter or digit in it: nothing a voice could say."""
+
+    code = "empty_input"
+
+
+def check_input(text: str, max_chars: int) -> None:
+    """``NothingToSay`` for input without a letter or digit, ``TextTooLong`` past
+    ``max_chars`` (as sent, before lexicons)."""
+    if not any(ch.isalnum() for ch in text):
+        raise NothingToSay("input is empty or has nothing to say")
+    if len(text) > max_chars:
+        raise TextTooLong(len(text), max_chars, lexicons=False)
 
 
 @dataclass(frozen=True)

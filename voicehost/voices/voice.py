@@ -29,6 +29,15 @@ VoiceStatus = Literal["ready", "held"]
 VersionStatus = Literal["candidate", "ready", "held", "retired"]
 
 
+class VoiceNotFound(ServiceError, LookupError):
+    """No such voice: or another tenant's, which is told the same (never that it exists)."""
+
+    code = "voice_not_found"
+
+    def __init__(self, ref: str, message: str | None = None) -> None:
+        super().__init__(message or f"voice {ref!r} does not exist")
+
+
 class VoiceExists(ServiceError, ValueError):
     """A voice with this id is already registered."""
 
