@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -61,7 +62,9 @@ def _default_dev_dir() -> Path:
 class Settings(BaseSettings):
     """The service configuration (see the table in the README)."""
 
-    model_config = SettingsConfigDict(env_prefix="VOICEHOST_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="VOICEHOST_", extra="ignore", populate_by_name=True
+    )
     # the settings by concern, each group from its first setting on (the README's tables)
     GROUPS: ClassVar[dict[str, str]] = {
         "dev": "What to serve",
@@ -175,13 +178,16 @@ class Settings(BaseSettings):
             "checkpoint."
         ),
     )
-    speaker_encoder: str | None = Field(
+    speaker_embedder: str | None = Field(
         None,
+        # its variable before, VOICEHOST_SPEAKER_ENCODER, still read (the README names both)
+        validation_alias=AliasChoices("VOICEHOST_SPEAKER_EMBEDDER", "VOICEHOST_SPEAKER_ENCODER"),
         description=(
-            "The speaker encoder behind every similarity figure: unset or "
+            "The speaker embedder behind every similarity figure: unset or "
             "`resemblyzer` (Resemblyzer's GE2E, weights in its wheel), "
             "`package.module:factory`, or a local folder holding an operator's "
-            "encoder (see [docs/CLONING.md](docs/CLONING.md#the-data-report))."
+            "model (see [docs/CLONING.md](docs/CLONING.md#the-data-report)). "
+            "`VOICEHOST_SPEAKER_ENCODER`, its name before, is read too."
         ),
     )
     speaker_min_similarity: float = Field(

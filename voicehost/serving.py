@@ -223,7 +223,7 @@ class ServingProcess:
 
         await self._started.wait()
         references = await asyncio.to_thread(read_references, folder)
-        embedder = await asyncio.to_thread(shared_embedder, self.settings.speaker_encoder)
+        embedder = await asyncio.to_thread(shared_embedder, self.settings.speaker_embedder)
         s = self.settings
         report = await evaluate_candidate(
             self,
