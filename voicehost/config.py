@@ -578,7 +578,7 @@ class Settings(BaseSettings):
         description=(
             "Serving processes sharing one vLLM engine core, all accepting on "
             "the one port (`voicehost serve --frontends N`): each has its own "
-            "event loop, GIL, SNAC codec and encoders, so a host's CPU keeps up "
+            "event loop, GIL, SNAC codec and encoding pool, so a host's CPU keeps up "
             "with its GPU. `auto`: on a GPU, one per 2 cores beyond 2 (at most "
             "16); 1 on the CPU engine. Responses name the front end in "
             "`X-Voicehost-Frontend`. What is one per host stays one: the "
@@ -866,7 +866,7 @@ class Settings(BaseSettings):
             "its threads (0). A front end then hands no GIL back and forth with "
             "encoding threads (see [docs/BENCHMARKS.md](docs/BENCHMARKS.md)). "
             "`auto`: 2 on a GPU (with `VOICEHOST_FRONTENDS=auto`, a front end "
-            "and its two encoders share 2 cores), 0 on the CPU engine. An "
+            "and its two encoding processes share 2 cores), 0 on the CPU engine. An "
             "encoding process that dies ends its streams with `encoding_failed` "
             "and is replaced for the next."
         ),

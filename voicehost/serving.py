@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
-from voicehost.audio.encoding import FormatEncoderPool
+from voicehost.audio.encoding import EncodingPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.intake import LocalIntake
 from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
@@ -169,9 +169,7 @@ class ServingProcess:
         self.synthesizer: Synthesizer | None = None
         # word timing: the built-in estimate, until start-up loads VOICEHOST_ALIGNER_MODEL's
         self.aligner: Aligner = EstimatedAligner(spoken_letters)
-        self.format_encoders = FormatEncoderPool(
-            settings.encode_threads, settings.encode_process_count()
-        )
+        self.encoding_pool = EncodingPool(settings.encode_threads, settings.encode_process_count())
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir,
@@ -460,7 +458,7 @@ class ServingProcess:
             await self.scheduler.close()
         if self.codec is not None:
             self.codec.close()
-        self.format_encoders.close()
+        self.encoding_pool.close()
         self.intake.close()
         if self.cluster is not None:
             await self.cluster.close()
