@@ -325,7 +325,7 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "WebRTC sessions one process holds at once (503 `at_capacity` "
-            "beyond); on `serve` each holds a stream slot from its config on, "
+            "beyond); on `serve` each counts as a stream from its config on, "
             "as a socket does."
         ),
     )
@@ -335,7 +335,7 @@ class Settings(BaseSettings):
         description=(
             "Answered WebRTC offers still waiting for their peer (no data "
             "channel and config yet), in all (503 `at_capacity` beyond). A "
-            "pending offer holds no stream slot: an offer that never connects "
+            "pending offer is not counted as a stream: an offer that never connects "
             "costs only its peer connection."
         ),
     )
@@ -367,7 +367,7 @@ class Settings(BaseSettings):
         description=(
             "A WebRTC session whose data channel has not opened by then ends "
             "(`webrtc_connect_failed` in `voicehost_errors_total`), its peer "
-            "connection freed (a pending offer holds no stream slot)."
+            "connection freed (a pending offer is not counted as a stream)."
         ),
     )
     webrtc_consent_seconds: float = Field(
@@ -505,7 +505,8 @@ class Settings(BaseSettings):
             "Segments of a long input generated at once (batched by the engine, "
             "held until played) when a request turns `continuity` off; with "
             "continuity each segment waits for the frames of the one before. "
-            "More finishes long texts sooner at the cost of engine slots."
+            "More finishes long texts sooner at the cost of places in the "
+            "engine's batch."
         ),
     )
     trim_threshold_db: float = Field(

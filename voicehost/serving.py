@@ -134,7 +134,7 @@ class ServingProcess:
         self.settings = settings
         self.cluster = cluster
         self.frontend = frontend
-        self.slot = frontend.slot if frontend is not None else None
+        self.core_client = frontend.client if frontend is not None else None
         self.channel = frontend.channel() if frontend is not None else None  # opened by ``open``
         if self.channel is not None:
             self.channel.on(DRAIN_TOPIC, self._drained_by_host)
@@ -296,9 +296,9 @@ class ServingProcess:
 
     @asynccontextmanager
     async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
-        """A stream slot for ``principal``'s request, held for the ``async with`` block; its
-        key's quota too, for the whole cluster on a worker. ``Refused`` (503 or 429) when there
-        is none."""
+        """``principal``'s request admitted as one stream for the ``async with`` block, and
+        counted against its key's quota too (for the whole cluster on a worker); ``Refused`` (503
+        or 429) when it does not fit."""
         key = principal.key_id if principal else None
         own = principal.max_streams if principal else None  # the key's own quota, if it has one
         token = principal.token_streams if principal else None  # a token's own stream count
@@ -332,7 +332,7 @@ class ServingProcess:
         if self.frontend is not None:  # the host says when the engine core it started died
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(CORE_LOST_SIGNAL, self._core_lost)
-        if self.slot is None or self.slot.index == 0:  # one runner per host
+        if self.core_client is None or self.core_client.index == 0:  # one runner per host
             self._tasks.append(
                 asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
             )
@@ -374,7 +374,9 @@ class ServingProcess:
                 await self._publish_dev_voices()
             if self.draining:  # drained while warming up: never join
                 return
-            ring = self.slot is None or self.slot.index == 0  # one ring member per host
+            ring = (
+                self.core_client is None or self.core_client.index == 0
+            )  # one ring member per host
             self._tasks.append(asyncio.create_task(self.cluster.join(self.load, ring)))
 
     async def _publish_dev_voices(self) -> None:
@@ -404,7 +406,7 @@ class ServingProcess:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
         self._engine_start = asyncio.get_running_loop().run_in_executor(
-            None, SpeechEngine.start, s, self.slot
+            None, SpeechEngine.start, s, self.core_client
         )
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)

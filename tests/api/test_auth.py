@@ -1380,7 +1380,7 @@ async def test_a_token_bound_to_one_stream_holds_one_whatever_the_transport(keye
         assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
         assert await speak(one["token"]) == (429, "quota_exceeded")
         assert await speak(other) == (200, "")
-    for _ in range(40):  # the server sees the close, then frees the slot
+    for _ in range(40):  # the server sees the close, then lets the stream go
         if (answer := await speak(one["token"]))[0] == 200:
             break
         await asyncio.sleep(0.05)

@@ -237,7 +237,7 @@ async def speak(http, url: str, voice: str, text: str = "Hello there.", session=
 
 
 async def fill(http, worker: Node, voice: str, held: list[aiohttp.ClientWebSocketResponse]) -> None:
-    """Take every stream slot of ``worker`` with sockets opened on it directly (so no gateway
+    """Take every stream ``worker`` admits with sockets opened on it directly (so no gateway
     counts them), with the busy key, each admitted (``ready``); they are added to ``held``."""
     for _ in range(WORKER_CAPACITY):
         ws = await http.ws_connect(worker.url + "/v1/audio/speech/ws", headers=bearer(BUSY_KEY))
@@ -253,7 +253,7 @@ async def fill(http, worker: Node, voice: str, held: list[aiohttp.ClientWebSocke
 
 async def release(cluster: Cluster, held: list[aiohttp.ClientWebSocketResponse]) -> None:
     """Close the busy key's sockets; return once their workers have let them go (their leases
-    go just before their stream slots)."""
+    go just before admission lets their streams go)."""
     for ws in held:
         await ws.close()
     await eventually(lambda: not cluster.redis.client().exists("vh:lease:busy"), 5)

@@ -455,7 +455,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     async with AsyncExitStack() as admitted:
         try:
             synthesizer = serving.require_synthesizer()
-            # a session holds one stream slot while it is open
+            # a session counts as one stream while it is open
             await admitted.enter_async_context(serving.admit(principal))
         except (NotReady, Refused) as exc:
             return refused_upgrade(request, exc)

@@ -56,8 +56,8 @@ from voicehost.text.stage import TextStage
 
 log = logging.getLogger(__name__)
 
-# How a speech response ends (its last bytes, or the end of a broken stream), written once the
-# stream's slot is given back: a client that has heard the end may speak again at once.
+# How a speech response ends (its last bytes, or the end of a broken stream), written once
+# admission has let the stream go: a client that has heard the end may speak again at once.
 Ending = Callable[[], Awaitable[None]]
 
 
@@ -135,7 +135,7 @@ async def respond(
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
     format, or SSE; all at once as JSON for a ``CaptionedSpeechRequest``), each chunk counted
     by ``tally`` once written; and its ``Ending``, for the caller to write once the engine work
-    is over and the stream's slot given back."""
+    is over and admission has let the stream go."""
     async with aclosing(events), aclosing(spoken(events, tally)) as items:
         try:
             first = await anext(items)
@@ -376,7 +376,7 @@ def create_app(
     if serving.channel is not None:  # a session's DELETE or PATCH may reach another front end
         app[webrtc.PEERS].join(serving.channel)
     if frontend is not None:
-        index = str(frontend.slot.index)
+        index = str(frontend.client.index)
 
         async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:
             response.headers[FRONTEND_HEADER] = index

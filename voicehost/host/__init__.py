@@ -10,7 +10,7 @@ runs as ``vllm serve --api-server-count N`` does (``launcher``):
   (the API's or a cluster worker's: this package imports neither);
 - each front end is a whole serving process (its own event loop, GIL, SNAC codec and encoding
   pool) whose engine is an ``AsyncLLM`` client of the shared core: client ``i`` of ``N``
-  (``frontend.EngineSlot``), accepting on the inherited socket;
+  (``frontend.CoreClient``), accepting on the inherited socket;
 - the parent waits: SIGTERM or SIGINT is passed to every front end, each drains as one server
   does, and the engine core is shut down once they have exited; a front end that dies takes
   the host down (a supervisor restarts it whole), and so does the engine core, which no front
