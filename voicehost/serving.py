@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from voicehost.audio.encoding import EncodingPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.intake import LocalIntake
-from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
+from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, add_to
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
 from voicehost.host.channel import Body, ChannelError
@@ -173,7 +173,7 @@ class ServingProcess:
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir,
-            registrar(self.voices),
+            add_to(self.voices),
             queue,
             runner,
             self.evaluate_clone,

@@ -32,7 +32,7 @@ from helpers import (
     is_frontend,
     launch,
     manage_versions_as_a_tenant,
-    no_registry,
+    no_directory,
     process_tree,
     read_socket,
     same_audio,
@@ -1481,7 +1481,7 @@ async def test_a_job_taken_from_the_stream_is_pending_until_its_runner_is_done(
     its entry lost with Redis' data): an entry a worker took stays pending, its, until the
     worker acknowledges the job's end."""
     queue = RedisJobQueue(redis_client, "w1", poll_seconds=0.05)
-    jobs = CloneJobs(tmp_path / "jobs", no_registry, queue, "w1")
+    jobs = CloneJobs(tmp_path / "jobs", no_directory, queue, "w1")
     await queue.put("job-1")
     job_id, receipt = await asyncio.wait_for(queue.take(jobs), 10)
     assert job_id == "job-1" and receipt != SWEPT
