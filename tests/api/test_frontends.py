@@ -179,9 +179,9 @@ async def test_both_front_ends_speak_from_one_engine_core(frontends):
     assert sum("EngineCore" in n for n in names) == 1, names  # one core for the host
     sizes = await from_both(lambda: speak(frontends.url, "Hi.", 1), least=4, parallel=QUOTA)
     assert all(size > 0 for size in sizes), sizes
-    encoders = encoding_processes(frontends.process.pid)
-    assert sorted(is_frontend(p.parent()) for p in encoders) == [True, True], encoders
-    assert len({p.parent().pid for p in encoders}) == 2  # one each
+    encoding = encoding_processes(frontends.process.pid)
+    assert sorted(is_frontend(p.parent()) for p in encoding) == [True, True], encoding
+    assert len({p.parent().pid for p in encoding}) == 2  # one each
     mp3 = lambda: speak(frontends.url, "Hi.", 1, fmt="mp3")  # noqa: E731
     samples = await from_both(mp3, least=4, parallel=QUOTA)
     assert all(count > 0 for count in samples), samples
