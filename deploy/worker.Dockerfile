@@ -38,7 +38,7 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
 COPY README.md ./
 COPY voicehost ./voicehost
 COPY lora_training ./lora_training
-# The speaker encoder, without its declared deps (as the Makefile installs it; see pyproject.toml).
+# The speaker embedder, without its declared deps (as the Makefile installs it; see pyproject.toml).
 RUN pip install --no-cache-dir --no-deps ".[gpu]" "resemblyzer==0.1.4" \
  && python -c "import vllm, voicehost.cli" \
  && rm -rf /src /tmp/requirements.txt

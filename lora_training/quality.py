@@ -7,7 +7,7 @@ similarity of its speech to the upload's own speaker (the centroid of the clips 
 upload: the minutes of usable speech and warnings in plain words.
 
 Clips of another speaker are left out of training (``other_speakers``). Every clip is heard in
-the band all the upload's clips share, and the encoder compares like with like: each clip's
+the band all the upload's clips share, and the embedder compares like with like: each clip's
 channel is measured (``voicehost.audio.channel.channel_labels``: its band, a room's reverb or a
 floor of noise under the speech, a thin microphone), and the clips of each channel are judged
 among themselves, since a room moves a speaker's embeddings as far as another speaker's. Among
@@ -16,7 +16,7 @@ two groups by their embeddings, and a minority group whose own speaker (its cent
 than ``min_similarity`` like the rest's, and clearly further off than any group of that size
 within the rest, is another voice. One clip alone is judged by its own similarity, with a margin
 (a single clip's embedding also carries what it says). A second cue that does not come from the
-encoder catches voices it confuses: each clip's voice pitch (its median F0, ``voice_pitch``); a
+embedder catches voices it confuses: each clip's voice pitch (its median F0, ``voice_pitch``); a
 group of the clips highest or lowest in pitch that stands far from the rest's pitch (by
 ``min_pitch_shift`` semitones, and by several times the spread of the rest's own pitch) and whose
 voice is less like the rest's than any random group of as many of the rest's clips is another
@@ -104,7 +104,7 @@ class ClipQuality:
 class DataReport:
     """The whole upload: every clip's figures, the usable speech and the warnings."""
 
-    encoder: str
+    embedder: str  # the name of the speaker embedder behind the similarities
     min_similarity: float
     clips: list[ClipQuality]
     speech_minutes: float
@@ -120,7 +120,7 @@ class DataReport:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "encoder": self.encoder,
+            "encoder": self.embedder,  # the report's published field name
             "min_similarity": self.min_similarity,
             "speech_minutes": round(self.speech_minutes, 3),
             "band": self.band,
@@ -267,7 +267,7 @@ def other_speakers(
 ) -> SpeakerSplit:
     """Find the clips whose speaker differs from the rest (see the module docstring).
 
-    The encoder judges like with like: the clips of each of ``channels`` (one label per clip,
+    The embedder judges like with like: the clips of each of ``channels`` (one label per clip,
     ``voicehost.audio.channel.measure_channel``; None: one channel) are judged among
     themselves, since a room or a noise floor moves a speaker's embeddings as far as another
     speaker's would. Among one channel's clips, up to three rounds, each on the clips still
@@ -280,7 +280,7 @@ def other_speakers(
     speaker can sit apart for what they say). Then a lone clip is another speaker if its
     similarity to its channel's speaker is both under ``min_similarity - LONE_CLIP_MARGIN`` and
     ``LONE_CLIP_MADS`` robust deviations below that channel's median. A channel with fewer than
-    ``MIN_GROUP_CLIPS`` clips is not judged by the encoder (``SpeakerSplit.unjudged``). With
+    ``MIN_GROUP_CLIPS`` clips is not judged by the embedder (``SpeakerSplit.unjudged``). With
     several channels, a clip found apart among its channel's clips is left out only if the
     same rounds over the whole upload find it apart too: a measured channel can lump two real
     ones under one label, and the two would then pass for two speakers. Last,
@@ -334,7 +334,7 @@ def _judge_among(
     excluded: dict[int, str],
     min_similarity: float,
 ) -> None:
-    """The encoder's rounds and lone-clip rule (``other_speakers``) among the clips
+    """The embedder's rounds and lone-clip rule (``other_speakers``) among the clips
     ``members`` (indices of ``vectors``): what it finds is marked in ``kept`` and
     ``excluded``."""
     for _ in range(3):
@@ -587,7 +587,7 @@ def warnings_for(report: DataReport) -> list[str]:
         said.append(
             f"Unjudged: {len(report.unjudged)} clips came through a channel (a room, a noise "
             f"floor, a band, a microphone) fewer than {MIN_GROUP_CLIPS} clips share, and the "
-            "speaker encoder is only trusted among clips of one channel: their speaker was "
+            "speaker embedder is only trusted among clips of one channel: their speaker was "
             f"checked by pitch alone ({', '.join(report.unjudged)})."
         )
     others = [c.file for c in report.clips if c.excluded and c.excluded.startswith("another")]
@@ -675,7 +675,7 @@ def run(args: argparse.Namespace) -> int:
     shift = args.min_pitch_shift
     if shift is None:
         shift = settings.speaker_min_pitch_shift
-    embedder = shared_embedder(settings.speaker_encoder)
+    embedder = shared_embedder(settings.speaker_embedder)
     report = check_data(args.audio, args.transcripts, embedder, threshold, min_pitch_shift=shift)
     print(describe(report))
     if args.json:
@@ -701,7 +701,7 @@ def describe(report: DataReport) -> str:
     lines.append(
         f"{report.speech_minutes:.2f} minutes of usable speech in "
         f"{len(report.clips) - len(report.excluded)} of {len(report.clips)} clips "
-        f"(speaker similarity by {report.encoder}, heard in {report.band})"
+        f"(speaker similarity by {report.embedder}, heard in {report.band})"
     )
     lines += [f"rejected {r['file']}: {r['reason']}" for r in report.rejected]
     lines += [f"warning: {w}" for w in report.warnings]

@@ -71,7 +71,7 @@ class VoiceJob:
     min_speech_seconds: float = MIN_SPEECH_SECONDS
     max_file_seconds: float | None = 3600.0
     replace_existing: bool = True  # a REST job never replaces a voice that appeared meanwhile
-    speaker_encoder: str | None = None  # voicehost.audio.speaker.load_embedder's spec
+    speaker_embedder: str | None = None  # voicehost.audio.speaker.load_embedder's spec
     speaker_min_similarity: float = MIN_SIMILARITY  # clips of a voice less alike are left out
     speaker_min_pitch_shift: float = MIN_PITCH_SHIFT  # semitones; 0: no pitch cue
 
@@ -91,6 +91,8 @@ def job_from_json(data: dict) -> VoiceJob:
     fields["audio"] = [Path(p) for p in data["audio"]]
     fields["train"] = TrainSettings(**data["train"])
     fields["trim"] = TrimSettings(**data["trim"])
+    if "speaker_encoder" in fields:  # a spec written before the embedder's rename
+        fields["speaker_embedder"] = fields.pop("speaker_encoder")
     return VoiceJob(**fields)
 
 
@@ -175,7 +177,7 @@ def prepare(
             texted.append((text, clip, trimmed))
     report = None
     if measure:
-        embedder = embedder_with_cache(job.speaker_encoder, job.work_dir / "embeddings")
+        embedder = embedder_with_cache(job.speaker_embedder, job.work_dir / "embeddings")
         clips = [clip for _, clip, _ in texted]
         report = assess(clips, embedder, job.speaker_min_similarity, job.speaker_min_pitch_shift)
         report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]

@@ -39,7 +39,7 @@ view and, last, one JSON line.
 Usage::
 
     python scripts/bench_channels.py [--work-dir DIR] [--genuine 24] [--injected 3] [--draws 6]
-        [--views raw,band,band+like+mics] [--encoder SPEC] [--json OUT]
+        [--views raw,band,band+like+mics] [--embedder SPEC] [--json OUT]
 
 Clips and embeddings are cached in ``--work-dir``: a first run embeds about 5,000 clips per
 view (about 10 minutes a view on 2 cores); later runs take a minute.
@@ -132,7 +132,7 @@ def noise(x: np.ndarray, rng: np.random.Generator, snr_db: float) -> np.ndarray:
 
 
 def codec(x: np.ndarray, rng: np.random.Generator, name: str, bitrate: int) -> np.ndarray:
-    """Through an encoder (``libmp3lame`` at 24 kHz, ``libopus`` at 48 kHz) and back."""
+    """Through a codec's encoder (``libmp3lame`` at 24 kHz, ``libopus`` at 48 kHz) and back."""
     import av
     import soxr
 
@@ -386,13 +386,13 @@ def labels_of(name: str, chosen: list[Clip]) -> list[str] | None:
 def judge(
     upload: Upload,
     clips: dict[tuple[str, str], list[Clip]],
-    encoder: EmbeddingCache,
+    embedder: EmbeddingCache,
     view_name: str,
 ) -> tuple[int, int]:
     """(genuine clips excluded, injected clips caught) by the filter under one view."""
     chosen = [clips[speaker, channel][s] for speaker, channel, s in upload.clips]
     view = view_of(view_name, [c.channel.band for c in chosen])
-    vectors = [encoder.embed(view.treat(c.speech)) for c in chosen]
+    vectors = [embedder.embed(view.treat(c.speech)) for c in chosen]
     pitches = [c.pitch for c in chosen]
     split = quality.other_speakers(vectors, pitches=pitches, channels=labels_of(view_name, chosen))
     wrong = sum(1 for i in split.excluded if i < upload.genuine)
@@ -408,7 +408,11 @@ def main() -> int:
     parser.add_argument(
         "--views", default="raw,level,band,band+level,like,band+like,band+like+mics"
     )
-    parser.add_argument("--encoder", help="a load_embedder spec (default: resemblyzer)")
+    parser.add_argument(
+        "--embedder",
+        "--encoder",
+        help="a load_embedder spec (default: resemblyzer; --encoder: its name before)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -417,10 +421,10 @@ def main() -> int:
     clips = make_clips(sources, args.work_dir / "clips")
     print(f"{len(clips)} speaker-channels, {sum(map(len, clips.values()))} clips in ", end="")
     print(f"{time.perf_counter() - start:.0f} s")
-    cache = f"embeddings-{args.encoder}".replace("/", "_") if args.encoder else "embeddings"
-    encoder = EmbeddingCache(shared_embedder(args.encoder), args.work_dir / cache)
+    cache = f"embeddings-{args.embedder}".replace("/", "_") if args.embedder else "embeddings"
+    embedder = EmbeddingCache(shared_embedder(args.embedder), args.work_dir / cache)
     uploads = classes(np.random.default_rng(0), args.genuine, args.injected, args.draws)
-    result: dict = {"encoder": encoder.name, "args": {k: str(v) for k, v in vars(args).items()}}
+    result: dict = {"embedder": embedder.name, "args": {k: str(v) for k, v in vars(args).items()}}
     for view in args.views.split(","):
         start = time.perf_counter()
         rows = {}
@@ -429,7 +433,7 @@ def main() -> int:
             injected = sum(len(u.clips) - u.genuine for u in members)
             wrong = caught = 0
             for upload in members:
-                w, c = judge(upload, clips, encoder, view)
+                w, c = judge(upload, clips, embedder, view)
                 wrong, caught = wrong + w, caught + c
             rows[name] = {
                 "uploads": len(members),

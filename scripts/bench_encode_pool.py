@@ -1,20 +1,20 @@
 """What encoding costs through the server's pool, many streams at once, against the same streams
 encoded one after another in one thread; and LAME's own speed at each ``compression_level``.
 
-The server encodes each response on ``FormatEncoderPool`` threads while its event loop runs:
+The server encodes each response on ``EncodingPool`` threads while its event loop runs:
 PyAV releases the GIL around every codec call, so each release with the loop waiting is a hand-
 over of the GIL between threads. This measures what those hand-overs add, in one run:
 
 - ``serial``: ``--streams`` streams of ``--seconds`` of a speech-like signal, in chunks of 2048
-  samples (one SNAC frame: the most chunks per audio second), one ``FormatEncoder`` after
+  samples (one SNAC frame: the most chunks per audio second), one ``FormatWriter`` after
   another in this thread;
-- ``pool N``: the same streams all at once through a ``FormatEncoderPool`` of N threads, from
+- ``pool N``: the same streams all at once through an ``EncodingPool`` of N threads, from
   an event loop, as ``voicehost.api.server`` sends them;
 - ``procs N``: the same through a pool of N encoding processes (``VOICEHOST_ENCODE_PROCESSES``):
   the CPU of this process (its loop: one socket write and read per chunk) and of the encoding
-  processes (``/proc``), split as ``procs_N_loop`` and ``procs_N_encoders``;
+  processes (``/proc``), split as ``procs_N_loop`` and ``procs_N_encoding``;
 - ``lame level``: one mp3 stream through PyAV with LAME's ``compression_level`` set (its ``-q``:
-  0 slowest, 9 fastest; unset is the encoder's default), the least of 5.
+  0 slowest, 9 fastest; unset is the codec's default), the least of 5.
 
 CPU of the whole process (``os.times``) per second of audio. ``serial`` runs first and last: the
 two bound the machine's drift over the run.
@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from voicehost.audio.encoding import FormatEncoderPool
-from voicehost.audio.formats import FormatEncoder
+from voicehost.audio.encoding import EncodingPool
+from voicehost.audio.formats import FormatWriter
 
 CHUNK = 2048
 RATE = 24000
@@ -59,10 +59,10 @@ def cpu() -> float:
 def serial(fmt: str, chunks: list[np.ndarray], streams: int, audio_s: float) -> float:
     started = cpu()
     for _ in range(streams):
-        encoder = FormatEncoder(fmt)
+        writer = FormatWriter(fmt)
         for chunk in chunks:
-            encoder.encode(chunk)
-        encoder.finish()
+            writer.encode(chunk)
+        writer.finish()
     return (cpu() - started) / audio_s * 1000
 
 
@@ -70,7 +70,7 @@ async def pooled(
     fmt: str, chunks: list[np.ndarray], streams: int, audio_s: float, threads: int, processes: int
 ) -> tuple[float, float]:
     """(this process's, the encoding processes') CPU in ms per audio second."""
-    pool = FormatEncoderPool(threads, processes)
+    pool = EncodingPool(threads, processes)
 
     async def one() -> None:
         stream = pool.stream(fmt)
@@ -80,11 +80,11 @@ async def pooled(
 
     await one()  # each encoding process started and connected
     await asyncio.sleep(0.5)
-    started, encoders = cpu(), pool.encoding_cpu()
+    started, encoding = cpu(), pool.encoding_cpu()
     await asyncio.gather(*(one() for _ in range(streams)))
-    spent, encoders = cpu() - started, pool.encoding_cpu() - encoders
+    spent, encoding = cpu() - started, pool.encoding_cpu() - encoding
     pool.close()
-    return spent / audio_s * 1000, encoders / audio_s * 1000
+    return spent / audio_s * 1000, encoding / audio_s * 1000
 
 
 class _Sink:
@@ -137,9 +137,9 @@ def main() -> int:
                 pooled(fmt, chunks, args.streams, audio_s, threads, 0)
             )[0]
         for processes in [int(p) for p in args.processes.split(",") if p and p != "0"]:
-            loop, encoders = asyncio.run(pooled(fmt, chunks, args.streams, audio_s, 1, processes))
-            row[f"procs_{processes}_loop"], row[f"procs_{processes}_encoders"] = loop, encoders
-            row[f"procs_{processes}"] = loop + encoders
+            loop, encoding = asyncio.run(pooled(fmt, chunks, args.streams, audio_s, 1, processes))
+            row[f"procs_{processes}_loop"], row[f"procs_{processes}_encoding"] = loop, encoding
+            row[f"procs_{processes}"] = loop + encoding
         row["serial_last"] = serial(fmt, chunks, args.streams, audio_s)
         figures[fmt] = {k: round(v, 2) for k, v in row.items()}
     levels = {}

@@ -1,4 +1,4 @@
-"""How well the speaker encoder tells espeak-ng speakers apart, how well the data report's
+"""How well the speaker embedder tells espeak-ng speakers apart, how well the data report's
 speaker-consistency filter catches another speaker's clips, and what the report costs a clone.
 
 Speakers, all made here (``voicehost.tools.devcorpus.speak``), each saying ``SENTENCES`` (36):
@@ -13,12 +13,12 @@ Speakers, all made here (``voicehost.tools.devcorpus.speak``), each saying ``SEN
   sentence: a median F0 varying by about 1.5 semitones, as read speech does): one speaker whose
   clips the filter must all keep.
 
-Measured, with the encoder ``voicehost.audio.speaker.load_embedder(--encoder)`` names:
+Measured, with the embedder ``voicehost.audio.speaker.load_embedder(--embedder)`` names:
 
 1. Similarity of every pair of clips that say different sentences: same speaker, distinct
    speakers, and a speaker against its near variants; the equal error rate of each comparison
    (the threshold where as many same-speaker pairs fall below as other pairs rise above).
-   A pair of distinct speakers is **separable** when the encoder tells their clips apart with
+   A pair of distinct speakers is **separable** when the embedder tells their clips apart with
    an EER under 10% (``pair_eer``); the filter's figures are given for those too.
 2. The consistency filter (``lora_training.quality.other_speakers``) on simulated uploads of
    ``--genuine`` clips of one speaker with ``--injected`` clips of another mixed in (sentences
@@ -27,7 +27,7 @@ Measured, with the encoder ``voicehost.audio.speaker.load_embedder(--encoder)`` 
    injected) and varied-delivery uploads: the share of injected clips caught and of genuine
    clips wrongly excluded, at each of ``--thresholds`` with the pitch cue at
    ``--pitch-shift`` semitones, and at the default threshold with the pitch cue off (the
-   encoder alone); then one injected clip (the lone-clip rule) at the default.
+   embedder alone); then one injected clip (the lone-clip rule) at the default.
 3. The time the report adds to a clone: ``prepare`` of a ``--time-clips`` upload with and
    without measuring (silero-vad, embeddings, the split), per minute of speech.
 
@@ -37,7 +37,7 @@ Usage::
 
     python scripts/bench_eval.py [--work-dir DIR] [--genuine 30] [--injected 3] [--draws 4]
         [--thresholds 0.88,0.9,0.92,0.94] [--pitch-shift 1.2] [--time-clips 108]
-        [--encoder SPEC] [--json OUT]
+        [--embedder SPEC] [--json OUT]
 
 The clips and their embeddings are cached in ``--work-dir``; a first run takes a few minutes.
 """
@@ -123,14 +123,14 @@ def make_speakers(work: Path) -> dict[str, list[Path]]:
     return speakers
 
 
-def embed_speakers(speakers: dict[str, list[Path]], encoder: EmbeddingCache) -> tuple[dict, dict]:
+def embed_speakers(speakers: dict[str, list[Path]], embedder: EmbeddingCache) -> tuple[dict, dict]:
     """speaker -> (36, dim) embeddings of the trimmed clips, as prepare embeds them, and
     speaker -> their 36 voice pitches (Hz, None where unvoiced)."""
     found, pitches = {}, {}
     for name, paths in speakers.items():
         recordings, _ = ingest(paths)
         speech = [trim(r.samples).samples for r in recordings]
-        found[name] = np.stack([encoder.embed(s) for s in speech])
+        found[name] = np.stack([embedder.embed(s) for s in speech])
         pitches[name] = [quality.voice_pitch(s) for s in speech]
     return found, pitches
 
@@ -311,26 +311,30 @@ def main() -> int:
     parser.add_argument("--thresholds", default="0.88,0.9,0.92,0.94")
     parser.add_argument("--pitch-shift", type=float, default=quality.MIN_PITCH_SHIFT)
     parser.add_argument("--time-clips", type=int, default=108)
-    parser.add_argument("--encoder", help="a load_embedder spec (default: resemblyzer)")
+    parser.add_argument(
+        "--embedder",
+        "--encoder",
+        help="a load_embedder spec (default: resemblyzer; --encoder: its name before)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     start = time.perf_counter()
     speakers = make_speakers(args.work_dir / "speakers")
     made = time.perf_counter() - start
-    cache = args.work_dir / f"embeddings-{args.encoder or 'resemblyzer'}".replace("/", "_")
-    encoder = EmbeddingCache(shared_embedder(args.encoder), cache)
+    cache = args.work_dir / f"embeddings-{args.embedder or 'resemblyzer'}".replace("/", "_")
+    embedder = EmbeddingCache(shared_embedder(args.embedder), cache)
     start = time.perf_counter()
-    embeddings, pitches = embed_speakers(speakers, encoder)
+    embeddings, pitches = embed_speakers(speakers, embedder)
     embedded = time.perf_counter() - start
     clips = sum(len(p) for p in speakers.values())
     print(f"{len(speakers)} speakers, {clips} clips: made in {made:.0f} s, ", end="")
-    print(f"embedded in {embedded:.0f} s ({encoder.hits} from the cache)")
+    print(f"embedded in {embedded:.0f} s ({embedder.hits} from the cache)")
 
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result: dict = {"encoder": encoder.name, "speakers": list(speakers), "args": settings}
+    result: dict = {"embedder": embedder.name, "speakers": list(speakers), "args": settings}
     result["similarity"] = figures = distributions(embeddings)
-    print(f"\nsimilarity ({encoder.name}) of clip pairs saying different sentences:")
+    print(f"\nsimilarity ({embedder.name}) of clip pairs saying different sentences:")
     for kind in ("same", "distinct", "near"):
         f = figures[kind]
         print(f"  {kind:9s} {f['pairs']:6d} pairs  ", end="")
@@ -370,7 +374,7 @@ def main() -> int:
         embeddings, pitches, kinds, default, shift, args, args.injected
     )
     alone = filter_row(embeddings, pitches, kinds, default, 0.0, args, args.injected)
-    result["filter_encoder_alone"] = alone
+    result["filter_embedder_alone"] = alone
     print_row(f"{default:.2f} no F0", alone)
     print(f"\nat the default {default}, pairs short of 95% caught or over 5% wrongly excluded:")
     for kind in ("distinct", "pitch", "tempo"):

@@ -5,7 +5,7 @@ A frame is silence when all seven of its codes equal those of a frame the codec 
 silence (a second of zeros encodes to one frame in the middle and other frames at its two edges).
 The whole frame is compared, not the layer-0 code alone: the dev model's random SNAC gives
 nearly every speech frame digital silence's layer-0 code too. Frame 0 is not counted either way:
-every clip, trimmed or not, begins with the encoder's edge frame, so the count is of silence
+every clip, trimmed or not, begins with the codec's edge frame, so the count is of silence
 frames from frame 1 until the first speech frame (all of them, when no speech frame comes).
 
 Three figures per voice:

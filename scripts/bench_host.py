@@ -2,7 +2,7 @@
 
 The real serving path of ``voicehost serve`` (``create_app``: middlewares, admission, the speech
 handler, ``SpeechEngine.audio_tokens``, the ``Synthesizer``, ``FrameAssembler``, the
-``DecodeScheduler`` and ``FrameDecoder``, the resampler and encoder of ``voicehost.audio.formats``,
+``DecodeScheduler`` and ``FrameDecoder``, the resampler and PyAV of ``voicehost.audio.formats``,
 HTTP writes to a real client on this machine) with two stand-ins, both in this script only:
 
 - the LLM: a token source (one "engine step" task, like vLLM's output handler) that gives each
@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = "The quick brown fox jumps over the lazy dog while the sun slowly sets. "
 SPEECH_TEXT = (
     "Production speech services send every stream through one process, and its CPU must keep "
-    "up with the accelerator. This sentence is only here to give the encoders real speech."
+    "up with the accelerator. This sentence is only here to give the encoding real speech."
 )
 
 
@@ -304,7 +304,7 @@ def serve(port: int, rate: float, per_step: int, frames: int) -> None:
                 "lag_p99_ms": float(np.percentile(lags, 99) * 1000) if lags else None,
                 "lag_max_ms": float(max(lags) * 1000) if lags else None,
                 "tokens": source.tokens,
-                "encode_threads": getattr(getattr(serving, "format_encoders", None), "threads", 0),
+                "encode_threads": getattr(getattr(serving, "encoding_pool", None), "threads", 0),
             }
         )
 
@@ -724,7 +724,7 @@ async def vllm_front_end(
     frame constraint, the built-in voice) at each batch size in ``counts``, in passes that each
     add one stage of the real path: ``vllm`` (``SpeechEngine.audio_tokens`` read and dropped:
     vLLM's output handling), ``pcm`` (the ``Synthesizer``: frames, the decode scheduler and
-    decoder with SNAC answering at once, as on a GPU), then each format (a ``FormatEncoderPool``
+    decoder with SNAC answering at once, as on a GPU), then each format (an ``EncodingPool``
     stream per request, as the server encodes). The differences split the cost; each figure is
     per token and per audio second, less the process's idle CPU. ``engine``: settings changed
     for this run (e.g. ``{"stream_interval": 7}``). The engine core's own process is not
@@ -733,7 +733,7 @@ async def vllm_front_end(
     again as ``FORMAT@procs``, encoded by a pool of that many encoding processes, their CPU
     (from ``/proc``) counted with this process's (``serving_cpu_ms_per_audio_s``: this one's
     alone)."""
-    from voicehost.audio.encoding import FormatEncoderPool
+    from voicehost.audio.encoding import EncodingPool
     from voicehost.config import Settings
     from voicehost.metrics import SpeechMetrics
     from voicehost.model import orpheus
@@ -756,8 +756,8 @@ async def vllm_front_end(
         settings.lookahead_frames,
         settings.codec_max_chunk_frames,
     )
-    pool = FormatEncoderPool(settings.encode_threads)
-    procs = FormatEncoderPool(1, encode_processes) if encode_processes else None
+    pool = EncodingPool(settings.encode_threads)
+    procs = EncodingPool(1, encode_processes) if encode_processes else None
     voice = Voice("tara", "Tara")
     samples_per_token = orpheus.SAMPLES_PER_FRAME / orpheus.TOKENS_PER_FRAME
 
@@ -773,12 +773,12 @@ async def vllm_front_end(
     recorded: dict[int, list[np.ndarray]] = {}  # each stream's PCM chunks, as the pcm pass got them
 
     async def to_pcm(index: int, fmt: str | None) -> float:
-        encoder = None
+        format_stream = None
         if fmt is not None and fmt.endswith("@procs"):
             assert procs is not None
-            encoder = procs.stream(fmt.removesuffix("@procs"))
+            format_stream = procs.stream(fmt.removesuffix("@procs"))
         elif fmt is not None:
-            encoder = pool.stream(fmt)
+            format_stream = pool.stream(fmt)
         samples = 0
         started = time.perf_counter()
         chunks = recorded.setdefault(index, []) if fmt is None else []
@@ -788,10 +788,10 @@ async def vllm_front_end(
                 firsts.append(time.perf_counter() - started)
             samples += pcm.size
             chunks.append(pcm)
-            if encoder is not None:
-                await encoder.encode(pcm)
-        if encoder is not None:
-            await encoder.finish()
+            if format_stream is not None:
+                await format_stream.encode(pcm)
+        if format_stream is not None:
+            await format_stream.finish()
         return samples
 
     async def replay(count: int, fmt: str) -> dict[str, Any]:
@@ -800,10 +800,10 @@ async def vllm_front_end(
         threads), without the engine core busy on the other core of this 2-core machine."""
 
         async def one(index: int) -> int:
-            encoder = pool.stream(fmt)
+            format_stream = pool.stream(fmt)
             for pcm in recorded[index]:
-                await encoder.encode(pcm)
-            await encoder.finish()
+                await format_stream.encode(pcm)
+            await format_stream.finish()
             return sum(pcm.size for pcm in recorded[index])
 
         start, wall = os.times(), time.perf_counter()
@@ -828,13 +828,13 @@ async def vllm_front_end(
             return to_pcm(i, None if stage == "pcm" else stage)
 
         firsts.clear()
-        encoders = procs.encoding_cpu() if procs is not None else 0.0
+        encoding = procs.encoding_cpu() if procs is not None else 0.0
         start, wall = os.times(), time.perf_counter()
         samples = sum(await asyncio.gather(*(one(i) for i in range(count))))
         end, wall = os.times(), time.perf_counter() - wall
         serving = end.user + end.system - start.user - start.system - idle * wall
-        encoders = (procs.encoding_cpu() if procs is not None else 0.0) - encoders
-        cpu = serving + encoders
+        encoding = (procs.encoding_cpu() if procs is not None else 0.0) - encoding
+        cpu = serving + encoding
         audio_s = samples / orpheus.SAMPLE_RATE
         tokens = samples / samples_per_token
         return {

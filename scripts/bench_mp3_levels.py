@@ -1,13 +1,13 @@
 """What LAME's ``compression_level`` (its ``-q``) costs in quality, for the server's mp3 at 64
-kbit/s: real speech (espeak-ng, several voices) through ``FormatEncoder``'s mp3 at each level,
+kbit/s: real speech (espeak-ng, several voices) through ``FormatWriter``'s mp3 at each level,
 decoded and compared with the source it was made from:
 
-- ``similarity``: the speaker encoder's (``VOICEHOST_SPEAKER_ENCODER``, Resemblyzer by default)
+- ``similarity``: the speaker embedder's (``VOICEHOST_SPEAKER_EMBEDDER``, Resemblyzer by default)
   cosine similarity of the decoded audio's embedding to the source's (what a clone's checks see);
 - ``lsd_db``: log-spectral distance, dB, over 25 ms frames of 0-8 kHz down to 60 dB under each
   frame's loudest bin (a spectral error that, unlike a waveform SNR, does not punish LAME's
   phase-insensitive coding; like it, it does not know what noise shaping hides);
-- ``cpu_ms``: the encoder's CPU per audio second (the least of 3 runs).
+- ``cpu_ms``: the mp3 encoding's CPU per audio second (the least of 3 runs).
 
     python scripts/bench_mp3_levels.py --levels 3,5,7
 """
@@ -15,6 +15,7 @@ decoded and compared with the source it was made from:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -29,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from voicehost.audio import formats
-from voicehost.audio.formats import FormatEncoder
+from voicehost.audio.formats import FormatWriter
 from voicehost.audio.speaker import shared_embedder, similarity
 from voicehost.model.orpheus import SAMPLE_RATE
 from voicehost.tools import devcorpus
@@ -44,27 +45,22 @@ PRIMING = 1105  # LAME's delay in front of the decoded audio (formats' module do
 
 
 def encode(samples: np.ndarray, level: int) -> tuple[bytes, float]:
-    codec = formats._CODECS["mp3"]
-    formats._CODECS["mp3"] = formats._Codec(
-        codec.muxer,
-        codec.encoder,
-        codec.sample_format,
-        codec.muxer_options,
-        codec.bit_rate,
-        {"compression_level": str(level)},
+    pyav = formats._PYAV_FORMATS["mp3"]
+    formats._PYAV_FORMATS["mp3"] = dataclasses.replace(
+        pyav, codec_options={"compression_level": str(level)}
     )
     try:
         best, data = float("inf"), b""
         for _ in range(3):
             started = time.process_time()
-            encoder = FormatEncoder("mp3")
+            writer = FormatWriter("mp3")
             data = b"".join(
-                encoder.encode(samples[i : i + 2048]) for i in range(0, samples.size, 2048)
+                writer.encode(samples[i : i + 2048]) for i in range(0, samples.size, 2048)
             )
-            data += encoder.finish()
+            data += writer.finish()
             best = min(best, time.process_time() - started)
     finally:
-        formats._CODECS["mp3"] = codec
+        formats._PYAV_FORMATS["mp3"] = pyav
     return data, best / (samples.size / SAMPLE_RATE) * 1000
 
 

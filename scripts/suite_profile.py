@@ -44,7 +44,7 @@ def kind(process: psutil.Process) -> str:
     if "voicehost" in line and ("serve" in line or "gateway" in line or "worker" in line):
         return "front end / gateway"
     if "multiprocessing" in line or "spawn_main" in line:
-        return "encoder / spawned"
+        return "encoding / spawned"
     return "other: " + name[:24]
 
 
@@ -80,7 +80,7 @@ class CpuProfile:
                 delta = cpu  # its whole life so far: it began since the last sample
             else:
                 label, delta = last[1], cpu - last[2]
-                if label == "encoder / spawned":  # a spawned child names itself once it runs
+                if label == "encoding / spawned":  # a spawned child names itself once it runs
                     label = kind(process)
             self.seen[process.pid] = (process, label, cpu)
             with self.lock:

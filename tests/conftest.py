@@ -24,7 +24,7 @@ os.environ.pop("VOICEHOST_REDIS_URL", None)
 # One OpenMP thread per process, this one and the dev processes it starts (vLLM binds each dev
 # engine to one core anyway): on two cores shared by half a dozen booting servers, a torch that
 # parallelises each small op over two threads waits at every barrier for the thread the kernel
-# has descheduled. A speaker-encoder test took 64 s so, and 3.6 s with one thread.
+# has descheduled. A speaker-embedder test took 64 s so, and 3.6 s with one thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -68,7 +68,7 @@ __all__ = [
     "launch",
     "manage_versions_as_a_tenant",
     "metric",
-    "no_registry",
+    "no_directory",
     "open_playground",
     "process_tree",
     "random_frames",
@@ -567,8 +567,9 @@ def adapter_parts(dev_model, source: str, **fields: str) -> aiohttp.FormData:
     return form
 
 
-async def no_registry(voice_id: str, folder: Path) -> None:
-    """A clone runner's ``on_voice_ready`` that registers nothing (the job alone is tested)."""
+async def no_directory(voice_id: str, folder: Path) -> None:
+    """A clone runner's ``on_voice_ready`` that adds nothing to a voice directory (the job
+    alone is tested)."""
     return None
 
 

@@ -350,7 +350,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not sentences:
             print(f"voicehost eval: {args.sentences} holds no sentence", file=sys.stderr)
             return 2
-    embedder = shared_embedder(args.embedder or Settings().speaker_encoder)
+    embedder = shared_embedder(args.embedder or Settings().speaker_embedder)
     recognizer = FasterWhisper(args.asr_model) if args.asr_model else None
 
     async def run() -> evaluation.EvalReport:
@@ -591,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedder",
         "--encoder",  # its name before: scripts that pass it keep working
         dest="embedder",
-        help="speaker embedder (default: VOICEHOST_SPEAKER_ENCODER)",
+        help="speaker embedder (default: VOICEHOST_SPEAKER_EMBEDDER)",
     )
     eval_.add_argument("--asr-model", type=Path, help="a local faster-whisper model folder")
     eval_.add_argument("--seed", type=int, default=0, help="the sampling seed of each sentence")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -71,7 +72,9 @@ def _default_dev_dir() -> Path:
 class Settings(BaseSettings):
     """The service configuration (see the table in the README)."""
 
-    model_config = SettingsConfigDict(env_prefix="VOICEHOST_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="VOICEHOST_", extra="ignore", populate_by_name=True
+    )
     # the settings by concern, each group from its first setting on (the README's tables)
     GROUPS: ClassVar[dict[str, str]] = {
         "dev": "What to serve",
@@ -185,13 +188,16 @@ class Settings(BaseSettings):
             "checkpoint."
         ),
     )
-    speaker_encoder: str | None = Field(
+    speaker_embedder: str | None = Field(
         None,
+        # its variable before, VOICEHOST_SPEAKER_ENCODER, still read (the README names both)
+        validation_alias=AliasChoices("VOICEHOST_SPEAKER_EMBEDDER", "VOICEHOST_SPEAKER_ENCODER"),
         description=(
-            "The speaker encoder behind every similarity figure: unset or "
+            "The speaker embedder behind every similarity figure: unset or "
             "`resemblyzer` (Resemblyzer's GE2E, weights in its wheel), "
             "`package.module:factory`, or a local folder holding an operator's "
-            "encoder (see [docs/CLONING.md](docs/CLONING.md#the-data-report))."
+            "model (see [docs/CLONING.md](docs/CLONING.md#the-data-report)). "
+            "`VOICEHOST_SPEAKER_ENCODER`, its name before, is read too."
         ),
     )
     speaker_min_similarity: float = Field(
@@ -329,7 +335,7 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "WebRTC sessions one process holds at once (503 `at_capacity` "
-            "beyond); on `serve` each holds a stream slot from its config on, "
+            "beyond); on `serve` each counts as a stream from its config on, "
             "as a socket does."
         ),
     )
@@ -339,7 +345,7 @@ class Settings(BaseSettings):
         description=(
             "Answered WebRTC offers still waiting for their peer (no data "
             "channel and config yet), in all (503 `at_capacity` beyond). A "
-            "pending offer holds no stream slot: an offer that never connects "
+            "pending offer is not counted as a stream: an offer that never connects "
             "costs only its peer connection."
         ),
     )
@@ -371,7 +377,7 @@ class Settings(BaseSettings):
         description=(
             "A WebRTC session whose data channel has not opened by then ends "
             "(`webrtc_connect_failed` in `voicehost_errors_total`), its peer "
-            "connection freed (a pending offer holds no stream slot)."
+            "connection freed (a pending offer is not counted as a stream)."
         ),
     )
     webrtc_consent_seconds: float = Field(
@@ -509,7 +515,8 @@ class Settings(BaseSettings):
             "Segments of a long input generated at once (batched by the engine, "
             "held until played) when a request turns `continuity` off; with "
             "continuity each segment waits for the frames of the one before. "
-            "More finishes long texts sooner at the cost of engine slots."
+            "More finishes long texts sooner at the cost of places in the "
+            "engine's batch."
         ),
     )
     trim_threshold_db: float = Field(
@@ -582,7 +589,7 @@ class Settings(BaseSettings):
         description=(
             "Serving processes sharing one vLLM engine core, all accepting on "
             "the one port (`voicehost serve --frontends N`): each has its own "
-            "event loop, GIL, SNAC codec and encoders, so a host's CPU keeps up "
+            "event loop, GIL, SNAC codec and encoding pool, so a host's CPU keeps up "
             "with its GPU. `auto`: on a GPU, one per 2 cores beyond 2 (at most "
             "16); 1 on the CPU engine. Responses name the front end in "
             "`X-Voicehost-Frontend`. What is one per host stays one: the "
@@ -870,7 +877,7 @@ class Settings(BaseSettings):
             "its threads (0). A front end then hands no GIL back and forth with "
             "encoding threads (see [docs/BENCHMARKS.md](docs/BENCHMARKS.md)). "
             "`auto`: 2 on a GPU (with `VOICEHOST_FRONTENDS=auto`, a front end "
-            "and its two encoders share 2 cores), 0 on the CPU engine. An "
+            "and its two encoding processes share 2 cores), 0 on the CPU engine. An "
             "encoding process that dies ends its streams with `encoding_failed` "
             "and is replaced for the next."
         ),

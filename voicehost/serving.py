@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from voicehost.audio.encoding import FormatEncoderPool
+from voicehost.audio.encoding import EncodingPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.intake import LocalIntake
-from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, registrar
+from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, add_to
 from voicehost.config import Settings
 from voicehost.errors import ServiceError, validation_message
 from voicehost.host.channel import Body, ChannelError
@@ -141,7 +141,7 @@ class ServingProcess:
         self.settings = settings
         self.cluster = cluster
         self.frontend = frontend
-        self.slot = frontend.slot if frontend is not None else None
+        self.core_client = frontend.client if frontend is not None else None
         self.channel = frontend.channel() if frontend is not None else None  # opened by ``open``
         if self.channel is not None:
             self.channel.on(DRAIN_TOPIC, self._drained_by_host)
@@ -176,13 +176,11 @@ class ServingProcess:
         self.synthesizer: Synthesizer | None = None
         # word timing: the built-in estimate, until start-up loads VOICEHOST_ALIGNER_MODEL's
         self.aligner: Aligner = EstimatedAligner(spoken_letters)
-        self.format_encoders = FormatEncoderPool(
-            settings.encode_threads, settings.encode_process_count()
-        )
+        self.encoding_pool = EncodingPool(settings.encode_threads, settings.encode_process_count())
         self.metrics.watch_registry(self.voices.missing)
         self.jobs = CloneJobs(
             jobs_dir,
-            registrar(self.voices),
+            add_to(self.voices),
             queue,
             runner,
             self.evaluate_clone,
@@ -230,7 +228,7 @@ class ServingProcess:
 
         await self._started.wait()
         references = await asyncio.to_thread(read_references, folder)
-        embedder = await asyncio.to_thread(shared_embedder, self.settings.speaker_encoder)
+        embedder = await asyncio.to_thread(shared_embedder, self.settings.speaker_embedder)
         s = self.settings
         report = await evaluate_candidate(
             self,
@@ -311,9 +309,9 @@ class ServingProcess:
 
     @asynccontextmanager
     async def admit(self, principal: Principal | None) -> AsyncIterator[None]:
-        """A stream slot for ``principal``'s request, held for the ``async with`` block; its
-        key's quota too, for the whole cluster on a worker. ``Refused`` (503 or 429) when there
-        is none."""
+        """``principal``'s request admitted as one stream for the ``async with`` block, and
+        counted against its key's quota too (for the whole cluster on a worker); ``Refused`` (503
+        or 429) when it does not fit."""
         key = principal.key_id if principal else None
         own = principal.max_streams if principal else None  # the key's own quota, if it has one
         token = principal.token_streams if principal else None  # a token's own stream count
@@ -347,7 +345,7 @@ class ServingProcess:
         if self.frontend is not None:  # the host says when the engine core it started died
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(CORE_LOST_SIGNAL, self._core_lost)
-        if self.slot is None or self.slot.index == 0:  # one runner per host
+        if self.core_client is None or self.core_client.index == 0:  # one runner per host
             self._tasks.append(
                 asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
             )
@@ -389,7 +387,9 @@ class ServingProcess:
                 await self._publish_dev_voices()
             if self.draining:  # drained while warming up: never join
                 return
-            ring = self.slot is None or self.slot.index == 0  # one ring member per host
+            ring = (
+                self.core_client is None or self.core_client.index == 0
+            )  # one ring member per host
             self._tasks.append(asyncio.create_task(self.cluster.join(self.load, ring)))
 
     async def _publish_dev_voices(self) -> None:
@@ -419,7 +419,7 @@ class ServingProcess:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.
         self._engine_start = asyncio.get_running_loop().run_in_executor(
-            None, SpeechEngine.start, s, self.slot
+            None, SpeechEngine.start, s, self.core_client
         )
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)
@@ -473,7 +473,7 @@ class ServingProcess:
             await self.scheduler.close()
         if self.codec is not None:
             self.codec.close()
-        self.format_encoders.close()
+        self.encoding_pool.close()
         self.intake.close()
         if self.cluster is not None:
             await self.cluster.close()

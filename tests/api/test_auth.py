@@ -26,7 +26,7 @@ from helpers import (
     key_entries,
     launch,
     manage_versions_as_a_tenant,
-    no_registry,
+    no_directory,
     open_playground,
     say_over_socket,
     stop,
@@ -192,20 +192,20 @@ def test_a_voice_folder_records_its_tenant(dev_model, tmp_path):
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "mine")
     assign_tenant(tmp_path / "mine", "A")
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "shared")
-    registry = FolderVoiceDirectory([tmp_path], [], rules)
-    registry.scan()
-    assert registry.get("mine").tenant == "A" and registry.get("shared").tenant is None
+    directory = FolderVoiceDirectory([tmp_path], [], rules)
+    directory.scan()
+    assert directory.get("mine").tenant == "A" and directory.get("shared").tenant is None
     assign_tenant(tmp_path / "mine", None)
-    registry.scan()
-    assert registry.get("mine").tenant is None
+    directory.scan()
+    assert directory.get("mine").tenant is None
 
 
 @pytest.mark.unit
 async def test_a_job_keeps_its_tenant(tmp_path, dev_model):
-    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
+    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_directory)
     job_id, _ = jobs.new_job_dir()
     await jobs.submit(job_id, job_spec(tmp_path / "jobs", job_id, dev_model), tenant="A")
-    assert CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry).get(job_id).tenant == "A"
+    assert CloneJobs(tmp_path / "jobs", on_voice_ready=no_directory).get(job_id).tenant == "A"
 
 
 @pytest.mark.unit
@@ -864,7 +864,7 @@ async def test_the_owner_speaks_with_its_voice_over_http_and_websocket(keyed, ht
 
 async def test_another_tenants_job_is_404(keyed, http, dev_model):
     url, root = keyed
-    jobs = CloneJobs(root / "jobs", on_voice_ready=no_registry)  # the server's jobs folder
+    jobs = CloneJobs(root / "jobs", on_voice_ready=no_directory)  # the server's jobs folder
     job_id, _ = jobs.new_job_dir()
     await jobs.submit(job_id, job_spec(root / "jobs", job_id, dev_model), tenant="A")
     missing = "job-0000000000000000"
@@ -1099,7 +1099,7 @@ async def test_at_the_gateway_another_tenants_voice_and_job_are_404(gateway, htt
         )
     assert "ga-voice" not in await voice_ids(http, url, "key-b")
     assert "ga-voice" in await voice_ids(http, url, "key-a")
-    jobs = CloneJobs(root / "shared" / "jobs", on_voice_ready=no_registry)
+    jobs = CloneJobs(root / "shared" / "jobs", on_voice_ready=no_directory)
     job_id, _ = jobs.new_job_dir()
     await jobs.submit(job_id, job_spec(root / "shared" / "jobs", job_id, dev_model), tenant="A")
     async with http.get(f"{url}/v1/jobs/{job_id}", headers=bearer("key-b")) as response:
@@ -1380,7 +1380,7 @@ async def test_a_token_bound_to_one_stream_holds_one_whatever_the_transport(keye
         assert json.loads((await ws.receive(timeout=30)).data)["type"] == "ready"
         assert await speak(one["token"]) == (429, "quota_exceeded")
         assert await speak(other) == (200, "")
-    for _ in range(40):  # the server sees the close, then frees the slot
+    for _ in range(40):  # the server sees the close, then lets the stream go
         if (answer := await speak(one["token"]))[0] == 200:
             break
         await asyncio.sleep(0.05)

@@ -179,9 +179,9 @@ async def test_both_front_ends_speak_from_one_engine_core(frontends):
     assert sum("EngineCore" in n for n in names) == 1, names  # one core for the host
     sizes = await from_both(lambda: speak(frontends.url, "Hi.", 1), least=4, parallel=QUOTA)
     assert all(size > 0 for size in sizes), sizes
-    encoders = encoding_processes(frontends.process.pid)
-    assert sorted(is_frontend(p.parent()) for p in encoders) == [True, True], encoders
-    assert len({p.parent().pid for p in encoders}) == 2  # one each
+    encoding = encoding_processes(frontends.process.pid)
+    assert sorted(is_frontend(p.parent()) for p in encoding) == [True, True], encoding
+    assert len({p.parent().pid for p in encoding}) == 2  # one each
     mp3 = lambda: speak(frontends.url, "Hi.", 1, fmt="mp3")  # noqa: E731
     samples = await from_both(mp3, least=4, parallel=QUOTA)
     assert all(count > 0 for count in samples), samples
@@ -308,7 +308,7 @@ async def test_the_capacity_and_a_keys_quota_count_the_streams_of_both_front_end
         return all(a == (200, "") for a in answers)
 
     deadline = time.monotonic() + 10
-    while not await admitted():  # the closed streams' slots are given back on both
+    while not await admitted():  # the closed streams are let go on both
         assert time.monotonic() < deadline, "the host did not admit key a again"
         await asyncio.sleep(0.2)
 
@@ -449,8 +449,8 @@ async def refused(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int,
 
 async def refused_webrtc(url: str, key: str) -> str:
     """The code a WebRTC session gets when its stream cannot be admitted: its offer is answered
-    (a pending offer holds no slot), and the refusal comes on the data channel when its config
-    arrives, as an error event, then the session's end."""
+    (a pending offer is not counted as a stream), and the refusal comes on the data channel when
+    its config arrives, as an error event, then the session's end."""
     from voicehost.client import ApiError, AsyncClient
 
     async with AsyncClient(url, api_key=KEYS[key]) as client:
@@ -466,7 +466,7 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
     channel, though the host has room; key b's stream fills the host (3): key c is 503 by HTTP
     and the socket's handshake and refused on WebRTC's channel, answered while the admitted
     streams play (no queue). A stream whose
-    client leaves gives its slot back, and the others play to their end meanwhile."""
+    client leaves is let go at once, and the others play to their end meanwhile."""
     url = frontends.url
     async with aiohttp.ClientSession() as http:
         first = await open_stream(http, url, "a")

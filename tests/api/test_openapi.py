@@ -65,9 +65,10 @@ def test_the_gateway_documents_its_public_routes_and_its_own(tmp_path, redis_ser
     assert app_routes(app) - GATEWAY_ONLY == documented(document())
 
 
-# The module that declares a slot route's operation: the slot's contract (who answers it is
-# each role's: serve speaks, a gateway proxies; health is the service's, in the route table)
-SLOT_RESOURCES = {
+# The module that declares the operation of a route whose handler each role supplies (a
+# ``RoleHandler``): its contract (who answers it is each role's: serve speaks, a gateway
+# proxies; health is the service's, in the route table)
+ROLE_HANDLER_RESOURCES = {
     "speech": "voicehost.api.speech",
     "speech_captioned": "voicehost.api.speech",
     "speech_ws": "voicehost.api.realtime",
@@ -80,14 +81,15 @@ SLOT_RESOURCES = {
 @pytest.mark.unit
 def test_each_operation_is_declared_beside_its_handler():
     """A resource is one place: a route's OpenAPI operation is in the module of its handler
-    (or of its slot's contract), never in the document's builder, which imports no resource."""
+    (or of the contract of a handler each role supplies), never in the document's builder,
+    which imports no resource."""
     import importlib
 
     from voicehost.api import openapi, routes
 
     for route in PUBLIC_ROUTES:
         if isinstance(route.handler, str):
-            module = importlib.import_module(SLOT_RESOURCES[route.handler])
+            module = importlib.import_module(ROLE_HANDLER_RESOURCES[route.handler])
         else:
             module = importlib.import_module(route.handler.__module__)
         own = getattr(module, "OPERATIONS", None)

@@ -292,7 +292,7 @@ async def test_eighty_offers_that_never_connect_leave_speech_on_every_transport_
 ):
     """80 offers at once from one address (127.0.0.2) whose peer never connects: at most
     ``webrtc_max_pending_per_address`` (4) are answered, the rest refused 429
-    ``too_many_pending`` with Retry-After, and none holds a stream slot; meanwhile speech from
+    ``too_many_pending`` with Retry-After, and none is counted as a stream; meanwhile speech from
     another address is answered at once over HTTP, the socket and WebRTC."""
     pc, sdp = await offer()
     await pc.close()  # its candidates answer no check: every session stays pending
@@ -309,7 +309,7 @@ async def test_eighty_offers_that_never_connect_leave_speech_on_every_transport_
     refused = [(status, code) for status, code, _ in answers if status != 201]
     assert set(refused) == {(429, "too_many_pending")} and len(refused) == 76
     assert all(int(retry) >= 1 for status, _, retry in answers if status == 429)
-    assert await metric(http, server, "voicehost_active_streams") == 0  # pending: no slot
+    assert await metric(http, server, "voicehost_active_streams") == 0  # pending: not counted
     started = time.monotonic()
     body = {"input": SENTENCE, "voice": "dev-a", "response_format": "pcm"}
     async with http.post(server.url + "/v1/audio/speech", json=body) as response:

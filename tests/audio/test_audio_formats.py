@@ -1,4 +1,4 @@
-"""FormatEncoder: every format and rate, encoded in odd chunks, decoded back with PyAV."""
+"""FormatWriter: every format and rate, encoded in odd chunks, decoded back with PyAV."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import soxr
 from voicehost.audio.formats import (
     FORMATS,
     SAMPLE_RATES,
-    FormatEncoder,
+    FormatWriter,
     UnsupportedFormat,
     content_type,
     encoding_rate,
@@ -65,9 +65,9 @@ def random_chunks(samples: np.ndarray, seed: int) -> list[np.ndarray]:
     return [samples[start:end] for start, end in itertools.pairwise(edges)]
 
 
-def encode_all(encoder: FormatEncoder, chunks: list[np.ndarray]) -> tuple[list[bytes], bytes]:
+def encode_all(writer: FormatWriter, chunks: list[np.ndarray]) -> tuple[list[bytes], bytes]:
     """What each ``encode`` call returned, and what ``finish`` returned."""
-    return [encoder.encode(chunk) for chunk in chunks], encoder.finish()
+    return [writer.encode(chunk) for chunk in chunks], writer.finish()
 
 
 def decode(fmt: str, data: bytes, rate: int) -> tuple[np.ndarray, int]:
@@ -104,17 +104,17 @@ VALID = [
 @pytest.mark.parametrize(("fmt", "rate"), VALID)
 def test_every_format_decodes_to_its_rate_and_duration(fmt: str, rate: int | None) -> None:
     signal = tone_and_chirp()
-    encoder = FormatEncoder(fmt, rate)
-    parts, tail = encode_all(encoder, random_chunks(signal, seed=rate or 0))
-    decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
+    writer = FormatWriter(fmt, rate)
+    parts, tail = encode_all(writer, random_chunks(signal, seed=rate or 0))
+    decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, writer.sample_rate)
 
-    assert decoded_rate == encoder.sample_rate == output_rate(fmt, rate)
+    assert decoded_rate == writer.sample_rate == output_rate(fmt, rate)
     expected = len(signal) * decoded_rate / SAMPLE_RATE
     extra = len(decoded) - expected
     if fmt in PRIMING:
         assert PRIMING[fmt] - 1 <= extra <= PRIMING[fmt] + codec_frame(fmt, decoded_rate)
     else:
-        # Exact, to the rounding of one sample at the encoder's rate (opus plays 8 kHz as 48 kHz).
+        # Exact, to the rounding of one sample at the encoding rate (opus plays 8 kHz as 48 kHz).
         assert abs(extra) <= decoded_rate / encoding_rate(fmt, rate)
 
 
@@ -122,8 +122,8 @@ def test_every_format_decodes_to_its_rate_and_duration(fmt: str, rate: int | Non
 @pytest.mark.parametrize("rate", [8000, 24000, 44100])
 def test_lossless_formats_carry_the_resampled_samples_exactly(fmt: str, rate: int) -> None:
     signal = tone_and_chirp()
-    encoder = FormatEncoder(fmt, rate)
-    parts, tail = encode_all(encoder, random_chunks(signal, seed=rate))
+    writer = FormatWriter(fmt, rate)
+    parts, tail = encode_all(writer, random_chunks(signal, seed=rate))
     decoded, _ = decode(fmt, b"".join(parts) + tail, rate)
 
     # Streamed in odd chunks, the samples are a one-shot resampling at full scale 32767, to the
@@ -146,8 +146,8 @@ def test_lossless_formats_at_the_model_rate_carry_known_pcm_values_exactly(fmt: 
     values = known_pcm_values()
     over = np.array([1.5, -1.5, 2.0, -2.0, 1.0, -1.0], np.float32)  # clipped to full scale
     signal = np.concatenate([(values / 32767).astype(np.float32), over])
-    encoder = FormatEncoder(fmt)
-    parts, tail = encode_all(encoder, random_chunks(signal, seed=11))
+    writer = FormatWriter(fmt)
+    parts, tail = encode_all(writer, random_chunks(signal, seed=11))
     decoded, _ = decode(fmt, b"".join(parts) + tail, SAMPLE_RATE)
 
     received = np.round(decoded.astype(np.float64) * 32768).astype(np.int64)
@@ -169,9 +169,9 @@ def test_pcm16_is_full_scale_at_32767_and_clips_beyond():
 def test_lossy_formats_clip_samples_beyond_full_scale(fmt: str) -> None:
     t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
     loud = (3.0 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
-    encoder = FormatEncoder(fmt)
-    parts, tail = encode_all(encoder, random_chunks(loud, seed=3))
-    decoded, _ = decode(fmt, b"".join(parts) + tail, encoder.sample_rate)
+    writer = FormatWriter(fmt)
+    parts, tail = encode_all(writer, random_chunks(loud, seed=3))
+    decoded, _ = decode(fmt, b"".join(parts) + tail, writer.sample_rate)
 
     # A clipped tone comes back near full scale (AAC overshoots to 1.25), never near 3.
     assert 0.9 < decoded.max() < 1.4
@@ -182,20 +182,20 @@ def test_lossy_formats_clip_samples_beyond_full_scale(fmt: str) -> None:
 @pytest.mark.parametrize(("fmt", "rate"), [("pcm", 16000), ("wav", 44100), ("flac", None)])
 def test_samples_of_any_float_type_and_shape_encode_as_the_same_float32_samples(fmt, rate):
     signal = tone_and_chirp(5000)
-    reference = FormatEncoder(fmt, rate)
+    reference = FormatWriter(fmt, rate)
     expected = reference.encode(signal) + reference.finish()
     for variant in (signal.astype(np.float64), signal.reshape(-1, 1), signal.reshape(1, -1)):
-        encoder = FormatEncoder(fmt, rate)
-        assert encoder.encode(variant) + encoder.finish() == expected
-    encoder = FormatEncoder(fmt, rate)
-    assert encoder.encode(signal.tolist()) + encoder.finish() == expected  # a plain list too
+        writer = FormatWriter(fmt, rate)
+        assert writer.encode(variant) + writer.finish() == expected
+    writer = FormatWriter(fmt, rate)
+    assert writer.encode(signal.tolist()) + writer.finish() == expected  # a plain list too
 
 
 @pytest.mark.unit
-def test_an_encoder_says_its_format_and_the_rate_it_sends():
-    opus = FormatEncoder("opus", 16000)
+def test_a_writer_says_its_format_and_the_rate_it_sends():
+    opus = FormatWriter("opus", 16000)
     assert (opus.fmt, opus.sample_rate) == ("opus", 48000)
-    mulaw = FormatEncoder("mulaw")
+    mulaw = FormatWriter("mulaw")
     assert (mulaw.fmt, mulaw.sample_rate) == ("mulaw", 8000)
 
 
@@ -226,8 +226,8 @@ def test_a_wav_header_with_a_length_makes_a_file_the_wave_module_reads():
 @pytest.mark.parametrize("fmt", TELEPHONE)
 def test_telephone_formats_are_the_signal_at_8_khz_with_g711_noise(fmt: str) -> None:
     signal = tone_and_chirp()
-    encoder = FormatEncoder(fmt)
-    parts, tail = encode_all(encoder, random_chunks(signal, seed=8))
+    writer = FormatWriter(fmt)
+    parts, tail = encode_all(writer, random_chunks(signal, seed=8))
     decoded, _ = decode(fmt, b"".join(parts) + tail, 8000)
 
     reference = resampled(signal, 8000)
@@ -242,8 +242,8 @@ def test_lossy_formats_keep_the_tone_and_its_loudness(fmt: str, rate: int) -> No
     tone = (0.5 * np.sin(2 * np.pi * TONE_HZ * np.arange(SAMPLE_RATE) / SAMPLE_RATE)).astype(
         np.float32
     )
-    encoder = FormatEncoder(fmt, rate)
-    parts, tail = encode_all(encoder, random_chunks(tone, seed=rate))
+    writer = FormatWriter(fmt, rate)
+    parts, tail = encode_all(writer, random_chunks(tone, seed=rate))
     decoded, decoded_rate = decode(fmt, b"".join(parts) + tail, rate)
 
     middle = decoded[decoded_rate // 4 : decoded_rate * 3 // 4]  # clear of priming and fades
@@ -256,13 +256,13 @@ def test_lossy_formats_keep_the_tone_and_its_loudness(fmt: str, rate: int) -> No
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_audio_streams_out_before_finish(fmt: str) -> None:
     signal = tone_and_chirp()
-    encoder = FormatEncoder(fmt)
+    writer = FormatWriter(fmt)
     model_frames = [
         signal[start : start + SAMPLES_PER_FRAME]
         for start in range(0, len(signal), SAMPLES_PER_FRAME)
     ]
-    parts, _ = encode_all(encoder, model_frames)
-    decoded, decoded_rate = decode(fmt, b"".join(parts), encoder.sample_rate)
+    parts, _ = encode_all(writer, model_frames)
+    decoded, decoded_rate = decode(fmt, b"".join(parts), writer.sample_rate)
 
     # All but about one model frame (85 ms) of audio is out before the stream is finished.
     held_back = len(signal) / SAMPLE_RATE - len(decoded) / decoded_rate
@@ -281,9 +281,9 @@ def test_a_codec_stream_decodes_to_the_same_audio_however_the_samples_are_chunke
     fmt: str, rate: int | None
 ) -> None:
     signal = tone_and_chirp()
-    whole = FormatEncoder(fmt, rate)
+    whole = FormatWriter(fmt, rate)
     one_chunk = whole.encode(signal) + whole.finish()
-    chunked = FormatEncoder(fmt, rate)
+    chunked = FormatWriter(fmt, rate)
     parts, tail = encode_all(chunked, random_chunks(signal, seed=7))
     expected, _ = decode(fmt, one_chunk, whole.sample_rate)
     received, _ = decode(fmt, b"".join(parts) + tail, chunked.sample_rate)
@@ -298,24 +298,24 @@ def test_a_codec_stream_decodes_to_the_same_audio_however_the_samples_are_chunke
     [("wav", b"RIFF"), ("mp3", b"ID3"), ("opus", b"OggS"), ("flac", b"fLaC")],
 )
 def test_first_encode_returns_the_container_header(fmt: str, magic: bytes) -> None:
-    assert FormatEncoder(fmt).encode(np.zeros(0, np.float32)).startswith(magic)
+    assert FormatWriter(fmt).encode(np.zeros(0, np.float32)).startswith(magic)
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "aac", "mulaw", "alaw"])
 def test_headerless_formats_return_nothing_for_no_audio(fmt: str) -> None:
-    assert FormatEncoder(fmt).encode(np.zeros(0, np.float32)) == b""
+    assert FormatWriter(fmt).encode(np.zeros(0, np.float32)) == b""
 
 
 def test_wav_of_no_audio_is_the_bare_header_at_the_output_rate() -> None:
-    encoder = FormatEncoder("wav", 16000)
-    data = encoder.encode(np.zeros(0, np.float32)) + encoder.finish()
+    writer = FormatWriter("wav", 16000)
+    data = writer.encode(np.zeros(0, np.float32)) + writer.finish()
     assert len(data) == 44
     assert int.from_bytes(data[24:28], "little") == 16000
 
 
 def test_pcm_at_the_model_rate_is_the_samples_as_s16le() -> None:
     signal = tone_and_chirp(2400)
-    parts, tail = encode_all(FormatEncoder("pcm"), random_chunks(signal, seed=0))
+    parts, tail = encode_all(FormatWriter("pcm"), random_chunks(signal, seed=0))
     assert b"".join(parts) + tail == to_pcm16(signal)
 
 
@@ -346,7 +346,7 @@ def test_opus_encodes_at_the_next_opus_rate_and_plays_at_48_khz(rate: int, encod
 )
 def test_unsupported_formats_and_rates_are_refused(fmt: str, rate: int | None) -> None:
     with pytest.raises(UnsupportedFormat):
-        FormatEncoder(fmt, rate)
+        FormatWriter(fmt, rate)
 
 
 def test_unknown_format_has_no_content_type() -> None:
@@ -367,14 +367,14 @@ def test_content_types() -> None:
     }
 
 
-def test_a_finished_encoder_takes_no_more_audio() -> None:
-    encoder = FormatEncoder("mp3")
-    encoder.finish()
+def test_a_finished_writer_takes_no_more_audio() -> None:
+    writer = FormatWriter("mp3")
+    writer.finish()
     with pytest.raises(RuntimeError) as after_encode:
-        encoder.encode(np.zeros(10, np.float32))
+        writer.encode(np.zeros(10, np.float32))
     with pytest.raises(RuntimeError) as after_finish:
-        encoder.finish()
-    assert str(after_encode.value) == str(after_finish.value) == "this FormatEncoder is finished"
+        writer.finish()
+    assert str(after_encode.value) == str(after_finish.value) == "this FormatWriter is finished"
 
 
 @pytest.mark.unit
@@ -384,8 +384,8 @@ def test_refused_rates_say_which_rates_are_taken():
         match=r"sample_rate 12345 is not supported; use one of 8000, 16000, 22050, 24000, 44100, "
         r"48000$",
     ):
-        FormatEncoder("wav", 12345)
+        FormatWriter("wav", 12345)
     with pytest.raises(
         UnsupportedFormat, match=r"alaw is G\.711 telephone audio at 8000 Hz only, not 16000 Hz"
     ):
-        FormatEncoder("alaw", 16000)
+        FormatWriter("alaw", 16000)

@@ -1,5 +1,5 @@
 """``speed``: the audio is time-stretched as it streams, its pitch kept (FFmpeg's atempo through
-PyAV, chained beyond 0.5-2), measured through the encoder every response goes through."""
+PyAV, chained beyond 0.5-2), measured through the FormatWriter every response goes through."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from voicehost.audio.formats import FormatEncoder
+from voicehost.audio.formats import FormatWriter
 from voicehost.audio.tempo import ATEMPO_RANGE, TimeStretch, atempo_steps
 from voicehost.model.orpheus import SAMPLE_RATE
 
@@ -25,19 +25,19 @@ def tone(seconds: float, hz: float = TONE_HZ) -> np.ndarray:
     return (0.4 * (wave + 0.25 * np.sin(6 * np.pi * hz * t))).astype(np.float32)
 
 
-def through_the_encoder(samples: np.ndarray, speed: float) -> np.ndarray:
+def through_the_writer(samples: np.ndarray, speed: float) -> np.ndarray:
     """``samples`` as a pcm response at ``speed``, fed in uneven chunks as the decoder yields
     them, decoded back to floats."""
-    encoder = FormatEncoder("pcm", None, speed)
+    writer = FormatWriter("pcm", None, speed)
     sizes = np.random.default_rng(0).integers(1, 4096, size=len(samples) // 1000 + 1)
     cuts = np.minimum(np.cumsum(sizes), len(samples))
     out = bytearray()
     start = 0
     for cut in cuts:
-        out += encoder.encode(samples[start:cut])
+        out += writer.encode(samples[start:cut])
         start = cut
-    out += encoder.encode(samples[start:])
-    out += encoder.finish()
+    out += writer.encode(samples[start:])
+    out += writer.finish()
     return np.frombuffer(bytes(out), dtype="<i2").astype(np.float32) / 32768
 
 
@@ -53,7 +53,7 @@ def dominant_hz(samples: np.ndarray, seconds: float = 0.25) -> float:
 @pytest.mark.parametrize("speed", SPEEDS)
 def test_speed_scales_the_duration_and_keeps_the_pitch(speed):
     source = tone(1.5)
-    stretched = through_the_encoder(source, speed)
+    stretched = through_the_writer(source, speed)
     ratio = len(stretched) / len(source)
     assert ratio == pytest.approx(1 / speed, rel=0.03), f"{ratio:.4f} at speed {speed}"
     assert dominant_hz(source) == pytest.approx(TONE_HZ, rel=0.005)  # the measure itself
@@ -76,15 +76,15 @@ def test_factors_beyond_one_atempo_are_chained_in_equal_steps_inside_its_range()
 def test_speed_one_leaves_the_samples_exactly_as_they_were():
     source = tone(0.5)
     assert np.array_equal(
-        through_the_encoder(source, 1.0),
-        np.frombuffer(FormatEncoder("pcm").encode(source), dtype="<i2").astype(np.float32) / 32768,
+        through_the_writer(source, 1.0),
+        np.frombuffer(FormatWriter("pcm").encode(source), dtype="<i2").astype(np.float32) / 32768,
     )
 
 
 def test_the_stream_says_how_many_samples_the_listener_gets():
     """``segment.done`` and SSE's ``done`` count what is heard: at the output rate, stretched."""
-    assert FormatEncoder("pcm", None, 2.0).output_samples(24000) == 12000
-    assert FormatEncoder("wav", 16000, 0.5).output_samples(24000) == 32000
+    assert FormatWriter("pcm", None, 2.0).output_samples(24000) == 12000
+    assert FormatWriter("wav", 16000, 0.5).output_samples(24000) == 32000
 
 
 def test_a_finished_stretch_takes_no_more_audio():

@@ -26,7 +26,7 @@ def report(similarity: float, baseline: float | None = 0.5, wer: float | None = 
     if wer is not None:
         measured = {"measured": True, "asr": "Test", "wer": wer, "cer": wer / 2, "heard": []}
     return EvalReport(
-        encoder="resemblyzer",
+        embedder="resemblyzer",
         voice="candidate",
         sentences=["One.", "Two."],
         references=3,

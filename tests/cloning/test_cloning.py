@@ -247,13 +247,13 @@ async def test_a_bad_adapter_upload_is_400(http, server, dev_model):
     assert not (server.adapters / "bad-up").exists()
 
 
-async def no_registry(voice_id, folder):
+async def no_directory(voice_id, folder):
     return None
 
 
 @pytest.mark.unit
 async def test_job_state_survives_a_restart(tmp_path, dev_model):
-    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
+    jobs = CloneJobs(tmp_path / "jobs", on_voice_ready=no_directory)
     job_id, inputs = jobs.new_job_dir()
     spec = VoiceJob(
         audio=[inputs],
@@ -268,7 +268,7 @@ async def test_job_state_survives_a_restart(tmp_path, dev_model):
     state_file = tmp_path / "jobs" / job_id / "job.json"
     state = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**state, "status": "training"}))  # died mid-training
-    restarted = CloneJobs(tmp_path / "jobs", on_voice_ready=no_registry)
+    restarted = CloneJobs(tmp_path / "jobs", on_voice_ready=no_directory)
     restarted.recover()
     assert restarted.get(job_id).status == "queued"
     assert (tmp_path / "jobs" / job_id / "spec.json").exists()

@@ -1,5 +1,5 @@
 """Measuring a voice against its speaker: error rates, the gate, and a whole evaluation of real
-(espeak-ng) speech with the real speaker encoder; `voicehost eval` against the dev server."""
+(espeak-ng) speech with the real speaker embedder; `voicehost eval` against the dev server."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_error_rates_count_word_and_character_edits_over_the_reference():
 
 def report(similarity: float, baseline: float | None, wer: float | None) -> EvalReport:
     return EvalReport(
-        encoder="test-encoder",
+        embedder="test-embedder",
         voice="v",
         sentences=["s"],
         references=3,
@@ -88,7 +88,7 @@ def test_the_gate_names_every_figure_below_its_threshold_and_passes_one_at_it():
     assert gate(report(0.75, 0.70, 0.2), limits) == []  # each exactly at its bound
     reasons = gate(report(0.60, 0.58, 0.35), limits)
     assert len(reasons) == 3
-    assert "0.600" in reasons[0] and "0.750" in reasons[0] and "test-encoder" in reasons[0]
+    assert "0.600" in reasons[0] and "0.750" in reasons[0] and "test-embedder" in reasons[0]
     assert "'tara'" in reasons[1] and "+0.020" in reasons[1]
     assert "0.35" in reasons[2]
     assert gate(report(0.80, None, None), limits) == []  # no baseline, no ASR: not judged
@@ -107,7 +107,7 @@ def test_leading_silence_is_where_the_first_loud_window_starts():
 def test_an_evaluation_of_real_speech_finds_the_speaker_closer_than_other_voices(tmp_path):
     """The speaker's own espeak voice against its references beats two other espeak voices;
     every figure is filled in, and the report and its plot are written."""
-    encoder = load_embedder()
+    embedder = load_embedder()
     references = [espeak(SPEAKER, text, tmp_path / "refs") for text in REFERENCE_TEXTS]
     sentences = ["Can you tell me the way to the post office?", "Seven people waited outside."]
     spoken: list[tuple[str, str]] = []
@@ -119,9 +119,9 @@ def test_an_evaluation_of_real_speech_finds_the_speaker_closer_than_other_voices
         return Sample(voice, sentence, samples, time.monotonic() - started)
 
     result = asyncio.run(
-        evaluate(speak, SPEAKER, references, encoder, sentences, baseline_voices=OTHERS)
+        evaluate(speak, SPEAKER, references, embedder, sentences, baseline_voices=OTHERS)
     )
-    assert result.encoder == encoder.name and result.references == 4
+    assert result.embedder == embedder.name and result.references == 4
     assert len(result.similarity.values) == 2 and result.baseline_voice in OTHERS
     assert result.gain is not None and result.gain > 0.05, result.to_json()
     assert result.similarity.p10 <= result.similarity.mean
@@ -180,7 +180,7 @@ def test_references_from_a_phone_judge_a_full_band_voice_in_the_phones_band(tmp_
     compared in the phone's band, so the speaker's own full-band voice scores as it would
     against references all in one channel, the report says the band and how many references
     came in each, and what the channels took from the references' likeness to each other."""
-    encoder = load_embedder()
+    embedder = load_embedder()
     clean = [espeak(SPEAKER, text, tmp_path / "refs") for text in REFERENCE_TEXTS]
     references = clean[:2] + [
         over_the_phone(r, tmp_path / "phone", str(i)) for i, r in enumerate(clean[2:])
@@ -191,7 +191,7 @@ def test_references_from_a_phone_judge_a_full_band_voice_in_the_phones_band(tmp_
         samples = await asyncio.to_thread(espeak, voice, sentence, tmp_path / "samples")
         return Sample(voice, sentence, samples, 0.1)
 
-    result = asyncio.run(evaluate(speak, SPEAKER, references, encoder, sentences))
+    result = asyncio.run(evaluate(speak, SPEAKER, references, embedder, sentences))
     channel = result.channel
     assert channel is not None and channel["band"] == "300-3400 Hz"
     assert channel["reference_bands"] == {"0-8000 Hz": 2, "300-3400 Hz": 2}
@@ -199,7 +199,7 @@ def test_references_from_a_phone_judge_a_full_band_voice_in_the_phones_band(tmp_
     assert result.ceiling.mean - channel["ceiling_as_uploaded"] > 0.05, result.to_json()
     assert result.similarity.mean > 0.9, result.to_json()  # as uploaded, the clone measured less
     assert "compared in 300-3400 Hz" in result.summary()
-    same = asyncio.run(evaluate(speak, SPEAKER, clean, encoder, sentences))
+    same = asyncio.run(evaluate(speak, SPEAKER, clean, embedder, sentences))
     assert same.channel == {
         "band": "0-8000 Hz",
         "reference_bands": {"0-8000 Hz": 4},

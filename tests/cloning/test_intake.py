@@ -23,7 +23,7 @@ from voicehost.cloning.intake import (
     RefusedFile,
     StoredUpload,
 )
-from voicehost.cloning.jobs import CloneJobs, registrar
+from voicehost.cloning.jobs import CloneJobs, add_to
 from voicehost.cluster.intake import INTAKE_ROUTES, WorkerIntake
 from voicehost.config import Settings
 from voicehost.errors import ServiceError
@@ -64,7 +64,7 @@ def intake(tmp_path):
     settings = Settings(dev=True, min_speech_seconds=5.0, internal_token=TOKEN)
     rules = AdapterRules(base_model="voicehost-dev", max_rank=16)
     directory = FolderVoiceDirectory([tmp_path / "voices"], (), rules)
-    jobs = CloneJobs(tmp_path / "jobs", registrar(directory))
+    jobs = CloneJobs(tmp_path / "jobs", add_to(directory))
     intake = LocalIntake(settings, jobs, SpeechMetrics())
     yield intake
     intake.close()

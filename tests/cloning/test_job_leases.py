@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import job_spec, no_registry
+from helpers import job_spec, no_directory
 
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.ids import parse_iso
@@ -19,7 +19,7 @@ LEASE = 0.6
 
 
 def runner(root: Path, name: str) -> CloneJobs:
-    return CloneJobs(root, on_voice_ready=no_registry, runner_id=name, lease_seconds=LEASE)
+    return CloneJobs(root, on_voice_ready=no_directory, runner_id=name, lease_seconds=LEASE)
 
 
 async def queued(jobs: CloneJobs, dev_model) -> str:

@@ -11,7 +11,7 @@ environment (``VOICEHOST_*``).
 import asyncio
 import logging
 
-from voicehost.cloning.jobs import CloneJobs, registrar
+from voicehost.cloning.jobs import CloneJobs, add_to
 from voicehost.cluster.worker import WorkerCluster
 from voicehost.config import Settings
 from voicehost.model.served import served_model
@@ -25,7 +25,7 @@ async def main() -> None:
     voices = cluster.voice_directory(settings.builtin_voices, rules)
     jobs = CloneJobs(
         settings.shared_dir / "jobs",
-        registrar(voices),
+        add_to(voices),
         cluster.job_queue(),
         cluster.worker_id,
         audit=cluster.audit_trail(),

@@ -32,7 +32,7 @@ from helpers import (
     is_frontend,
     launch,
     manage_versions_as_a_tenant,
-    no_registry,
+    no_directory,
     process_tree,
     read_socket,
     same_audio,
@@ -237,7 +237,7 @@ async def speak(http, url: str, voice: str, text: str = "Hello there.", session=
 
 
 async def fill(http, worker: Node, voice: str, held: list[aiohttp.ClientWebSocketResponse]) -> None:
-    """Take every stream slot of ``worker`` with sockets opened on it directly (so no gateway
+    """Take every stream ``worker`` admits with sockets opened on it directly (so no gateway
     counts them), with the busy key, each admitted (``ready``); they are added to ``held``."""
     for _ in range(WORKER_CAPACITY):
         ws = await http.ws_connect(worker.url + "/v1/audio/speech/ws", headers=bearer(BUSY_KEY))
@@ -253,7 +253,7 @@ async def fill(http, worker: Node, voice: str, held: list[aiohttp.ClientWebSocke
 
 async def release(cluster: Cluster, held: list[aiohttp.ClientWebSocketResponse]) -> None:
     """Close the busy key's sockets; return once their workers have let them go (their leases
-    go just before their stream slots)."""
+    go just before admission lets their streams go)."""
     for ws in held:
         await ws.close()
     await eventually(lambda: not cluster.redis.client().exists("vh:lease:busy"), 5)
@@ -1481,7 +1481,7 @@ async def test_a_job_taken_from_the_stream_is_pending_until_its_runner_is_done(
     its entry lost with Redis' data): an entry a worker took stays pending, its, until the
     worker acknowledges the job's end."""
     queue = RedisJobQueue(redis_client, "w1", poll_seconds=0.05)
-    jobs = CloneJobs(tmp_path / "jobs", no_registry, queue, "w1")
+    jobs = CloneJobs(tmp_path / "jobs", no_directory, queue, "w1")
     await queue.put("job-1")
     job_id, receipt = await asyncio.wait_for(queue.take(jobs), 10)
     assert job_id == "job-1" and receipt != SWEPT

@@ -16,7 +16,7 @@ TEXT = "Slots."
 
 
 @pytest.fixture(scope="module")
-def slot_voices(server, dev_model) -> list[str]:
+def lora_slot_voices(server, dev_model) -> list[str]:
     """As many distinct adapter voices as the engine has LoRA slots (copies of the dev voices:
     each folder is an adapter of its own to the engine)."""
     voices = []
@@ -36,17 +36,17 @@ async def speak(http, server, voice: str, seed: int) -> np.ndarray:
 
 
 async def test_a_base_voice_says_the_same_alone_or_batched_with_every_lora_slot_full(
-    http, server, slot_voices
+    http, server, lora_slot_voices
 ):
     for _ in range(200):  # the adapters folder is rescanned every 2 s
         async with http.get(server.url + "/v1/audio/voices") as response:
             listed = {v["id"] for v in (await response.json())["voices"]}
-        if set(slot_voices) <= listed:
+        if set(lora_slot_voices) <= listed:
             break
         await asyncio.sleep(0.1)
     alone = await speak(http, server, "tara", seed=21)
     *adapters, batched = await asyncio.gather(
-        *(speak(http, server, voice, seed=index) for index, voice in enumerate(slot_voices)),
+        *(speak(http, server, voice, seed=index) for index, voice in enumerate(lora_slot_voices)),
         speak(http, server, "tara", seed=21),
     )
     assert all(a.size for a in adapters) and alone.size

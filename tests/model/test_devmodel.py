@@ -56,7 +56,7 @@ def test_snac_encodes_and_decodes(dev_model):
 
 def test_the_dev_codec_tells_speech_at_the_training_loudness_from_silence(dev_model, tmp_path):
     """The head-of-line benchmark and trimmed training data need speech frames that are not
-    silence frames; a random SNAC without the encoder gain encodes ~90% of them as silence."""
+    silence frames; a random SNAC without the input gain encodes ~90% of them as silence."""
     speak("Please call me back this afternoon.", tmp_path / "clip.wav", 0.0, "wav", 175, True)
     codec = SnacCodec.load(dev_model.codec, device="cpu")
     silence = set(codec.encode(np.zeros(orpheus.SAMPLE_RATE, dtype=np.float32)))

@@ -589,7 +589,7 @@ def check_image(path: Path, subcommand: str) -> None:
 
 def check_locked_install(path: Path, engine: str) -> None:
     """The image installs what `make serve` does: pinned by the engine's lock (copied into the
-    build context), the speaker encoder at the Makefile's pin, and no test extra."""
+    build context), the speaker embedder at the Makefile's pin, and no test extra."""
     instructions = dockerfile(path)
     lock = f"locks/{engine}.txt"
     copies = " ".join(rest for word, rest in instructions if word == "COPY")

@@ -20,7 +20,7 @@ from voicehost.tenancy.keys import TokenStreams
 
 
 @pytest.mark.unit
-def test_a_full_process_refuses_with_503_and_frees_the_slot_when_a_stream_ends():
+def test_a_full_process_refuses_with_503_and_admits_again_when_a_stream_ends():
     admission = Admission(capacity=2)
     with admission.admit(None), admission.admit(None):
         with pytest.raises(Refused) as refused:
@@ -57,7 +57,7 @@ def test_a_key_over_its_quota_gets_429_while_other_keys_are_admitted():
 
 
 @pytest.mark.unit
-def test_a_stream_that_fails_still_gives_back_its_slots():
+def test_a_stream_that_fails_is_still_let_go_on_every_count():
     admission = Admission(capacity=1, per_key=1)
     with pytest.raises(ValueError), admission.admit("a"):
         raise ValueError("synthesis failed")
@@ -105,7 +105,7 @@ def test_a_key_holds_up_to_its_quota_and_each_end_gives_one_back():
             with pytest.raises(Refused, match="already has 2 streams"), admission.admit("a"):
                 pass
         assert admission.board.by_key == {"a": 1} and admission.active == 1
-        with admission.admit("a"):  # the freed quota slot is usable again
+        with admission.admit("a"):  # the key's quota has room again
             assert admission.board.by_key == {"a": 2}
     assert admission.board.by_key == {} and admission.active == 0
 
@@ -139,12 +139,12 @@ async def test_idle_waits_until_every_stream_has_ended():
 async def test_idle_waits_for_the_last_stream():
     admission = Admission(capacity=2)
     await asyncio.wait_for(admission.idle(), 1)  # nothing in flight: at once
-    slot = admission.admit(None)
-    slot.__enter__()
+    held = admission.admit(None)
+    held.__enter__()
     waiter = asyncio.ensure_future(admission.idle())
     await asyncio.sleep(0.05)
     assert not waiter.done()
-    slot.__exit__(None, None, None)
+    held.__exit__(None, None, None)
     await asyncio.wait_for(waiter, 1)
 
 
@@ -176,7 +176,7 @@ def test_front_ends_of_one_host_share_its_capacity_and_each_key_quota(tmp_path):
             assert first.streams() == second.streams() == 3
             assert (first.active, second.active) == (1, 2)  # what each one's drain waits for
             assert first.headroom() == second.headroom() == 0
-        with first.admit("a" * 40):  # any key, hashed to its slot
+        with first.admit("a" * 40):  # any key, hashed to its column
             pass
     assert first.streams() == second.streams() == 0 and first.headroom() == 3
     with first.admit("a"), first.admit("a"):  # the quota freed on both is whole again
@@ -189,7 +189,7 @@ def test_a_token_bound_to_a_stream_count_holds_it_across_front_ends_beside_its_k
     tmp_path,
 ):
     """A speech token minted with ``max_streams`` counts its streams under its own id on the
-    host's board (every front end, every slot of a full host), on top of its key's quota."""
+    host's board (every front end, every key column of a full host), on top of its key's quota."""
     first, second = host_admissions(tmp_path, 2, capacity=4, per_key=3)
     page, other = TokenStreams("t-page", 1), TokenStreams("t-other", 2)
     with first.admit("web", token=page):
@@ -203,7 +203,7 @@ def test_a_token_bound_to_a_stream_count_holds_it_across_front_ends_beside_its_k
             with pytest.raises(Refused) as key_over, second.admit("web"):
                 pass
             assert "this API key" in key_over.value.message
-            with second.admit("b"):  # a full host: the board's slots hold 2 keys a stream
+            with second.admit("b"):  # a full host: the board's columns hold 2 keys a stream
                 assert first.streams() == 4
     assert first.streams() == second.streams() == 0
     with second.admit("web", token=page):  # freed on both front ends

@@ -8,7 +8,7 @@ import shutil
 
 import aiohttp
 import pytest
-from helpers import adapter_form, job_spec, no_registry
+from helpers import adapter_form, job_spec, no_directory
 
 from voicehost.api.audit import parse_time
 from voicehost.api.edge import ApiError
@@ -218,7 +218,7 @@ async def test_every_route_that_changes_a_voice_or_job_writes_its_event(server, 
     delete a job: each writes one event, chained, with the caller and the request's id."""
     url, root = server.url, server.adapters.parent
     make_voice(server.adapters, dev_model.adapters / "dev-a", "audited-held", None, **HELD)
-    jobs = CloneJobs(root / "jobs", on_voice_ready=no_registry)  # the server's jobs folder
+    jobs = CloneJobs(root / "jobs", on_voice_ready=no_directory)  # the server's jobs folder
     job_id, _ = jobs.new_job_dir()
     await jobs.submit(job_id, job_spec(root / "jobs", job_id, dev_model), tenant=None)
     async with aiohttp.ClientSession(headers={"X-Request-Id": "req-audit-1"}) as http:

@@ -1,4 +1,4 @@
-"""The speaker encoder and the data report, on real (espeak-ng) speech: each clip's figures, the
+"""The speaker embedder and the data report, on real (espeak-ng) speech: each clip's figures, the
 clips of another speaker left out, the warnings, and ``voicehost check-data``."""
 
 import asyncio
@@ -31,7 +31,7 @@ OTHER_VOICE = "en-us+f3"  # a woman's voice; the corpus speaks espeak-ng's defau
 
 
 @pytest.fixture(scope="module")
-def encoder():
+def embedder():
     return shared_embedder()  # the one the data report and training use in this process
 
 
@@ -65,8 +65,8 @@ def clips(mixed_corpus):
     return {r.source.name: r.samples for r in recordings}
 
 
-def test_embeddings_are_unit_vectors_closer_within_a_speaker(encoder, clips):
-    embeddings = {name: encoder.embed(samples) for name, samples in clips.items()}
+def test_embeddings_are_unit_vectors_closer_within_a_speaker(embedder, clips):
+    embeddings = {name: embedder.embed(samples) for name, samples in clips.items()}
     one = embeddings["clip00.wav"]
     assert one.dtype == np.float32 and one.ndim == 1 and abs(np.linalg.norm(one) - 1) < 1e-5
     same = similarity(one, embeddings["clip01.flac"])
@@ -79,27 +79,25 @@ def test_embeddings_are_unit_vectors_closer_within_a_speaker(encoder, clips):
     import soxr
 
     at_16k = soxr.resample(clips["clip00.wav"], 24000, 16000)
-    assert similarity(encoder.embed(at_16k, 16000), one) > 0.98
+    assert similarity(embedder.embed(at_16k, 16000), one) > 0.98
 
 
-def test_the_cache_embeds_each_clip_once_in_memory_and_on_disk(encoder, clips, tmp_path):
+def test_the_cache_embeds_each_clip_once_in_memory_and_on_disk(embedder, clips, tmp_path):
     samples = clips["clip02.ogg"]
-    cache = EmbeddingCache(encoder, tmp_path)
+    cache = EmbeddingCache(embedder, tmp_path)
     first = cache.embed(samples)
     assert cache.embed(samples) is first and cache.hits == 1
-    assert cache.name == encoder.name and len(list(tmp_path.glob("*.npy"))) == 1
-    again = EmbeddingCache(encoder, tmp_path)  # a new process: from disk
+    assert cache.name == embedder.name and len(list(tmp_path.glob("*.npy"))) == 1
+    again = EmbeddingCache(embedder, tmp_path)  # a new process: from disk
     np.testing.assert_array_equal(again.embed(samples), first)
     assert again.hits == 1
     assert cache.key(samples) != cache.key(samples, 16000) != cache.key(samples[1:])
-    off_loop = asyncio.run(embed_off_loop(EmbeddingCache(encoder), samples, 24000))
+    off_loop = asyncio.run(embed_off_loop(EmbeddingCache(embedder), samples, 24000))
     np.testing.assert_allclose(off_loop, first, atol=1e-6)
 
 
-def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
-    folder = tmp_path / "my-ecapa"
-    folder.mkdir()
-    (folder / "speaker_encoder.py").write_text(
+def test_an_operator_plugs_in_an_embedder_by_module_or_by_folder(tmp_path):
+    plugin = (
         "import numpy as np\n"
         "class Loudness:\n"
         "    name = 'loudness-test'\n"
@@ -108,7 +106,12 @@ def test_an_operator_plugs_in_an_encoder_by_module_or_by_folder(tmp_path):
         "def load(folder):\n"
         "    return Loudness()\n"
     )
-    assert load_embedder(str(folder)).name == "loudness-test"
+    folder, before = tmp_path / "my-ecapa", tmp_path / "older"
+    folder.mkdir()
+    before.mkdir()
+    (folder / "speaker_embedder.py").write_text(plugin)
+    (before / "speaker_encoder.py").write_text(plugin)  # the file's name before: still read
+    assert load_embedder(str(folder)).name == load_embedder(str(before)).name == "loudness-test"
     shared = shared_embedder(str(folder))
     assert shared.name == "loudness-test" and shared_embedder(f" {folder} ") is shared
     assert load_embedder(str(folder)) is not shared  # a new one; the process keeps ``shared``
@@ -141,7 +144,7 @@ def test_clips_of_another_speaker_are_left_out_of_training_and_named(mixed_corpu
     # every genuine clip, no other
     assert trained == {mixed_corpus.texts[p.stem] for p in mixed_corpus.good}
     assert len(prepared.references) == 3 and len(prepared.utterances) == 13
-    assert report.encoder == "resemblyzer-ge2e"
+    assert report.embedder == "resemblyzer-ge2e"
     assert report.to_json()["excluded"] == [
         {"file": c.file, "reason": c.excluded} for c in report.excluded
     ]
@@ -159,7 +162,7 @@ def test_voice_pitch_is_the_median_f0_of_the_voiced_frames():
 @pytest.fixture(scope="module")
 def confusable(tmp_path_factory):
     """12 clips of ``en-gb-scotland+m3`` and 3 of ``en+m1`` saying other sentences: two voices
-    of one sex the encoder hears as one (a clip-pair EER of 33 % in the benchmark), whose
+    of one sex the embedder hears as one (a clip-pair EER of 33 % in the benchmark), whose
     pitch lies about 2 semitones apart; speech as prepare trims it."""
     folder = tmp_path_factory.mktemp("confusable")
     paths = []
@@ -171,10 +174,10 @@ def confusable(tmp_path_factory):
     return [trim(r.samples).samples for r in recordings]
 
 
-def test_a_voice_the_encoder_confuses_is_caught_by_its_pitch(encoder, confusable):
-    embeddings = [encoder.embed(speech) for speech in confusable]
+def test_a_voice_the_embedder_confuses_is_caught_by_its_pitch(embedder, confusable):
+    embeddings = [embedder.embed(speech) for speech in confusable]
     pitches = [voice_pitch(speech) for speech in confusable]
-    assert other_speakers(embeddings, min_pitch_shift=0).excluded == {}  # the encoder alone
+    assert other_speakers(embeddings, min_pitch_shift=0).excluded == {}  # the embedder alone
     split = other_speakers(embeddings, pitches=pitches)
     assert sorted(split.excluded) == [12, 13, 14]
     for reason in split.excluded.values():
@@ -220,9 +223,9 @@ def flawed(corpus, tmp_path_factory):
     return folders
 
 
-def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, encoder):
+def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, embedder):
     def warnings(name):
-        report = check_data([flawed[name]], embedder=encoder)
+        report = check_data([flawed[name]], embedder=embedder)
         return report, [w.split(":")[0] for w in report.warnings]
 
     clean, said = warnings("clean")
@@ -242,7 +245,7 @@ def test_the_warnings_say_too_little_speech_noisy_and_clipped(flawed, encoder):
 def test_check_data_command_writes_its_json(mixed_corpus, tmp_path, capsys):
     out = tmp_path / "report.json"
     command = ["check-data", "--audio", str(mixed_corpus.folder), "--json", str(out)]
-    assert main(command) == 0  # the command, run in this process (its encoder is loaded)
+    assert main(command) == 0  # the command, run in this process (its embedder is loaded)
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert {c["file"] for c in report["excluded"]} == {p.name for p in mixed_corpus.others}
@@ -251,7 +254,7 @@ def test_check_data_command_writes_its_json(mixed_corpus, tmp_path, capsys):
     assert report["encoder"] == "resemblyzer-ge2e" and "Mixed speakers" in printed
 
 
-def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_path, encoder):
+def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_path, embedder):
     recordings, _ = ingest(corpus.good[:8])
     pause = np.zeros(12000, dtype=np.float32)
     long = np.concatenate([piece for r in recordings for piece in (r.samples, pause)])
@@ -263,7 +266,7 @@ def test_a_long_recording_is_measured_in_pieces_without_transcripts(corpus, tmp_
         out.setsampwidth(2)
         out.setframerate(24000)
         out.writeframes((long * 32767).astype("<i2").tobytes())
-    report = check_data([path], embedder=encoder)
+    report = check_data([path], embedder=embedder)
     assert len(report.clips) >= 2 and all(c.file.startswith("long.wav#") for c in report.clips)
     assert not report.excluded
 
@@ -295,13 +298,13 @@ def phoned(tmp_path_factory):
 
 
 def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_another(
-    phoned, encoder
+    phoned, embedder
 ):
     """Heard in the band every clip has (the phone's), the speaker's phone clips are his, and
     the woman's are still caught; the report says the band and that the check is weaker there.
     Compared as uploaded (full band against phone band), the phone clips looked like another
     speaker: the split below, on the embeddings as uploaded, leaves most of them out."""
-    report = check_data([phoned], embedder=encoder)
+    report = check_data([phoned], embedder=embedder)
     excluded = sorted(c.file for c in report.excluded)
     assert excluded == [f"visitor{i}-phone.wav" for i in (20, 21, 22)], report.excluded
     assert report.band == "300-3400 Hz"
@@ -310,7 +313,7 @@ def test_an_upload_of_clean_and_phone_clips_keeps_the_speakers_and_leaves_out_an
     assert "11 of 23 clips" in narrow
     recordings, _ = ingest(sorted(phoned.iterdir()))
     speech = [trim(r.samples).samples for r in recordings]
-    as_uploaded = other_speakers([encoder.embed(s) for s in speech])
+    as_uploaded = other_speakers([embedder.embed(s) for s in speech])
     names = [r.source.name for r in recordings]
     his = [i for i, n in enumerate(names) if n.startswith("speaker") and "phone" in n]
     assert len(set(as_uploaded.excluded) & set(his)) >= 4, as_uploaded.excluded
@@ -323,12 +326,12 @@ def hall(tmp_path_factory):
     return one_speaker_through_two_channels(tmp_path_factory.mktemp("hall"), "hall", [], reverb)
 
 
-def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(hall, encoder):
+def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(hall, embedder):
     """A hall's reverb moves a speaker's embeddings about as far as another speaker's: judged
     against his dry clips (as the filter did before it judged like with like), every one of the
     man's hall clips is left out. Judged among the clips of their channel, none is, and the
     woman's three are still caught; each clip's channel is in the report."""
-    report = check_data([hall], embedder=encoder)
+    report = check_data([hall], embedder=embedder)
     excluded = sorted(c.file for c in report.excluded)
     assert excluded == [f"visitor{i}-hall.wav" for i in (20, 21, 22)], report.excluded
     channels = {c.file: c.channel for c in report.clips}
@@ -338,7 +341,7 @@ def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(
     recordings, _ = ingest(sorted(hall.iterdir()))
     speech = [trim(r.samples).samples for r in recordings]
     pitches = [voice_pitch(s) for s in speech]
-    as_one_channel = other_speakers([encoder.embed(s) for s in speech], pitches=pitches)
+    as_one_channel = other_speakers([embedder.embed(s) for s in speech], pitches=pitches)
     names = [r.source.name for r in recordings]
     his = {i for i, n in enumerate(names) if n.startswith("speaker") and "hall" in n}
     assert his <= set(as_one_channel.excluded), as_one_channel.excluded

@@ -1,4 +1,4 @@
-"""Voice adapters: the validator refuses each kind of bad adapter; the registry finds new ones."""
+"""Voice adapters: the validator refuses each kind of bad adapter; the directory finds new ones."""
 
 import json
 import shutil
@@ -143,28 +143,30 @@ def test_a_voice_id_outside_the_pattern_is_refused(adapter, rules):
         validate_adapter(bad, rules)
 
 
-def test_registry_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
+def test_the_directory_lists_good_and_broken_adapters(dev_model, tmp_path, rules):
     shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "good")
     shutil.copytree(dev_model.adapters / "dev-b", tmp_path / "broken")
     break_rank(tmp_path / "broken")
-    registry = FolderVoiceDirectory([tmp_path], ["tara"], rules)
-    registry.scan()
-    assert [v.voice_id for v in registry.voices()] == ["good", "tara"]
-    assert [b.voice_id for b in registry.broken_adapters()] == ["broken"]
-    assert "max_lora_rank" in registry.broken_adapters()[0].error
-    assert registry.get("broken") is None
+    directory = FolderVoiceDirectory([tmp_path], ["tara"], rules)
+    directory.scan()
+    assert [v.voice_id for v in directory.voices()] == ["good", "tara"]
+    assert [b.voice_id for b in directory.broken_adapters()] == ["broken"]
+    assert "max_lora_rank" in directory.broken_adapters()[0].error
+    assert directory.get("broken") is None
 
 
-def test_registry_finds_a_new_folder_at_once_and_forgets_a_removed_one(dev_model, tmp_path, rules):
-    registry = FolderVoiceDirectory([tmp_path], [], rules)
-    registry.scan()
-    assert registry.discover("late") is None
+def test_the_directory_finds_a_new_folder_at_once_and_forgets_a_removed_one(
+    dev_model, tmp_path, rules
+):
+    directory = FolderVoiceDirectory([tmp_path], [], rules)
+    directory.scan()
+    assert directory.discover("late") is None
     shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "late")
-    assert registry.get("late") is None  # not scanned yet
-    assert registry.discover("late").adapter_path == tmp_path / "late"
+    assert directory.get("late") is None  # not scanned yet
+    assert directory.discover("late").adapter_path == tmp_path / "late"
     shutil.rmtree(tmp_path / "late")
-    registry.scan()
-    assert registry.get("late") is None
+    directory.scan()
+    assert directory.get("late") is None
 
 
 async def test_a_listing_holds_what_another_process_added_or_removed_since_the_scan(
@@ -172,24 +174,24 @@ async def test_a_listing_holds_what_another_process_added_or_removed_since_the_s
 ):
     """A host's front ends share the adapters folder: the one that did not take an upload
     lists it at once, and stops listing a voice the other deleted."""
-    registry = FolderVoiceDirectory([tmp_path], [], rules)
-    registry.scan()
+    directory = FolderVoiceDirectory([tmp_path], [], rules)
+    directory.scan()
     shutil.copytree(dev_model.adapters / "dev-c", tmp_path / "added")
-    assert [v.voice_id for v in (await registry.list_voices())[0]] == ["added"]
+    assert [v.voice_id for v in (await directory.list_voices())[0]] == ["added"]
     shutil.rmtree(tmp_path / "added")
-    assert (await registry.list_voices())[0] == []
+    assert (await directory.list_voices())[0] == []
 
 
-def test_registry_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
+def test_the_directory_revalidates_a_changed_adapter(dev_model, tmp_path, rules):
     shutil.copytree(dev_model.adapters / "dev-a", tmp_path / "v")
-    registry = FolderVoiceDirectory([tmp_path], [], rules)
-    registry.scan()
-    before = registry.get("v").checksum
+    directory = FolderVoiceDirectory([tmp_path], [], rules)
+    directory.scan()
+    before = directory.get("v").checksum
     path = tmp_path / "v" / "adapter_model.safetensors"
     weights = {k: t * 2 for k, t in load_file(path).items()}
     save_file(weights, path)
-    registry.scan()
-    assert registry.get("v").checksum != before
+    directory.scan()
+    assert directory.get("v").checksum != before
 
 
 # --- adapters a user actually has -------------------------------------------------------------

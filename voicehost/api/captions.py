@@ -25,9 +25,9 @@ HELD_SLACK_SECONDS = 1e-3  # a word's end is floored to the millisecond when sen
 class WordClock:
     """The audio a stream has sent, in seconds at its clock, and the words waiting for it."""
 
-    def __init__(self, encoder: FormatStream) -> None:
-        self.encoder = encoder
-        self.width, self.header = RAW_SAMPLES.get(encoder.fmt, (0, 0))
+    def __init__(self, stream: FormatStream) -> None:
+        self.stream = stream
+        self.width, self.header = RAW_SAMPLES.get(stream.fmt, (0, 0))
         self.sent_bytes = 0
         self.model_samples = 0  # encoded so far (24 kHz, before speed)
         self.run_start = 0.0  # where the current speaker's audio starts (after a cancel)
@@ -44,16 +44,16 @@ class WordClock:
         (their bytes), a compressed one's by what was encoded."""
         if self.width:
             return max(0, self.sent_bytes - self.header) // self.width
-        return self.encoder.output_samples(self.model_samples)
+        return self.stream.output_samples(self.model_samples)
 
     @property
     def sent_seconds(self) -> float:
         """The audio sent, in seconds of the stream's clock."""
-        return self.samples / self.encoder.sample_rate
+        return self.samples / self.stream.sample_rate
 
     def hold(self, word: SpokenWord) -> None:
         """``word`` (the model's clock, from this run's start), until its audio has been sent."""
-        speed = self.encoder.speed
+        speed = self.stream.speed
         self.pending.append(
             dataclasses.replace(
                 word,

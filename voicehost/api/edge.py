@@ -119,7 +119,7 @@ ENCODING_FAILED = ("encoding_failed", "encoding the audio failed after the strea
 
 def stream_failure(exc: BaseException) -> tuple[str, tuple[str, str]]:
     """The stage and the error a stream that failed mid-way ends with (``end_broken_stream``):
-    its encoder's (an encoding process lost), or the synthesis'."""
+    its encoding's (an encoding process lost), or the synthesis'."""
     if isinstance(exc, EncodingFailed):
         return "encoding", ENCODING_FAILED
     return "synthesis", SYNTHESIS_FAILED
@@ -317,8 +317,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def load_json(text: str) -> object:
     """``text`` parsed as JSON; ``ValueError`` saying why for what is not, for nesting too deep
-    to parse, and for a string holding an unpaired UTF-16 surrogate (``"\\ud800"``: no encoder,
-    the tokenizer's included, takes one)."""
+    to parse, and for a string holding an unpaired UTF-16 surrogate (``"\\ud800"``: no UTF-8
+    encoding, the tokenizer's included, takes one)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -151,12 +151,12 @@ class RealtimeSession:
         self.synthesizer = synthesizer
         self.voice = voice
         self.options: SpeakOptions = speak_options(config, serving.settings, serving.aligner)
-        self.encoder = serving.format_encoders.stream(
+        self.stream = serving.encoding_pool.stream(
             config.response_format, config.sample_rate, config.speed
         )
         self.received = 0  # characters of text so far: segment spans count from the first
         self.text = ""  # the text so far, for what a cancel says was heard
-        self.clock = WordClock(self.encoder)  # the audio sent, and the words waiting for it
+        self.clock = WordClock(self.stream)  # the audio sent, and the words waiting for it
         self.first_audio: float | None = None  # when the first audio was sent (monotonic)
         self.words: list[SpokenWord] = []  # words sent since the last cancel (stream clock)
         max_chars = serving.settings.segment_max_chars
@@ -180,10 +180,10 @@ class RealtimeSession:
                 "type": "ready",
                 "voice": self.voice.voice_id,
                 "version": self.voice.version,
-                "response_format": self.encoder.fmt,
-                "sample_rate": self.encoder.sample_rate,
-                "speed": self.encoder.speed,
-                "content_type": content_type(self.encoder.fmt),
+                "response_format": self.stream.fmt,
+                "sample_rate": self.stream.sample_rate,
+                "speed": self.stream.speed,
+                "content_type": content_type(self.stream.fmt),
             }
             | ({"aligner": self.options.aligner.name} if self.options.aligner else {})
         )
@@ -311,7 +311,7 @@ class RealtimeSession:
             async with aclosing(events):
                 async for event in events:
                     await self._forward(event)
-            await self._audio(await self.encoder.finish())
+            await self._audio(await self.stream.finish())
             await self._release_words(every=True)
             await self.send({"type": "done"})
             await self.listener.close()
@@ -331,7 +331,7 @@ class RealtimeSession:
             self.clock.hold(event)
             await self._release_words()
         elif isinstance(event, np.ndarray):
-            data = await self.encoder.encode(event)
+            data = await self.stream.encode(event)
             try:
                 await self._audio(data, event.size)
             except asyncio.CancelledError:  # a barge-in cut the drain after the write: sent
@@ -358,8 +358,8 @@ class RealtimeSession:
                 {
                     "type": "segment.done",
                     "segment": event.index,
-                    "samples": self.encoder.output_samples(event.samples),
-                    "audio_seconds": round(event.samples / SAMPLE_RATE / self.encoder.speed, 4),
+                    "samples": self.stream.output_samples(event.samples),
+                    "audio_seconds": round(event.samples / SAMPLE_RATE / self.stream.speed, 4),
                 }
             )
 
@@ -374,8 +374,8 @@ class RealtimeSession:
         self.clock.sent(data, model_samples)
 
     async def _release_words(self, every: bool = False) -> None:
-        """Send the words whose audio has gone out (an encoder may hold some back: a time
-        stretch, a resampler), or ``every`` one left."""
+        """Send the words whose audio has gone out (its format stream may hold some back: a
+        time stretch, a resampler, a codec's frame), or ``every`` one left."""
         for word in self.clock.ready(every):
             self.words.append(word)
             await self.send({"type": "word", **word_fields(word), "aligner": word.aligner})
@@ -455,7 +455,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     async with AsyncExitStack() as admitted:
         try:
             synthesizer = serving.require_synthesizer()
-            # a session holds one stream slot while it is open
+            # a session counts as one stream while it is open
             await admitted.enter_async_context(serving.admit(principal))
         except (NotReady, Refused) as exc:
             return refused_upgrade(request, exc)

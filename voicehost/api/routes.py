@@ -6,9 +6,9 @@ document's paths are all derived from the table, so they cannot drift; ``tests/a
 fails on a route without its documentation.
 
 ``voicehost serve``, a cluster worker and a gateway answer the same routes; only speech and
-health differ (spoken here, or proxied to a worker), so those handlers are named slots that each
-role fills. A role's own routes (the worker's ``/internal/...``, the gateway's ``/v1/cluster``)
-are ``Route`` entries of the same kind, passed in by that role.
+health differ (spoken here, or proxied to a worker), so the table names those handlers and each
+role supplies its own (``RoleHandler``). A role's own routes (the worker's ``/internal/...``, the
+gateway's ``/v1/cluster``) are ``Route`` entries of the same kind, passed in by that role.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ from voicehost.config import Settings
 from voicehost.tenancy.keys import SPEECH_TOKEN
 from voicehost.webrtc.ice import configure_ice
 
-Slot = Literal["speech", "speech_captioned", "speech_ws", "speech_webrtc", "healthz", "readyz"]
+# the handlers named in the table and supplied by each role (spoken here, or proxied to a worker)
+RoleHandler = Literal[
+    "speech", "speech_captioned", "speech_ws", "speech_webrtc", "healthz", "readyz"
+]
 SYNTHESIZE = frozenset({"synthesize"})
 SPEAK = SYNTHESIZE | {SPEECH_TOKEN}  # the speech routes: a speech token's too, and only these
 VOICES = frozenset({"voices"})
@@ -77,13 +80,13 @@ READ = SYNTHESIZE | VOICES  # listings a speaking key needs as much as a managin
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-    """One route: ``method`` (a GET answers HEAD too) on ``path``, answered by ``handler`` (or
-    the role's handler for a slot), open to ``access``, documented by the OpenAPI operation
+    """One route: ``method`` (a GET answers HEAD too) on ``path``, answered by ``handler`` (or,
+    named, the role's own), open to ``access``, documented by the OpenAPI operation
     ``operation`` (its id; ``None`` only for an internal route, which is no public API)."""
 
     method: str
     path: str
-    handler: Handler | Slot
+    handler: Handler | RoleHandler
     access: Access
     operation: str | None
 
@@ -206,14 +209,14 @@ def public_app(
     settings: Settings,
     role: Literal["serve", "worker", "gateway"],
     service: VoiceService,
-    slots: Mapping[Slot, Handler],
+    role_handlers: Mapping[RoleHandler, Handler],
     own_routes: Iterable[Route] = (),
     own_operations: Mapping[str, Json] | None = None,
     own_models: Models = (),
 ) -> web.Application:
     """An application answering the public API and ``own_routes`` (with their OpenAPI
     ``own_operations`` and ``own_models``), with the edge's middleware and ``role``'s
-    authentication; ``slots`` fills the speech and health handlers. The caller adds its own
+    authentication; ``role_handlers`` are its speech and health handlers. The caller adds its own
     lifecycle."""
     app = web.Application(
         middlewares=[error_middleware, auth_middleware], client_max_size=MAX_JSON_BODY_BYTES
@@ -229,7 +232,7 @@ def public_app(
     app.on_response_prepare.append(name_request)
     routes = (*PUBLIC_ROUTES, *own_routes)
     for route in routes:
-        handler = slots[route.handler] if isinstance(route.handler, str) else route.handler
+        handler = role_handlers[route.handler] if isinstance(route.handler, str) else route.handler
         add_route(app, route, handler)
     app[ROUTE_ACCESS] = route_access(routes)
     app[ROUTE_OPERATIONS] = {

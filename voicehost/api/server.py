@@ -54,8 +54,8 @@ from voicehost.text.stage import TextStage
 
 log = logging.getLogger(__name__)
 
-# How a speech response ends (its last bytes, or the end of a broken stream), written once the
-# stream's slot is given back: a client that has heard the end may speak again at once.
+# How a speech response ends (its last bytes, or the end of a broken stream), written once
+# admission has let the stream go: a client that has heard the end may speak again at once.
 Ending = Callable[[], Awaitable[None]]
 
 
@@ -69,10 +69,10 @@ SpeechItem = np.ndarray | SpokenWord  # what a response sends: audio, and words 
 
 @dataclass(frozen=True)
 class Outgoing:
-    """What a speech response sends: its first item and the rest, encoded by ``encoder``,
+    """What a speech response sends: its first item and the rest, encoded by ``stream``,
     each counted by ``tally`` once written; and the response's ``headers``."""
 
-    encoder: FormatStream
+    stream: FormatStream  # the response's format: its bytes, rate and speed
     first: SpeechItem
     rest: AsyncIterator[SpeechItem]
     tally: UsageTally
@@ -133,7 +133,7 @@ async def respond(
     """The response, with ``headers``: ``events``' audio as ``body`` asks (raw bytes of its
     format, or SSE; all at once as JSON for a ``CaptionedSpeechRequest``), each chunk counted
     by ``tally`` once written; and its ``Ending``, for the caller to write once the engine work
-    is over and the stream's slot given back."""
+    is over and admission has let the stream go."""
     async with aclosing(events), aclosing(spoken(events, tally)) as items:
         try:
             first = await anext(items)
@@ -146,8 +146,8 @@ async def respond(
             serving.metrics.errors.labels("engine").inc()
             log.exception("synthesis failed before the first audio")
             raise ApiError("synthesis_failed", f"synthesis failed: {exc}") from exc
-        encoder = serving.format_encoders.stream(body.response_format, body.sample_rate, body.speed)
-        out = Outgoing(encoder, first, items, tally, headers)
+        stream = serving.encoding_pool.stream(body.response_format, body.sample_rate, body.speed)
+        out = Outgoing(stream, first, items, tally, headers)
         if isinstance(body, CaptionedSpeechRequest):
             return await send_captioned(serving, out)
         if body.stream_format == "sse":
@@ -161,17 +161,17 @@ async def send_encoded(
     word: Callable[[SpokenWord], Awaitable[None]] | None = None,
 ) -> int | Exception:
     """Encode and ``write`` the first item's audio and the rest's, each counted by the tally
-    once written, then the encoder's end; each word to ``word`` once the audio that ends it
+    once written, then the stream's end; each word to ``word`` once the audio that ends it
     has been written (``captions.WordClock``). The samples sent (at the stream's rate: exact
     for the raw formats), or the exception of a synthesis that failed after the first byte."""
-    encoder, tally = out.encoder, out.tally
-    clock = WordClock(encoder)
+    stream, tally = out.stream, out.tally
+    clock = WordClock(stream)
 
     async def send(item: SpeechItem) -> None:
         if isinstance(item, SpokenWord):
             clock.hold(item)
         else:
-            data = await encoder.encode(item)
+            data = await stream.encode(item)
             await write(data)
             clock.sent(data, item.size)
             tally.sent(item.size)
@@ -183,7 +183,7 @@ async def send_encoded(
     try:
         async for item in out.rest:
             await send(item)
-        data = await encoder.finish()
+        data = await stream.finish()
         await write(data)
         clock.sent(data)
         for ready in clock.ready(every=True):
@@ -203,7 +203,7 @@ def broken(request: web.Request, response: web.StreamResponse, sse: bool, exc: E
 
 async def send_audio(request: web.Request, out: Outgoing) -> tuple[web.StreamResponse, Ending]:
     response = web.StreamResponse(
-        headers={"Content-Type": content_type(out.encoder.fmt), **out.headers}
+        headers={"Content-Type": content_type(out.stream.fmt), **out.headers}
     )
     response.enable_chunked_encoding()
     await response.prepare(request)
@@ -265,14 +265,14 @@ async def send_captioned(
         serving.metrics.errors.labels("engine" if stage == "synthesis" else stage).inc()
         log.error("captioned speech failed: %s: %s", type(sent).__name__, sent)
         raise ApiError(code, message)
-    encoder = out.encoder
+    stream = out.stream
     payload = CaptionedSpeech(
         audio=base64.b64encode(bytes(audio)).decode(),
-        response_format=encoder.fmt,
-        content_type=content_type(encoder.fmt),
-        sample_rate=encoder.sample_rate,
+        response_format=stream.fmt,
+        content_type=content_type(stream.fmt),
+        sample_rate=stream.sample_rate,
         samples=sent,
-        audio_seconds=round(sent / encoder.sample_rate, 4),
+        audio_seconds=round(sent / stream.sample_rate, 4),
         aligner=words[0].aligner if words else serving.aligner.name,
         words=[TimedWord.model_validate(word_fields(w)) for w in words],
     ).model_dump()
@@ -368,7 +368,7 @@ def create_app(
     if serving.channel is not None:  # a session's DELETE or PATCH may reach another front end
         app[webrtc.PEERS].join(serving.channel)
     if frontend is not None:
-        index = str(frontend.slot.index)
+        index = str(frontend.client.index)
 
         async def name_frontend(request: web.Request, response: web.StreamResponse) -> None:
             response.headers[FRONTEND_HEADER] = index

@@ -1,7 +1,7 @@
 """The speech resource's contract: ``POST /v1/audio/speech`` and its captioned form, their
 OpenAPI operations and models. Who answers them is each role's: ``voicehost.api.server``
 speaks in this process, a gateway (``voicehost.cluster.gateway``) proxies to a worker; both
-fill the route table's speech slots (``voicehost.api.routes``).
+supply the route table's speech handlers (``voicehost.api.routes.RoleHandler``).
 Its checks (nothing to say, too long, an unservable format, word timing where the answer has no
 place for it) run in every role before any engine work."""
 

@@ -479,8 +479,8 @@ async def speech_webrtc(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech/webrtc`` on a process that speaks: 503 while warming up; the
     stream is admitted as a realtime socket's is (capacity, the key's quota) once the peer's
     config arrives, a refusal then an ``error`` event with ``retry_after`` and the session's
-    end, the session holding its stream slot until it ends. An offer whose peer never connects
-    holds none."""
+    end, the session counted as a stream until it ends. An offer whose peer never connects
+    is not counted."""
     serving = request.app[SERVING]
     principal = request_principal(request)
     synthesizer = serving.require_synthesizer()  # NotReady: 503, as the error middleware says

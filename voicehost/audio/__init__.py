@@ -1,3 +1,3 @@
-"""Audio: response formats and their encoders, tempo, where speech starts, and the speaker
+"""Audio: response formats and where they are encoded, tempo, where speech starts, and the speaker
 embedder.
 """

@@ -1,7 +1,7 @@
 """The channel a clip came through, and how the speaker checks look past it.
 
 A real upload is not one studio session: a phone memo, a podcast excerpt, a laptop in a kitchen.
-A speaker encoder hears the channel as well as the speaker: a clip band-limited to a telephone
+A speaker embedder hears the channel as well as the speaker: a clip band-limited to a telephone
 line lands away from the same person's clean clips, and a check that compares raw embeddings
 takes that distance for another speaker. So every speaker check
 (the training data's speaker filter, the consent match, a clone's evaluation) compares clips
@@ -9,7 +9,7 @@ as one channel would carry them all (``ChannelView``):
 
 - **one band**: each clip's band is measured (``measure_band``: where its long-term spectrum
   falls away at the top, quantised to the bands channels have: a telephone line's 300-3400 Hz,
-  a low-rate codec's 5-7 kHz, the encoder's whole 8 kHz), and every clip is limited to the band
+  a low-rate codec's 5-7 kHz, the embedder's whole 8 kHz), and every clip is limited to the band
   they all have (``common_band``): what one clip lacks, no clip is judged by;
 - **one level**, as an option (``levelled``): every clip scaled to one RMS. Off: an upload's
   clips are loudness-normalised when ingested, and levelling once more did not help.
@@ -31,8 +31,8 @@ import numpy as np
 
 from voicehost.model.orpheus import SAMPLE_RATE
 
-ENCODER_TOP_HZ = 8000  # the speaker encoder hears up to here (16 kHz input)
-TOP_EDGES_HZ = (3400, 5000, 6000, 7000, ENCODER_TOP_HZ)  # where channels cut the highs
+EMBEDDER_TOP_HZ = 8000  # the speaker embedder hears up to here (16 kHz input)
+TOP_EDGES_HZ = (3400, 5000, 6000, 7000, EMBEDDER_TOP_HZ)  # where channels cut the highs
 NARROW_LOW_HZ = 300  # a telephone line's low edge
 CORE_HZ = (300, 3000)  # every channel carries this; the spectrum's level is measured here
 TOP_FLOOR_DB = 45.0  # under the core's level by this much: past the band's top edge
@@ -47,11 +47,11 @@ class Band:
     """The frequencies a clip holds: ``low`` (0: down to DC) to ``high`` Hz."""
 
     low: int = 0
-    high: int = ENCODER_TOP_HZ
+    high: int = EMBEDDER_TOP_HZ
 
     @property
     def full(self) -> bool:
-        return self.low == 0 and self.high >= ENCODER_TOP_HZ
+        return self.low == 0 and self.high >= EMBEDDER_TOP_HZ
 
     def __str__(self) -> str:
         return f"{self.low}-{self.high} Hz"
@@ -81,7 +81,7 @@ def measure_band(samples: np.ndarray, rate: int = SAMPLE_RATE) -> Band:
     freqs, db = spectrum_db(samples, rate)
     core = db[(freqs >= CORE_HZ[0]) & (freqs <= CORE_HZ[1])]
     level = float(np.median(core))
-    heard = freqs[(db >= level - TOP_FLOOR_DB) & (freqs <= ENCODER_TOP_HZ)]
+    heard = freqs[(db >= level - TOP_FLOOR_DB) & (freqs <= EMBEDDER_TOP_HZ)]
     top = float(heard.max()) if heard.size else float(CORE_HZ[1])
     high = max([e for e in TOP_EDGES_HZ if e <= top + EDGE_SLACK_HZ], default=TOP_EDGES_HZ[0])
     return Band(NARROW_LOW_HZ if high == TOP_EDGES_HZ[0] else 0, high)

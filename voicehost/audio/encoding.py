@@ -1,7 +1,7 @@
 """Where a response's audio is encoded: off the serving process's event loop, in threads or in
 encoding processes of its own.
 
-``FormatEncoderPool`` hands out one ``FormatStream`` per response: ``await encode(pcm)`` per
+``EncodingPool`` hands out one ``FormatStream`` per response: ``await encode(pcm)`` per
 chunk, then ``await finish()``, each returning the bytes of ``voicehost.audio.formats`` ready then.
 pcm and wav at the model's rate and speed are encoded on the loop (a conversion to s16 costs less
 than a hop); the rest (codecs, resampling, time stretch) goes to
@@ -47,7 +47,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from voicehost.audio.formats import FormatEncoder, check_stream, costly, output_samples
+from voicehost.audio.formats import FormatWriter, check_stream, costly, output_samples
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ def default_encode_threads() -> int:
 
 
 class FormatStream:
-    """One response's encoder, wherever it runs: ``await encode(pcm)`` per chunk of the model's
-    float32 samples, then ``await finish()``; await each call before making the next. What they
-    return, concatenated, is one whole stream of ``fmt`` (``FormatEncoder``'s contract).
+    """One response's audio in its format, wherever it is encoded: ``await encode(pcm)`` per
+    chunk of the model's float32 samples, then ``await finish()``; await each call before making
+    the next. What they return, concatenated, is one whole stream of ``fmt`` (``FormatWriter``'s
+    contract).
 
     This class encodes on the loop (cheap formats); its subclasses hop to a thread or to an
     encoding process. A call whose caller was cancelled is still done before the next one.
@@ -83,7 +84,7 @@ class FormatStream:
         self.sample_rate = check_stream(fmt, sample_rate, speed)  # the output rate
         self.speed = speed
         self._asked = sample_rate
-        self._local: FormatEncoder | None = None  # built at the first call, if on the loop
+        self._local: FormatWriter | None = None  # built at the first call, if on the loop
 
     def output_samples(self, model_samples: int) -> int:
         """How many samples of this stream ``model_samples`` of the model's audio become."""
@@ -91,15 +92,15 @@ class FormatStream:
 
     async def encode(self, samples: np.ndarray) -> bytes:
         """The bytes ``samples`` make ready now, possibly b""."""
-        return self._encoder().encode(samples)
+        return self._writer().encode(samples)
 
     async def finish(self) -> bytes:
         """The rest of the stream, trailer included."""
-        return self._encoder().finish()
+        return self._writer().finish()
 
-    def _encoder(self) -> FormatEncoder:
+    def _writer(self) -> FormatWriter:
         if self._local is None:
-            self._local = FormatEncoder(self.fmt, self._asked, self.speed)
+            self._local = FormatWriter(self.fmt, self._asked, self.speed)
         return self._local
 
 
@@ -115,18 +116,18 @@ class _ThreadStream(FormatStream):
         self._lock = threading.Lock()
 
     async def encode(self, samples: np.ndarray) -> bytes:
-        return await self._run(lambda encoder: encoder.encode(samples))
+        return await self._run(lambda writer: writer.encode(samples))
 
     async def finish(self) -> bytes:
-        return await self._run(FormatEncoder.finish)
+        return await self._run(FormatWriter.finish)
 
-    async def _run(self, call: Callable[[FormatEncoder], bytes]) -> bytes:
+    async def _run(self, call: Callable[[FormatWriter], bytes]) -> bytes:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._locked, call)
 
-    def _locked(self, call: Callable[[FormatEncoder], bytes]) -> bytes:
+    def _locked(self, call: Callable[[FormatWriter], bytes]) -> bytes:
         with self._lock:
-            return call(self._encoder())
+            return call(self._writer())
 
 
 class _ProcessStream(FormatStream):
@@ -288,7 +289,7 @@ class EncodingProcess:
             self.process.wait()
 
 
-class FormatEncoderPool:
+class EncodingPool:
     """The serving process's encoding: one ``FormatStream`` per response, encoded on the loop
     (cheap formats), on ``threads`` threads, or in ``processes`` encoding processes when
     ``processes`` is above 0 (the module docstring says which costs what).
@@ -303,7 +304,7 @@ class FormatEncoderPool:
         self._processes: list[EncodingProcess] = [EncodingProcess() for _ in range(processes)]
 
     def stream(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0) -> FormatStream:
-        """The encoder of one response (``FormatEncoder``'s arguments and errors)."""
+        """The format stream of one response (``FormatWriter``'s arguments and errors)."""
         if not costly(fmt, sample_rate, speed):
             return FormatStream(fmt, sample_rate, speed)
         if not self._processes:
@@ -340,10 +341,10 @@ class FormatEncoderPool:
 
 def serve_streams(connection: BinaryIO, answer: Callable[[bytes], None]) -> None:
     """An encoding process's loop: read calls from ``connection`` until it ends, ``answer``
-    each ``_ENCODE`` and ``_FINISH`` in order. A stream whose encoder fails answers its error,
+    each ``_ENCODE`` and ``_FINISH`` in order. A stream whose writer fails answers its error,
     and the others go on."""
-    encoders: dict[int, FormatEncoder] = {}
-    refused: dict[int, str] = {}  # streams whose encoder could not be built: why
+    writers: dict[int, FormatWriter] = {}
+    refused: dict[int, str] = {}  # streams whose writer could not be built: why
     while True:
         header = connection.read(_HEADER.size)
         if len(header) < _HEADER.size:
@@ -352,26 +353,26 @@ def serve_streams(connection: BinaryIO, answer: Callable[[bytes], None]) -> None
         payload = connection.read(length) if length else b""
         if op == _OPEN:
             try:
-                encoders[stream_id] = FormatEncoder(**json.loads(payload))
+                writers[stream_id] = FormatWriter(**json.loads(payload))
             except Exception as exc:  # checked by the serving process first: not expected
                 refused[stream_id] = f"{type(exc).__name__}: {exc}"
             continue
         if op == _DROP:
-            encoders.pop(stream_id, None)
+            writers.pop(stream_id, None)
             refused.pop(stream_id, None)
             continue
         try:
-            encoder = encoders.get(stream_id)
-            if encoder is None:
+            writer = writers.get(stream_id)
+            if writer is None:
                 raise EncodingFailed(refused.pop(stream_id, f"no stream {stream_id}"))
             if op == _ENCODE:
-                data = encoder.encode(np.frombuffer(payload, dtype=np.float32))
+                data = writer.encode(np.frombuffer(payload, dtype=np.float32))
             else:
-                del encoders[stream_id]
-                data = encoder.finish()
+                del writers[stream_id]
+                data = writer.finish()
             answer(_HEADER.pack(stream_id, _OK, len(data)) + data)
         except Exception as exc:
-            encoders.pop(stream_id, None)
+            writers.pop(stream_id, None)
             error = f"{type(exc).__name__}: {exc}".encode()
             answer(_HEADER.pack(stream_id, _FAILED, len(error)) + error)
 

@@ -1,6 +1,6 @@
 """PCM samples -> bytes on the wire, in every response format, encoded as the audio arrives.
 
-The model speaks float32 mono at 24 kHz. ``FormatEncoder`` resamples that to the format's output
+The model speaks float32 mono at 24 kHz. ``FormatWriter`` resamples that to the format's output
 rate with soxr (one stream per response, so chunk edges do not click) and encodes it:
 
     format  bytes                    content type             sample rate the client gets
@@ -15,8 +15,8 @@ rate with soxr (one stream per response, so chunk edges do not click) and encode
 
 Opus encodes at 8, 12, 16, 24 or 48 kHz, and Ogg Opus plays back at 48 kHz (RFC 7845; FFmpeg,
 opusfile and browsers all decode to 48 kHz), so an opus stream is 48 kHz whatever was asked.
-``sample_rate`` still picks the encoder's rate, i.e. the audio bandwidth: 22050 and 44100, which
-Opus lacks, encode at the next Opus rate up (24000, 48000).
+``sample_rate`` still picks the Opus encoder's rate, i.e. the audio bandwidth: 22050 and 44100,
+which Opus lacks, encode at the next Opus rate up (24000, 48000).
 
 With a ``speed`` other than 1.0 the 24 kHz PCM goes through a ``voicehost.audio.tempo.TimeStretch``
 (FFmpeg's atempo: faster or slower, same pitch) before it is resampled and encoded, so every
@@ -68,8 +68,8 @@ CONTENT_TYPES: dict[str, str] = {
 
 
 @dataclass(frozen=True, slots=True)
-class _Codec:
-    """How PyAV writes one format: muxer, encoder, the sample format the encoder takes."""
+class _PyAVFormat:
+    """How PyAV writes one format: muxer, PyAV's encoder, the sample format the encoder takes."""
 
     muxer: str
     encoder: str
@@ -79,22 +79,22 @@ class _Codec:
     codec_options: dict[str, str] = field(default_factory=dict)  # the encoder's own settings
 
 
-_CODECS: dict[str, _Codec] = {
+_PYAV_FORMATS: dict[str, _PyAVFormat] = {
     # LAME's default scales with the rate, down to 8 kbit/s at 8 kHz: too thin for speech.
     # LAME's quality 7 (its -q; the library's default is 3): about 8.4 ms of CPU per audio
     # second instead of 15 (5: 13), the same 64 kbit/s, no noise shaping; the speaker's
     # embedding and the spectrum as close to the source as at 3 or 5
     # (scripts/bench_mp3_levels.py, docs/BENCHMARKS.md, issue 30).
-    "mp3": _Codec(
+    "mp3": _PyAVFormat(
         "mp3", "libmp3lame", "fltp", bit_rate=64000, codec_options={"compression_level": "7"}
     ),
     # One 20 ms packet per Ogg page: the default 1 s pages would hold audio back for a second.
-    "opus": _Codec("ogg", "libopus", "flt", {"page_duration": "20000"}),
+    "opus": _PyAVFormat("ogg", "libopus", "flt", {"page_duration": "20000"}),
     # No 8 KiB PADDING block: it is for taggers rewriting files in place, not for streams.
-    "flac": _Codec("flac", "flac", "s16", {"metadata_header_padding": "0"}),
-    "aac": _Codec("adts", "aac", "fltp"),
-    "mulaw": _Codec("mulaw", "pcm_mulaw", "s16"),
-    "alaw": _Codec("alaw", "pcm_alaw", "s16"),
+    "flac": _PyAVFormat("flac", "flac", "s16", {"metadata_header_padding": "0"}),
+    "aac": _PyAVFormat("adts", "aac", "fltp"),
+    "mulaw": _PyAVFormat("mulaw", "pcm_mulaw", "s16"),
+    "alaw": _PyAVFormat("alaw", "pcm_alaw", "s16"),
 }
 
 
@@ -208,19 +208,19 @@ class _Muxer:
     size), so the Python work is per chunk, not per codec frame, and the last frame is short.
     """
 
-    def __init__(self, codec: _Codec, rate: int) -> None:
-        self._codec = codec
+    def __init__(self, pyav: _PyAVFormat, rate: int) -> None:
+        self._pyav = pyav
         self._rate = rate
         self._sink = _ByteSink()
         self._container = av.open(
-            self._sink, "w", format=codec.muxer, container_options=codec.muxer_options
+            self._sink, "w", format=pyav.muxer, container_options=pyav.muxer_options
         )
-        self._stream = self._container.add_stream(codec.encoder, rate=rate, layout="mono")
-        self._stream.codec_context.format = codec.sample_format
-        if codec.bit_rate is not None:
-            self._stream.codec_context.bit_rate = codec.bit_rate
-        if codec.codec_options:
-            self._stream.codec_context.options = dict(codec.codec_options)
+        self._stream = self._container.add_stream(pyav.encoder, rate=rate, layout="mono")
+        self._stream.codec_context.format = pyav.sample_format
+        if pyav.bit_rate is not None:
+            self._stream.codec_context.bit_rate = pyav.bit_rate
+        if pyav.codec_options:
+            self._stream.codec_context.options = dict(pyav.codec_options)
         # Opens the encoder and writes the container header right away.
         self._container.start_encoding()
         self._pts = 0
@@ -236,9 +236,9 @@ class _Muxer:
         return self._sink.drain()
 
     def _frame(self, block: np.ndarray) -> av.AudioFrame:
-        data = _pcm16(block) if self._codec.sample_format == "s16" else np.clip(block, -1.0, 1.0)
+        data = _pcm16(block) if self._pyav.sample_format == "s16" else np.clip(block, -1.0, 1.0)
         frame = av.AudioFrame.from_ndarray(
-            data[np.newaxis, :], format=self._codec.sample_format, layout="mono"
+            data[np.newaxis, :], format=self._pyav.sample_format, layout="mono"
         )
         frame.sample_rate = self._rate
         frame.pts = self._pts
@@ -246,7 +246,7 @@ class _Muxer:
         return frame
 
 
-class FormatEncoder:
+class FormatWriter:
     """One response's audio: model samples in, bytes of ``fmt`` out, as they become ready.
 
     Call ``encode`` for every chunk of float32 mono samples at 24 kHz in [-1, 1] (any length,
@@ -270,14 +270,14 @@ class FormatEncoder:
         )
         self._finished = False
         self._header = wav_header(self._rate) if fmt == "wav" else b""
-        self._muxer = _Muxer(_CODECS[fmt], self._rate) if fmt in _CODECS else None
+        self._muxer = _Muxer(_PYAV_FORMATS[fmt], self._rate) if fmt in _PYAV_FORMATS else None
 
     def encode(self, samples: np.ndarray) -> bytes:
         """Encode ``samples``; returns the bytes ready now (the header first), possibly b""."""
         return self._push(samples, last=False)
 
     def finish(self) -> bytes:
-        """Flush the resampler and the encoder; returns the rest of the stream, trailer included."""
+        """Flush the resampler and PyAV's encoder; the rest of the stream, trailer included."""
         return self._push(np.zeros(0, np.float32), last=True)
 
     def output_samples(self, model_samples: int) -> int:
@@ -287,7 +287,7 @@ class FormatEncoder:
 
     def _push(self, samples: np.ndarray, last: bool) -> bytes:
         if self._finished:
-            raise RuntimeError("this FormatEncoder is finished")
+            raise RuntimeError("this FormatWriter is finished")
         self._finished = last
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if self._stretch is not None:
@@ -302,7 +302,7 @@ class FormatEncoder:
 
 
 def check_stream(fmt: str, sample_rate: int | None, speed: float) -> int:
-    """What ``FormatEncoder(fmt, sample_rate, speed)`` would refuse, refused without building
+    """What ``FormatWriter(fmt, sample_rate, speed)`` would refuse, refused without building
     one (``UnsupportedFormat``, ``ValueError``); the stream's ``output_rate``."""
     if speed != 1.0:
         atempo_steps(speed)
@@ -312,7 +312,7 @@ def check_stream(fmt: str, sample_rate: int | None, speed: float) -> int:
 def costly(fmt: str, sample_rate: int | None, speed: float) -> bool:
     """Whether encoding a ``fmt`` stream costs more than a hop off the event loop: a codec, a
     resampler or a time stretch (pcm and wav at the model's rate and speed are a conversion)."""
-    return fmt in _CODECS or encoding_rate(fmt, sample_rate) != SAMPLE_RATE or speed != 1.0
+    return fmt in _PYAV_FORMATS or encoding_rate(fmt, sample_rate) != SAMPLE_RATE or speed != 1.0
 
 
 def output_samples(model_samples: int, sample_rate: int, speed: float) -> int:

@@ -2,23 +2,26 @@
 
 A ``SpeakerEmbedder`` turns float samples into an L2-normalised float32 vector; two clips of one
 speaker point the same way (``similarity``, the cosine), and a speaker is the per-dimension
-median of their clips' vectors (``centroid``). The encoder's ``name`` goes with every figure
-computed from it, since figures from different encoders are on different scales.
+median of their clips' vectors (``centroid``). The embedder's ``name`` goes with every figure
+computed from it, since figures from different embedders are on different scales.
 
-``load_embedder`` picks the encoder from a spec (``VOICEHOST_SPEAKER_ENCODER``), and
+``load_embedder`` picks the embedder from a spec (``VOICEHOST_SPEAKER_EMBEDDER``), and
 ``shared_embedder`` keeps the one a process loads for it (the consent check, a clone's evaluation
 and the training data's speaker filter all use that one):
 
-- unset or ``resemblyzer``: Resemblyzer's GE2E encoder (256 dimensions, trained on VoxCeleb and
+- unset or ``resemblyzer``: Resemblyzer's GE2E model (256 dimensions, trained on VoxCeleb and
   LibriSpeech), whose weights ship inside its pip package, so it runs with no download;
-- ``package.module:factory``: ``factory()`` from an importable module returns the encoder;
+- ``package.module:factory``: ``factory()`` from an importable module returns the embedder;
 - a folder: a stronger model an operator plugs in (an ECAPA or WavLM speaker-verification model
-  saved locally, say) with a ``speaker_encoder.py`` beside its weights that defines
+  saved locally, say) with a ``speaker_embedder.py`` beside its weights that defines
   ``load(folder: Path) -> SpeakerEmbedder``; nothing in voicehost changes.
 
-Names: in the code a speaker's model is an *embedder*, a response format's is an *encoder*
-(``voicehost.audio.formats``) and SNAC is the *codec* (``voicehost.model.codec``); the setting
-keeps its published name, ``VOICEHOST_SPEAKER_ENCODER``.
+Names: a speaker's model is an *embedder*; a response format's bytes come from a
+``voicehost.audio.formats.FormatWriter`` and SNAC is the *codec* (``voicehost.model.codec``).
+Two published names keep the word "encoder": the setting's old variable,
+``VOICEHOST_SPEAKER_ENCODER`` (an alias of ``VOICEHOST_SPEAKER_EMBEDDER``), and a folder's
+``speaker_encoder.py`` (read when it has no ``speaker_embedder.py``); "encoder" in this module
+is otherwise Resemblyzer's own class.
 
 Embedding is CPU-bound (a few tens of ms per second of audio): ``embed_off_loop`` runs it in a
 thread, and ``EmbeddingCache`` keeps each clip's vector (in memory, and on disk if given a folder).
@@ -41,7 +44,8 @@ import numpy as np
 
 from voicehost.model.orpheus import SAMPLE_RATE
 
-FOLDER_ENTRY = "speaker_encoder.py"
+# the module a folder embedder defines ``load`` in; the second is its name before, still read
+FOLDER_ENTRIES = ("speaker_embedder.py", "speaker_encoder.py")
 
 
 @runtime_checkable
@@ -74,7 +78,7 @@ def _unit(vector: np.ndarray) -> np.ndarray:
 
 
 class Resemblyzer:
-    """Resemblyzer's GE2E encoder: 16 kHz input, long pauses cut (its WebRTC VAD), then the
+    """Resemblyzer's GE2E model: 16 kHz input, long pauses cut (its WebRTC VAD), then the
     mean of 1.6 s windows' embeddings."""
 
     name = "resemblyzer-ge2e"
@@ -111,7 +115,7 @@ _shared_lock = threading.Lock()
 
 
 def shared_embedder(spec: str | None = None) -> SpeakerEmbedder:
-    """The process's encoder for ``spec``, loaded on first use and kept: every caller in a
+    """The process's embedder for ``spec``, loaded on first use and kept: every caller in a
     process shares one model (``None``, ``""`` and ``"resemblyzer"`` name the same one)."""
     key = _spec_key(spec)
     with _shared_lock:
@@ -121,54 +125,54 @@ def shared_embedder(spec: str | None = None) -> SpeakerEmbedder:
 
 
 def _spec_key(spec: str | None) -> str | None:
-    """A spec as given, stripped; ``None`` for the default encoder."""
+    """A spec as given, stripped; ``None`` for the default embedder."""
     return None if spec is None or spec.strip() in ("", "resemblyzer") else spec.strip()
 
 
 def load_embedder(spec: str | None = None) -> SpeakerEmbedder:
-    """A new encoder of the kind a spec names (see the module docstring; ``shared_embedder``
+    """A new embedder of the kind a spec names (see the module docstring; ``shared_embedder``
     keeps one per process); raises ``ValueError`` for a spec that names nothing loadable, or
-    something that is not an encoder."""
+    something that is not an embedder."""
     spec = _spec_key(spec)
     if spec is None:
         return Resemblyzer()
     folder = Path(spec).expanduser()
     if folder.is_dir():
-        entry = folder / FOLDER_ENTRY
-        if not entry.is_file():
-            raise ValueError(f"speaker encoder folder {folder} has no {FOLDER_ENTRY}")
-        module_spec = importlib.util.spec_from_file_location("voicehost_speaker_encoder", entry)
+        entry = next((folder / n for n in FOLDER_ENTRIES if (folder / n).is_file()), None)
+        if entry is None:
+            raise ValueError(f"speaker embedder folder {folder} has no {FOLDER_ENTRIES[0]}")
+        module_spec = importlib.util.spec_from_file_location("voicehost_speaker_embedder", entry)
         if module_spec is None or module_spec.loader is None:
             raise ValueError(f"cannot load {entry}")
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
-        encoder = module.load(folder)
+        embedder = module.load(folder)
     elif ":" in spec:
         module_name, _, factory = spec.partition(":")
         try:
-            encoder = getattr(importlib.import_module(module_name), factory)()
+            embedder = getattr(importlib.import_module(module_name), factory)()
         except (ImportError, AttributeError, TypeError) as exc:
-            raise ValueError(f"speaker encoder {spec!r}: {exc}") from exc
+            raise ValueError(f"speaker embedder {spec!r}: {exc}") from exc
     else:
         raise ValueError(
-            f"speaker encoder {spec!r}: expected 'resemblyzer', 'package.module:factory' "
-            "or a folder holding speaker_encoder.py"
+            f"speaker embedder {spec!r}: expected 'resemblyzer', 'package.module:factory' "
+            f"or a folder holding {FOLDER_ENTRIES[0]}"
         )
-    if not isinstance(encoder, SpeakerEmbedder):
-        raise ValueError(f"speaker encoder {spec!r} has no 'name' and 'embed'")
-    return encoder
+    if not isinstance(embedder, SpeakerEmbedder):
+        raise ValueError(f"speaker embedder {spec!r} has no 'name' and 'embed'")
+    return embedder
 
 
 class EmbeddingCache:
-    """An encoder that remembers: each clip's embedding, keyed by a hash of its samples, its
-    rate and the encoder's name, kept in memory (the newest ``max_items``) and, with a
+    """An embedder that remembers: each clip's embedding, keyed by a hash of its samples, its
+    rate and the embedder's name, kept in memory (the newest ``max_items``) and, with a
     ``folder``, as ``<key>.npy`` files there. It is itself a ``SpeakerEmbedder``."""
 
     def __init__(
-        self, encoder: SpeakerEmbedder, folder: Path | None = None, max_items: int = 10_000
+        self, embedder: SpeakerEmbedder, folder: Path | None = None, max_items: int = 10_000
     ) -> None:
-        self.encoder = encoder
-        self.name = encoder.name
+        self.embedder = embedder
+        self.name = embedder.name
         self.folder = folder
         self.max_items = max_items
         self.hits = 0
@@ -188,7 +192,7 @@ class EmbeddingCache:
         if found is not None:
             self.hits += 1
             return found
-        embedding = self.encoder.embed(samples, sample_rate)
+        embedding = self.embedder.embed(samples, sample_rate)
         self._remember(key, embedding)
         return embedding
 
@@ -218,7 +222,7 @@ class EmbeddingCache:
 
 
 async def embed_off_loop(
-    encoder: SpeakerEmbedder, samples: np.ndarray, rate: int = SAMPLE_RATE
+    embedder: SpeakerEmbedder, samples: np.ndarray, rate: int = SAMPLE_RATE
 ) -> np.ndarray:
-    """``encoder.embed`` in a worker thread, so the event loop keeps serving."""
-    return await asyncio.to_thread(encoder.embed, samples, rate)
+    """``embedder.embed`` in a worker thread, so the event loop keeps serving."""
+    return await asyncio.to_thread(embedder.embed, samples, rate)

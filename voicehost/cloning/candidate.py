@@ -54,7 +54,8 @@ EVAL = "eval"
 
 
 class SpeakingProcess(Protocol):
-    """What the evaluation needs of a process that speaks (``voicehost.serving.ServingProcess``)."""
+    """What the evaluation needs of a process that speaks: its voice directory and its
+    synthesizer (the serving process is one, a layer above this module)."""
 
     voices: VoiceDirectory
 

@@ -1,6 +1,6 @@
 """How close a voice is to its speaker: speak fixed sentences with it, then measure.
 
-The figures (``EvalReport``), each with the speaker encoder's name:
+The figures (``EvalReport``), each with the speaker embedder's name:
 
 - **similarity** of each sample to the speaker's references (their centroid): mean and 10th
   percentile;
@@ -88,7 +88,7 @@ class Spread:
 
 @dataclass(frozen=True, slots=True)
 class EvalReport:
-    encoder: str
+    embedder: str  # the name of the speaker embedder behind the similarities
     voice: str
     sentences: list[str]
     references: int
@@ -107,14 +107,15 @@ class EvalReport:
     channel: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        figures = asdict(self)
+        return {"encoder": figures.pop("embedder"), **figures}  # its published field name
 
     def summary(self) -> str:
         """The figures in a few lines of plain words."""
         s = self.similarity
         lines = [
             f"{self.voice}: speaker similarity {s.mean:.3f} (p10 {s.p10:.3f}) to "
-            f"{self.references} reference clips, over {len(s.values)} sentences ({self.encoder})"
+            f"{self.references} reference clips, over {len(s.values)} sentences ({self.embedder})"
         ]
         if self.baseline is not None and self.gain is not None:
             lines.append(
@@ -159,7 +160,7 @@ def gate(report: EvalReport, thresholds: Thresholds) -> list[str]:
     if report.similarity.mean < thresholds.min_similarity:
         reasons.append(
             f"speaker similarity {report.similarity.mean:.3f} is below "
-            f"{thresholds.min_similarity:.3f} ({report.encoder})"
+            f"{thresholds.min_similarity:.3f} ({report.embedder})"
         )
     if report.gain is not None and report.gain < thresholds.min_gain:
         reasons.append(
@@ -300,7 +301,7 @@ async def evaluate(
         }
     similarity_spread = Spread.of(scores)
     return EvalReport(
-        encoder=embedder.name,
+        embedder=embedder.name,
         voice=voice,
         sentences=list(sentences),
         references=len(references),
@@ -339,7 +340,7 @@ def plot(report: EvalReport, out: Path) -> None:
     if report.ceiling is not None:
         axes.axhline(report.ceiling.mean, color="grey", linestyle=":", label="references (ceiling)")
     axes.set_xlabel("evaluation sentence")
-    axes.set_ylabel(f"similarity ({report.encoder})")
+    axes.set_ylabel(f"similarity ({report.embedder})")
     axes.set_xticks(index)
     axes.legend(loc="lower right", fontsize="small")
     figure.tight_layout()

@@ -114,7 +114,7 @@ def check_consent_recording(settings: Settings, recording: Path, clips: list[Pat
     """The consent recording's similarity to the training audio's speaker (blocking: it
     decodes and embeds). Raises ``ConsentMismatch`` below ``consent_min_similarity``, and
     ``RefusedFile`` for a recording that is not audio we take."""
-    embedder = shared_embedder(settings.speaker_encoder)
+    embedder = shared_embedder(settings.speaker_embedder)
     try:
         return consent.check_recording(embedder, recording, clips, settings.consent_min_similarity)
     except UnreadableAudio as exc:

@@ -5,7 +5,7 @@ Each job lives in ``<jobs_dir>/<job_id>/``: ``job.json`` (its state, owned by th
 job is deleted so a failed job can be retried), and the worker's ``progress.json``/``error.txt``.
 The worker writes the voice into ``out/``; when it succeeds the voice is measured against the
 speaker (``evaluate``, through this process's engine; the job is ``evaluating``) and handed to
-the voice registry, ready (the job is ``done``) or held by the gate (``held``, with its
+the voice directory, ready (the job is ``done``) or held by the gate (``held``, with its
 reasons): as a new voice, or as the next version of one (``new_version``; live at once if it
 passed the gate, unless ``promote`` is off), with its consent record
 (``voicehost.cloning.consent``). Which job runs next comes from a ``JobQueue``: the jobs folder
@@ -212,15 +212,16 @@ class FolderQueue:
 VoiceReady = Callable[[CloneJob, Path], Awaitable[object]]
 
 
-def registrar(voices: VoiceDirectory) -> VoiceReady:
-    """What registers a job's trained voice in ``voices``: a new voice, or its next version."""
+def add_to(voices: VoiceDirectory) -> VoiceReady:
+    """What adds a job's trained voice to the voice directory ``voices``: a new voice, or its
+    next version."""
 
-    async def register(job: CloneJob, folder: Path) -> Voice:
+    async def add(job: CloneJob, folder: Path) -> Voice:
         if job.new_version:
             return await voices.add_version(job.voice_id, folder, job.promote)
         return await voices.add(job.voice_id, folder)
 
-    return register
+    return add
 
 
 class CloneJobs:

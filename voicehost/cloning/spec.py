@@ -38,7 +38,7 @@ def training_spec(
             epochs=settings.clone_epochs, learning_rate=learning_rate_for(settings.dev)
         ),
         min_speech_seconds=settings.min_speech_seconds,
-        speaker_encoder=settings.speaker_encoder,
+        speaker_embedder=settings.speaker_embedder,
         speaker_min_similarity=settings.speaker_min_similarity,
         speaker_min_pitch_shift=settings.speaker_min_pitch_shift,
     )

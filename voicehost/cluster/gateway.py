@@ -54,7 +54,7 @@ from voicehost.api.speech import (
     check_speech_request,
 )
 from voicehost.api.webrtc import open_session
-from voicehost.cloning.jobs import CloneJobs, registrar
+from voicehost.cloning.jobs import CloneJobs, add_to
 from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.intake import WorkerIntake
@@ -136,7 +136,7 @@ class Gateway:
         self.metrics.watch_registry(self.voices.missing)
         self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
         self.jobs = CloneJobs(
-            settings.shared_dir / "jobs", registrar(self.voices), queue, "gateway", audit=self.audit
+            settings.shared_dir / "jobs", add_to(self.voices), queue, "gateway", audit=self.audit
         )
         self.intake = WorkerIntake(self.ask, settings)  # an upload's checks, on a worker
         # a gateway speaks nothing: its ledger only reads the workers' sums

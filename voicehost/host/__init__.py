@@ -1,16 +1,16 @@
 """The host: one engine core, several front ends (``voicehost serve --frontends N``).
 
 One serving process cannot feed a GPU: vLLM's output handling, the pipeline to PCM and the
-encoders run on its one event loop and GIL (``docs/BENCHMARKS.md``, host capacity). So the host
+encoding run on its one event loop and GIL (``docs/BENCHMARKS.md``, host capacity). So the host
 runs as ``vllm serve --api-server-count N`` does (``launcher``):
 
 - the parent binds the HTTP port once, binds the engine core's sockets for N clients
   (``bind_engine_zmq_listeners``), makes the host's folder, starts the engine core
   (``launch_core_engines``) and spawns N front ends, each running the entry its caller gave
   (the API's or a cluster worker's: this package imports neither);
-- each front end is a whole serving process (its own event loop, GIL, SNAC codec and encoder
+- each front end is a whole serving process (its own event loop, GIL, SNAC codec and encoding
   pool) whose engine is an ``AsyncLLM`` client of the shared core: client ``i`` of ``N``
-  (``frontend.EngineSlot``), accepting on the inherited socket;
+  (``frontend.CoreClient``), accepting on the inherited socket;
 - the parent waits: SIGTERM or SIGINT is passed to every front end, each drains as one server
   does, and the engine core is shut down once they have exited; a front end that dies takes
   the host down (a supervisor restarts it whole), and so does the engine core, which no front

@@ -8,8 +8,8 @@ memory, one row per front end, each row written only by its own front end under 
 step for the whole host.
 
 A row holds: the front end's streams, its engine requests generating, the request-seconds they have
-generated for (up to when), and a table of (key hash, streams) with as many slots as the host admits
-streams times ``KEYS_PER_STREAM``. A front end that dies takes the host down
+generated for (up to when), and a table of (key hash, streams) with as many columns as the host
+admits streams times ``KEYS_PER_STREAM``. A front end that dies takes the host down
 (``voicehost.host.launcher``), so a row is never left counting streams that no longer exist.
 """
 
@@ -33,13 +33,13 @@ class HostBoard:
 
     def __init__(self, path: Path, count: int, index: int, capacity: int) -> None:
         self.index = index
-        self.slots = slots = capacity * KEYS_PER_STREAM
-        self._shared = hostfile.SharedTable(path, count, _KEYS + 2 * slots)
+        self.key_columns = columns = capacity * KEYS_PER_STREAM
+        self._shared = hostfile.SharedTable(path, count, _KEYS + 2 * columns)
         table = self._shared.table
         self._table = table
         self._times = table[:, _BUSY : _AT + 1].view(np.float64)  # busy, at
-        self._hashes = table[:, _KEYS : _KEYS + slots]
-        self._counts = table[:, _KEYS + slots :]
+        self._hashes = table[:, _KEYS : _KEYS + columns]
+        self._counts = table[:, _KEYS + columns :]
         self._locked = self._shared.locked
 
     @staticmethod
@@ -53,20 +53,20 @@ class HostBoard:
             held = tuple(int(self._counts[self._hashes == h].sum()) for h in hashes)
             check(int(self._table[:, _STREAMS].sum()), held)
             for hashed in hashes:
-                slot = self._slot(hashed)
-                self._hashes[self.index, slot] = hashed
-                self._counts[self.index, slot] += 1
+                column = self._column(hashed)
+                self._hashes[self.index, column] = hashed
+                self._counts[self.index, column] += 1
             self._table[self.index, _STREAMS] += 1
 
-    def _slot(self, hashed: int) -> int:
-        """This row's slot of the key ``hashed``, or a free one."""
+    def _column(self, hashed: int) -> int:
+        """This row's column of the key ``hashed``, or a free one."""
         hashes, counts = self._hashes[self.index], self._counts[self.index]
         found = np.flatnonzero(hashes == hashed)
         if len(found):
             return int(found[0])
         free = np.flatnonzero(counts == 0)
         if not len(free):  # more keys than the host admits streams: a check let too many in
-            raise RuntimeError("the host's stream board has no free key slot")
+            raise RuntimeError("the host's stream board has no free key column")
         return int(free[0])
 
     def release(self, keys: Keys) -> None:
@@ -74,10 +74,10 @@ class HostBoard:
             self._table[self.index, _STREAMS] -= 1
             for key in keys:
                 found = np.flatnonzero(self._hashes[self.index] == hostfile.hash63(key))
-                slot = int(found[0])
-                self._counts[self.index, slot] -= 1
-                if not self._counts[self.index, slot]:
-                    self._hashes[self.index, slot] = 0
+                column = int(found[0])
+                self._counts[self.index, column] -= 1
+                if not self._counts[self.index, column]:
+                    self._hashes[self.index, column] = 0
 
     def streams(self) -> int:
         return int(self._table[:, _STREAMS].sum())

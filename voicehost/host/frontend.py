@@ -1,4 +1,4 @@
-"""A front end's place in its host: its client slot at the shared engine core, and the host's
+"""A front end's place in its host: its client of the shared engine core, and the host's
 folder, where the host keeps what its front ends share (the files named here, the channel's
 sockets)."""
 
@@ -23,7 +23,7 @@ CORE_LOST_SIGNAL = signal.SIGUSR1  # from the host to its front ends: the engine
 
 
 @dataclass(frozen=True)
-class EngineSlot:
+class CoreClient:
     """A front end's place at the engine core it shares (a ``model.engine.SharedCore``):
     vLLM's client addresses of client ``index`` (the core's input and output sockets, as
     ``bind_engine_zmq_listeners`` made them), ``count`` clients in all, and the file that
@@ -40,22 +40,22 @@ class EngineSlot:
 
 @dataclass(frozen=True)
 class FrontEnd:
-    """This process's place among one host's front ends (``voicehost.host``): its client slot
-    at the shared engine core, and the host's folder, where each front end marks itself ready
+    """This process's place among one host's front ends (``voicehost.host``): its client of
+    the shared engine core, and the host's folder, where each front end marks itself ready
     (a file named by its index, there while it can take streams) beside the host's stream
     counts (``BOARD_FILE``) and the sockets of its channel."""
 
-    slot: EngineSlot
+    client: CoreClient
     ready_dir: Path
 
     def board(self, capacity: int) -> HostBoard:
         """This front end's row of the host's stream counts (the host made the file)."""
         path = self.ready_dir / BOARD_FILE
-        return HostBoard(path, self.slot.count, self.slot.index, capacity)
+        return HostBoard(path, self.client.count, self.client.index, capacity)
 
     def channel(self) -> HostChannel:
         """This front end's end of the host's channel (not listening until opened)."""
-        return HostChannel(self.ready_dir, self.slot.index, self.slot.count)
+        return HostChannel(self.ready_dir, self.client.index, self.client.count)
 
     def drain_host(self) -> None:
         """Leave the host's drain flag: a front end that opens its end of the host's channel
@@ -66,7 +66,7 @@ class FrontEnd:
         return (self.ready_dir / DRAINING_FILE).exists()
 
     def mark(self, ready: bool) -> None:
-        flag = self.ready_dir / str(self.slot.index)
+        flag = self.ready_dir / str(self.client.index)
         if ready:
             flag.touch()
         else:
@@ -74,4 +74,4 @@ class FrontEnd:
 
     def not_ready(self) -> list[int]:
         """The front ends of the host that cannot take streams now (this one included)."""
-        return [i for i in range(self.slot.count) if not (self.ready_dir / str(i)).exists()]
+        return [i for i in range(self.client.count) if not (self.ready_dir / str(i)).exists()]

@@ -26,7 +26,7 @@ def create(path: Path, rows: int, columns: int) -> None:
 
 
 def hash63(text: str, salt: bytes = b"") -> int:
-    """63 bits of ``text``'s BLAKE2b hash, never 0 (0 marks a free slot)."""
+    """63 bits of ``text``'s BLAKE2b hash, never 0 (0 marks a free column)."""
     digest = hashlib.blake2b(text.encode(), digest_size=8, salt=salt).digest()
     return (int.from_bytes(digest, "little") >> 1) or 1
 

@@ -24,7 +24,7 @@ from voicehost.host.frontend import (
     CORE_LOST_SIGNAL,
     LORA_IDS_FILE,
     METRICS_DIR,
-    EngineSlot,
+    CoreClient,
     FrontEnd,
 )
 from voicehost.host.lora_ids import HostLoraIds
@@ -53,9 +53,9 @@ FrontEndMain = Callable[[Settings, FrontEnd, socket.socket], None]
 def run_frontend(
     settings: Settings, frontend: FrontEnd, sock: socket.socket, main: FrontEndMain
 ) -> None:
-    """A front end's process: ``main`` on ``sock``, its engine client ``frontend.slot``."""
+    """A front end's process: ``main`` on ``sock``, its engine client ``frontend.client``."""
     lifeline.die_with_parent()
-    index = frontend.slot.index
+    index = frontend.client.index
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s frontend-{index} %(name)s %(message)s"
     )
@@ -112,7 +112,7 @@ def serve_frontends(settings: Settings, main: FrontEndMain, address: str) -> Non
                     "input_listener": listeners.inputs[index].socket,
                     "output_listener": listeners.outputs[index].socket,
                 }
-                frontend = FrontEnd(EngineSlot(addresses, index, count, lora_ids), ready_dir)
+                frontend = FrontEnd(CoreClient(addresses, index, count, lora_ids), ready_dir)
                 process = context.Process(
                     target=run_frontend,
                     args=(settings, frontend, sock, main),

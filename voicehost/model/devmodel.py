@@ -43,11 +43,11 @@ MAX_POSITIONS = 8192
 
 # The 24 kHz SNAC's rates and codebooks, with narrow convolutions.
 SNAC_CONFIG = {**orpheus.SNAC_24KHZ_CONFIG, "encoder_dim": 8, "decoder_dim": 64}
-# Gain on the dev SNAC encoder's input convolution. With SNAC's random initialisation speech at
-# the training pipeline's -20 LUFS barely moves the encoder off its biases, so ~90% of speech
-# frames encode to exactly digital silence's codes; at 32x every speech frame differs from
-# silence, while silence itself (zeros in, biases out) encodes as before.
-SNAC_ENCODER_GAIN = 32.0
+# Gain on the dev codec's input convolution (the first of SNAC's encoder half). With SNAC's
+# random initialisation speech at the training pipeline's -20 LUFS barely moves that half off its
+# biases, so ~90% of speech frames encode to exactly digital silence's codes; at 32x every speech
+# frame differs from silence, while silence itself (zeros in, biases out) encodes as before.
+CODEC_INPUT_GAIN = 32.0
 
 # Structure of the dev model's residual stream: one coordinate per "last token was position k".
 _START_COORD = orpheus.TOKENS_PER_FRAME  # start_of_speech
@@ -225,7 +225,7 @@ def build_snac(out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     codec = SNAC(**SNAC_CONFIG)
     with torch.no_grad():  # the weight-norm magnitude of the first convolution
-        codec.encoder.block[0].parametrizations.weight.original0.mul_(SNAC_ENCODER_GAIN)
+        codec.encoder.block[0].parametrizations.weight.original0.mul_(CODEC_INPUT_GAIN)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(SNAC_CONFIG, indent=2))
     torch.save(codec.state_dict(), out / "pytorch_model.bin")

@@ -290,7 +290,7 @@ class LoraIds(Protocol):
 
 class SharedCore(Protocol):
     """A client's place at an engine core another process started (a host's front end:
-    ``voicehost.host.frontend.EngineSlot``): vLLM's client addresses of client ``index`` of
+    ``voicehost.host.frontend.CoreClient``): vLLM's client addresses of client ``index`` of
     ``count``, and the LoRA ids every client of the core gives."""
 
     @property
@@ -321,14 +321,16 @@ class SpeechEngine:
         self._scratch: Path | None = None
 
     @classmethod
-    def start(cls, settings: Settings, slot: SharedCore | None = None) -> SpeechEngine:
-        """Build the engine (blocking: loads weights and profiles memory); with ``slot``, a
+    def start(cls, settings: Settings, client: SharedCore | None = None) -> SpeechEngine:
+        """Build the engine (blocking: loads weights and profiles memory); with ``client``, a
         client of an engine core another process started (blocking until it is ready)."""
         from transformers import AutoTokenizer
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = engine_args(settings, slot.count, slot.index) if slot else engine_args(settings)
+        args = (
+            engine_args(settings, client.count, client.index) if client else engine_args(settings)
+        )
         lifeline.start_reaper()  # vLLM's processes end with this one, even after a kill -9
         log.info(
             "starting vLLM: model=%s quantization=%s kv_cache_dtype=%s max_loras=%d",
@@ -337,7 +339,7 @@ class SpeechEngine:
             args.kv_cache_dtype,
             args.max_loras,
         )
-        if slot is None:
+        if client is None:
             config = args.create_engine_config()  # vLLM's defaults for a lone client
             in_core_worker(config)
             llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
@@ -345,14 +347,14 @@ class SpeechEngine:
             llm = AsyncLLM.from_vllm_config(
                 engine_config(args),
                 disable_log_stats=True,
-                client_addresses=slot.addresses,
-                client_count=slot.count,
-                client_index=slot.index,
+                client_addresses=client.addresses,
+                client_count=client.count,
+                client_index=client.index,
             )
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         engine = cls(llm, tokenizer, settings)
-        if slot is not None:
-            engine.host_lora_ids = slot.lora_ids()
+        if client is not None:
+            engine.host_lora_ids = client.lora_ids()
         if not current_platform.is_cuda():
             engine.serve_base_voices_through_a_zero_adapter(Path(args.model) / "config.json")
         return engine

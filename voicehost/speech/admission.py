@@ -52,7 +52,7 @@ class Admission:
     capacity: int
     per_key: int = 0
     realtime: Realtime | None = None
-    retry_after: int = 1  # seconds; streams last seconds, so a slot is soon free again
+    retry_after: int = 1  # seconds; streams last seconds, so one soon ends
     board: Board = field(default_factory=LocalBoard)
     active: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -115,9 +115,9 @@ class Admission:
     def admit(
         self, key: str | None, per_key: int | None = None, token: TokenStreams | None = None
     ) -> Iterator[None]:
-        """Hold a stream slot (and one of ``key``'s, whose own quota ``per_key`` is, if it has
-        one; one of the ``token``'s, if bound to a stream count) for the ``with`` block, or
-        raise ``Refused``."""
+        """Count one more stream for the ``with`` block (on ``key``'s quota too, whose own is
+        ``per_key`` if it has one, and on the ``token``'s, if bound to a stream count), or raise
+        ``Refused``."""
         keys = tuple(k for k in (key, token and token.admission_key) if k is not None)
         self.board.reserve(keys, partial(self._check, per_key=per_key, token=token))
         self.active += 1

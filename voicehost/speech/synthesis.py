@@ -353,7 +353,7 @@ class Synthesizer:
         """
         continuity = Continuity(options.continuity_frames)
         at_once = 1 if options.continuity_frames else max(1, options.prefetch)
-        slots = asyncio.Semaphore(at_once)
+        ahead = asyncio.Semaphore(at_once)  # segments generating or waiting to be played
         order: asyncio.Queue[tuple[int, Segment, float, Source] | BaseException | None]
         order = asyncio.Queue()
         producers: list[asyncio.Task[None]] = []
@@ -374,7 +374,7 @@ class Synthesizer:
                 text = segment.speech  # the text stage's last word (``voicehost.text.stage``)
                 if not any(ch.isalnum() for ch in text):
                     continue
-                await slots.acquire()  # released once the segment has been played
+                await ahead.acquire()  # released once the segment has been played
                 seed = None if options.seed is None else options.seed + index
                 source: Source = (text, seed)
                 if index and at_once > 1:  # generated ahead, while the one before plays
@@ -416,7 +416,7 @@ class Synthesizer:
                     text, seed = source
                     async with aclosing(self.stream(text, voice, seed, continuity)) as chunks:
                         yield index, segment, arrived, chunks
-                slots.release()
+                ahead.release()
         finally:
             tasks = [t for t in (feeder, *producers) if t is not None]
             for task in tasks:

@@ -184,7 +184,8 @@ class VoiceDirectory(Protocol):
 
     async def health(self) -> dict[str, object]:
         """What ``/healthz`` says of the directory: ``registry`` whole or rebuilding (with
-        ``missing_voices``), and in a cluster whether ``redis`` answers, as they are now."""
+        ``missing_voices``), and in a cluster whether ``redis`` answers, as they are now (the
+        field is the cluster's Redis registry's; a directory of folders is always whole)."""
         ...
 
     async def list_voices(self) -> tuple[list[Voice], list[BrokenAdapter]]:

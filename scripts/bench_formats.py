@@ -1,12 +1,13 @@
-"""Encoding cost per second of audio, the encoders at a base commit against this tree's, in one
-run: CPU, and the serial part of it (the CPU spent holding the GIL), per format and chunk size.
+"""Encoding cost per second of audio, the format writers at a base commit against this tree's,
+in one run: CPU, and the serial part of it (the CPU spent holding the GIL), per format and chunk
+size.
 
-Chunks are what the server hands ``FormatEncoder``: each SNAC decode window's samples, whole
+Chunks are what the server hands ``FormatWriter``: each SNAC decode window's samples, whole
 frames of 2048 samples at 24 kHz (``orpheus.SAMPLES_PER_FRAME``): 1 frame for the first window,
 then as many as the stream's lead allows, at most ``codec_max_chunk_frames`` (16). So 2048 (a
 stream at real time: the most chunks per audio second), 8192 and 32768 (a stream well ahead).
-A stream is a fresh encoder, ``--seconds`` of a speech-like signal in such chunks, and ``finish``
-(as one response: the encoder's set-up is in the figure). The base's ``voicehost/audio/formats.py``
+A stream is a fresh writer, ``--seconds`` of a speech-like signal in such chunks, and ``finish``
+(as one response: the writer's set-up is in the figure). The base's ``voicehost/audio/formats.py``
 is read with ``git show`` and imported beside this tree's; the two alternate, stream by stream, so
 the machine's load falls on both alike. Each figure is the least over ``--repeats`` streams: the
 machine's noise only adds to a stream's CPU (other tenants, a vCPU's steal time), by up to 30 % on
@@ -21,17 +22,17 @@ time from each release to the next retake. Per stream:
 - **CPU**: the encoding thread's CPU time (``time.thread_time_ns``) per second of audio, less the
   shim's clock reads (two per release, their cost measured).
 - **Serial**: the part of it spent holding the GIL: the thread's CPU less the released spans, less
-  one clock read per held span. What the event loop and the other encoder threads cannot overlap
+  one clock read per held span. What the event loop and the other encoding threads cannot overlap
   with, so what caps a process's streams however many cores it has. Measured by accounting, not
   by concurrency: a probe thread's progress or Amdahl from 1 and 2 threads would need a free core
   for the GIL-free part, and the 2-vCPU machine this was written on runs two threads of GIL-free
-  hashing only 1.05-1.3x faster than one; there a probe counted nearly all of an encoder's CPU as
+  hashing only 1.05-1.3x faster than one; there a probe counted nearly all of a writer's CPU as
   serial (GIL hand-over latency, not GIL holding).
 - **GIL releases**: how often per second of audio the thread gives the GIL up and takes it back.
   In a busy process each can be a hand-over to another thread, whose latency (not in the serial
   figure) holds the GIL idle.
 
-    python scripts/bench_encoders.py [--base 65e966b] [--formats pcm,wav,mp3,opus]
+    python scripts/bench_formats.py [--base 65e966b] [--formats pcm,wav,mp3,opus]
         [--chunks 2048,8192,32768] [--seconds 10] [--repeats 9]
 
 A format may name a rate (``opus@48000``: resampled by soxr first). Prints a markdown table, the
@@ -160,13 +161,15 @@ def formats_at(base: str, directory: Path) -> ModuleType:
 
 
 def encode_stream(module: ModuleType, target: str, signal: np.ndarray, chunk: int) -> int:
-    """One response: a fresh encoder, ``signal`` in chunks of ``chunk``, ``finish``; bytes out."""
+    """One response: a fresh writer, ``signal`` in chunks of ``chunk``, ``finish``; bytes out."""
     fmt, _, rate = target.partition("@")
-    encoder = module.FormatEncoder(fmt, int(rate) if rate else None)
+    # FormatWriter, or FormatEncoder, its name before, at a base commit from before the rename
+    writer_class = getattr(module, "FormatWriter", None) or module.FormatEncoder
+    writer = writer_class(fmt, int(rate) if rate else None)
     size = 0
     for start in range(0, len(signal), chunk):
-        size += len(encoder.encode(signal[start : start + chunk]))
-    return size + len(encoder.finish())
+        size += len(writer.encode(signal[start : start + chunk]))
+    return size + len(writer.finish())
 
 
 def cases(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -187,7 +190,7 @@ FIELDS = tuple(field.name for field in fields(Stream))
 
 def measure(args: argparse.Namespace, shim: ctypes.PyDLL) -> dict[tuple[str, str, int], list]:
     """Every stream's ``Stream`` figures, by (implementation, format, chunk)."""
-    work = Path(tempfile.mkdtemp(prefix="bench-encoders-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-formats-"))
     impls = {"base": formats_at(args.base, work), "new": this_tree}
     signal = speech_like(args.seconds)
     audio_s = len(signal) / SAMPLE_RATE
@@ -216,14 +219,14 @@ def measure(args: argparse.Namespace, shim: ctypes.PyDLL) -> dict[tuple[str, str
 
 def with_shim() -> ctypes.PyDLL:
     """The shim, loaded: this process runs again with it preloaded if it is not."""
-    library = os.environ.get("BENCH_ENCODERS_SHIM")
+    library = os.environ.get("BENCH_FORMATS_SHIM")
     if library is None or library not in os.environ.get("LD_PRELOAD", ""):
-        directory = Path(tempfile.mkdtemp(prefix="bench-encoders-shim-"))
+        directory = Path(tempfile.mkdtemp(prefix="bench-formats-shim-"))
         source, library = directory / "gilshim.c", str(directory / "gilshim.so")
         source.write_text(SHIM_C)
         command = ["cc", "-O2", "-shared", "-fPIC", "-o", library, str(source), "-ldl"]
         subprocess.run(command, check=True)
-        env = {**os.environ, "BENCH_ENCODERS_SHIM": library, "LD_PRELOAD": library}
+        env = {**os.environ, "BENCH_FORMATS_SHIM": library, "LD_PRELOAD": library}
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
     shim = ctypes.PyDLL(library)  # calls that keep the GIL, so count no release
     for name in ("gil_released_ns", "gil_releases", "clock_read_ns"):
@@ -266,7 +269,7 @@ def table(args: argparse.Namespace, streams: dict) -> tuple[str, dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", default=BASE, help="the commit whose encoders to compare")
+    parser.add_argument("--base", default=BASE, help="the commit whose format writers to compare")
     parser.add_argument("--formats", default="pcm,wav,mp3,opus")
     parser.add_argument(
         "--chunks",

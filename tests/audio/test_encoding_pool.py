@@ -1,6 +1,6 @@
-"""FormatEncoderPool: streams encoded on threads, or in encoding processes, keep their chunks in
+"""EncodingPool: streams encoded on threads, or in encoding processes, keep their chunks in
 order, and one stream's slow encoding holds up only that stream; an encoding process that dies
-fails its own streams only and is replaced. Real encoders (PyAV, soxr), real threads, real
+fails its own streams only and is replaced. Real encoding (PyAV, soxr), real threads, real
 processes over a real socket."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import av
 import numpy as np
 import pytest
 
-from voicehost.audio.encoding import EncodingFailed, FormatEncoderPool, FormatStream
-from voicehost.audio.formats import FormatEncoder
+from voicehost.audio.encoding import EncodingFailed, EncodingPool, FormatStream
+from voicehost.audio.formats import FormatWriter
 from voicehost.model.orpheus import SAMPLE_RATE
 
 pytestmark = pytest.mark.unit
@@ -43,8 +43,8 @@ def chunked(samples: np.ndarray, seed: int) -> list[np.ndarray]:
 
 
 def sequential(fmt: str, rate: int | None, chunks: list[np.ndarray]) -> bytes:
-    encoder = FormatEncoder(fmt, rate)
-    return b"".join(encoder.encode(chunk) for chunk in chunks) + encoder.finish()
+    writer = FormatWriter(fmt, rate)
+    return b"".join(writer.encode(chunk) for chunk in chunks) + writer.finish()
 
 
 def packets(fmt: str, data: bytes) -> list[bytes] | bytes:
@@ -56,34 +56,34 @@ def packets(fmt: str, data: bytes) -> list[bytes] | bytes:
         return [bytes(packet) for packet in container.demux() if packet.size]
 
 
-async def encode_all(encoder: FormatStream, chunks: list[np.ndarray], sent: list[int]) -> bytes:
+async def encode_all(stream: FormatStream, chunks: list[np.ndarray], sent: list[int]) -> bytes:
     out = []
     for chunk in chunks:
         sent.append(chunk.size)
-        out.append(await encoder.encode(chunk))
-    out.append(await encoder.finish())
+        out.append(await stream.encode(chunk))
+    out.append(await stream.finish())
     return b"".join(out)
 
 
-def on_the_loop(encoder: FormatStream) -> bool:
-    return type(encoder) is FormatStream  # the base class encodes on the loop; the rest hop
+def on_the_loop(stream: FormatStream) -> bool:
+    return type(stream) is FormatStream  # the base class encodes on the loop; the rest hop
 
 
 @pytest.mark.parametrize("processes", [0, 2], ids=["threads", "processes"])
 def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding(processes: int) -> None:
     """Eight streams of 1.5 s each, every codec, encoded at once by 4 threads (or 2 encoding
-    processes): each stream's bytes are exactly what one encoder fed its chunks in order writes
+    processes): each stream's bytes are exactly what one FormatWriter fed its chunks in order writes
     (a chunk encoded out of turn, or by two threads at once, would change them)."""
     chunks = [chunked(speechlike(1.5, seed), seed) for seed in range(len(STREAMS))]
-    pool = FormatEncoderPool(4, processes)
+    pool = EncodingPool(4, processes)
 
     async def run() -> list[bytes]:
-        format_encoders = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
-        assert not any(on_the_loop(encoder) for encoder in format_encoders)  # all on the pool
+        streams = [pool.stream(fmt, rate) for fmt, rate in STREAMS]
+        assert not any(on_the_loop(stream) for stream in streams)  # all on the pool
         if processes:  # shared out: each process has half of the streams
             assert sorted(p.streams for p in pool._processes) == [4, 4]
         return await asyncio.gather(
-            *(encode_all(e, c, []) for e, c in zip(format_encoders, chunks, strict=True))
+            *(encode_all(e, c, []) for e, c in zip(streams, chunks, strict=True))
         )
 
     try:
@@ -95,13 +95,13 @@ def test_chunks_of_each_stream_leave_in_order_under_concurrent_encoding(processe
         assert packets(fmt, data) == packets(fmt, expected), (fmt, rate)
 
 
-def test_a_slow_encoder_slows_only_its_own_stream() -> None:
-    """Stream A's encoder is held (its lock taken, as a call left running by a cancelled caller
+def test_a_slow_stream_slows_only_itself() -> None:
+    """Stream A's writer is held (its lock taken, as a call left running by a cancelled caller
     holds it): A waits with one chunk in the pool and takes no more, while stream B on the
     same 2-thread pool encodes all of its chunks; released, A finishes with its bytes intact."""
     a_chunks = chunked(speechlike(2.0, 1), 1)
     b_chunks = chunked(speechlike(2.0, 2), 2)
-    pool = FormatEncoderPool(2)
+    pool = EncodingPool(2)
 
     async def run() -> tuple[list[int], bytes, bytes]:
         a, b = pool.stream("mp3"), pool.stream("opus")
@@ -126,9 +126,9 @@ def test_a_slow_encoder_slows_only_its_own_stream() -> None:
 
 
 def test_encoding_runs_off_the_event_loop_and_pcm_stays_on_it() -> None:
-    """While a 6 s mp3 chunk encodes, the loop runs and sees the encoder's lock held by the
+    """While a 6 s mp3 chunk encodes, the loop runs and sees the stream's lock held by the
     pool's thread; pcm at the model's rate is converted on the loop, with no thread."""
-    pool = FormatEncoderPool(1)
+    pool = EncodingPool(1)
 
     async def run() -> tuple[bool, int]:
         mp3 = pool.stream("mp3")
@@ -162,7 +162,7 @@ def test_an_encoding_process_that_dies_fails_its_streams_and_is_replaced() -> No
     ``EncodingFailed`` (the response ends as a failed stream does), the other process's stream
     ends whole, and the next stream goes to a new process and ends whole."""
     chunks = chunked(speechlike(2.0, 4), 4)
-    pool = FormatEncoderPool(1, processes=2)
+    pool = EncodingPool(1, processes=2)
 
     async def run() -> tuple[BaseException, bytes, bytes, list[int]]:
         doomed, spared = pool.stream("mp3"), pool.stream("mp3")
@@ -191,7 +191,7 @@ def test_an_abandoned_stream_is_forgotten_and_the_processes_ignore_the_groups_si
     on with the next; SIGTERM and SIGINT (a service manager's, a terminal's, to the whole
     group) leave the process to its serving process, and closing the pool ends it."""
     chunks = chunked(speechlike(1.0, 5), 5)
-    pool = FormatEncoderPool(1, processes=1)
+    pool = EncodingPool(1, processes=1)
     (process,) = pool._processes
 
     async def run() -> bytes:
