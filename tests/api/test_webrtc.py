@@ -126,13 +126,17 @@ async def test_cancel_silences_the_track_within_a_packet_and_the_jitter_buffer(h
                 if isinstance(item, dict) and item["type"] == "cancelled":
                     cancelled = item
                     break
+            answered = time.monotonic() - cancelled_at  # the cancel's round trip
             await asyncio.sleep(1.5)
             last_speech = max(heard.speech())
             assert await metric(http, server, "voicehost_engine_unfinished_requests") == 0
-    # what it says was heard is what the track had sent: the frames this client had, give or
-    # take its jitter buffer and the silence after each talkspurt
+    # what it says was heard is what the track had sent: the frames this client had when it
+    # sent the cancel, give or take its jitter buffer and the silence after each talkspurt, plus
+    # what played while the cancel was on its way (at most its round trip: on a loaded machine
+    # the data channel's message can take longer than a packet)
     played = cancelled["played_seconds"]
-    assert abs(played - frames_at_cancel * PACKET_SECONDS) < 0.4, (played, frames_at_cancel)
+    had = frames_at_cancel * PACKET_SECONDS
+    assert had - 0.4 < played < had + 0.4 + answered, (played, had, answered)
     sent = "".join(f"{SENTENCE} Sentence number {n}. " for n in range(6))
     assert cancelled["heard"]["start"] == 0
     assert sent.startswith(cancelled["heard"]["text"]) and cancelled["heard"]["text"]
