@@ -287,7 +287,7 @@ ERRORS: dict[str, ErrorKind] = _kinds(
         "exists, or a list now would miss voices.",
         SPEECH | VOICE_PATH | VOICE_LISTS | UPLOADS | {"speak_webrtc", "retry_job"},
     ),
-    # --- uploads and cloning (voicehost.cloning, lora_training) ---
+    # --- uploads and cloning (voicehost.cloning and the training pipeline) ---
     (400, "invalid_multipart", "the multipart body is malformed.", UPLOADS),
     (400, "ambiguous_upload", "audio to clone and an adapter, in one upload.", UPLOADS),
     (400, "invalid_transcripts", "transcripts that are not UTF-8 lines of `file|text`.", UPLOADS),
