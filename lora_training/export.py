@@ -66,6 +66,7 @@ def manifest(
     name: str,
     base_model: str,
     prompt_style: str,
+    language: str,
     data: VoiceData,
     history: TrainHistory,
     settings: dict[str, object],
@@ -75,6 +76,7 @@ def manifest(
         "name": name,
         "base_model": base_model,
         "prompt_style": prompt_style,
+        "language": language,
         "data": {
             "minutes": round(data.minutes, 3),
             "clips": data.clips,

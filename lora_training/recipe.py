@@ -64,6 +64,7 @@ class VoiceJob:
     name: str | None = None
     transcripts: Path | None = None
     prompt_style: str = "plain"
+    language: str = "en"  # the voice's (BCP-47): one the base model speaks, in its manifest
     train: TrainSettings = field(default_factory=TrainSettings)
     trim: TrimSettings = field(default_factory=TrimSettings)
     trim_leading_silence: bool = True  # off only to measure what trimming buys
@@ -312,6 +313,7 @@ def train_voice(
         job.name or job.voice_id,
         job.base_model_name,
         job.prompt_style,
+        job.language,
         data,
         history,
         {**asdict(job.train), "drop_repeated_frames": job.drop_repeated_frames},

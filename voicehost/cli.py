@@ -181,12 +181,23 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
+def language_tag(value: str) -> str:
+    """A BCP-47 tag as a command line takes one (``fr``, ``pt-BR``)."""
+    from voicehost.config import LANGUAGE_TAG
+
+    if not LANGUAGE_TAG.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a language tag (en, fr, pt-BR, zh)")
+    return value
+
+
 def cmd_dev_model(args: argparse.Namespace) -> int:
-    from voicehost.model.devmodel import DEV_SEED, ensure_dev_model, fingerprint
+    from voicehost.model.devmodel import DEV_SEED, dev_voices, ensure_dev_model, fingerprint
 
     out = args.out or Settings().dev_dir
-    paths = ensure_dev_model(out, args.seed if args.seed is not None else DEV_SEED)
+    paths = ensure_dev_model(out, args.seed if args.seed is not None else DEV_SEED, args.language)
     print(f"dev model in {paths.root} (weights {fingerprint(paths)})")
+    if args.language is not None:
+        print(f"it speaks {args.language}: voices {', '.join(dev_voices(args.language))}")
     return 0
 
 
@@ -271,7 +282,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from voicehost.cloning.spec import training_spec
     from voicehost.ids import VOICE_ID_PATTERN, is_voice_id
     from voicehost.model.devmodel import ensure_dev_model
-    from voicehost.model.served import served_codec
+    from voicehost.model.served import served_codec, served_languages
 
     if not is_voice_id(args.voice):
         print(f"voicehost train: --voice must match {VOICE_ID_PATTERN.pattern}", file=sys.stderr)
@@ -281,6 +292,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         ensure_dev_model(settings.dev_dir)
     elif not settings.model:
         print("voicehost train: pass --base (or VOICEHOST_MODEL) or --dev", file=sys.stderr)
+        return 2
+    spoken = served_languages(settings)
+    language = args.language or spoken.default
+    if not spoken.speaks(language):
+        message = f"the base model speaks {', '.join(spoken.languages)}, not {language}"
+        print(f"voicehost train: --language: {message}", file=sys.stderr)
         return 2
     job = training_spec(
         settings,
@@ -292,6 +309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         transcripts=args.transcripts,
         codec=args.codec or served_codec(settings),
         prompt_style=args.prompt_style,
+        language=language,
         train=TrainSettings(
             epochs=args.epochs,
             rank=args.rank,
@@ -491,6 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser("dev-model", help="build the dev model (cached)")
     dev.add_argument("--out", type=Path, help="where to build it (default: the dev_dir setting)")
     dev.add_argument("--seed", type=int)
+    dev.add_argument(
+        "--language",
+        type=language_tag,
+        help="the language it speaks, with that language's voice names (default: as built, en)",
+    )
     dev.set_defaults(func=cmd_dev_model)
 
     say = commands.add_parser("say", help="speak text into a file through a running server")
@@ -559,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--dev", action="store_true", help="train on the dev model")
     train.add_argument("--prompt-style", choices=["plain", "named"], default="plain")
+    train.add_argument(
+        "--language", type=language_tag, help="the voice's language (default: the model's first)"
+    )
     train.add_argument("--lead-pad-ms", type=float, default=40.0, help="silence kept before speech")
     train.add_argument(
         "--keep-leading-silence", action="store_true", help="do not trim (for comparisons)"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -15,10 +17,12 @@ from pydantic import (
     StringConstraints,
     field_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from voicehost.ids import is_voice_id
 
+# A BCP-47 language tag as voices and models carry one: a language, then subtags (pt-BR, zh-Hans)
+LANGUAGE_TAG = re.compile(r"[a-z]{2,3}(-[A-Za-z0-9]{2,8})*")
 ORPHEUS_VOICES = ["tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"]
 # OpenAI's voice names onto Orpheus' built-in voices (by OpenAI's own descriptions: the female
 # voices onto female ones, the male onto male), so OpenAI clients speak without a change; cedar
@@ -121,16 +125,37 @@ class Settings(BaseSettings):
         Path("adapters"),
         description=("Voice adapters, one folder per voice: `<dir>/<voice_id>/` (`--adapters`)."),
     )
-    builtin_voices: list[str] = Field(
-        default_factory=lambda: list(ORPHEUS_VOICES),
+    builtin_voices: list[str] | None = Field(
+        None,
         description=(
-            'Voices of the base model, spoken by the prompt prefix `"{voice}: "`, no adapter.'
+            'Voices of the base model, spoken by the prompt prefix `"{voice}: "`, no adapter '
+            "(a JSON list). Unset: the model's own (its `voicehost.json`, else the voices of "
+            "Canopy Labs' finetune of each language it speaks)."
         ),
         json_schema_extra={
             "default_doc": (
-                "Orpheus' 8 voices (`tara`, `leah`, `jess`, `leo`, `dan`, `mia`, `zac`, `zoe`)"
+                "the model's: Orpheus' 8 voices for English (`tara`, `leah`, `jess`, `leo`, "
+                "`dan`, `mia`, `zac`, `zoe`); `pierre`, `amelie`, `marie` for French; `jana`, "
+                "`thomas`, `max` for German; `javi`, `sergio`, `maria` and `pietro`, `giulia`, "
+                "`carlo` for Spanish and Italian"
             )
         },
+    )
+    languages: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        description=(
+            "The languages the base model speaks, BCP-47 tags (a JSON list, or `fr,de`); the "
+            "first is a new voice's. Unset: the model's metadata (`voicehost.json`, its model "
+            "card's `language:`), Canopy Labs' checkpoint name (`3b-fr-ft-...`), else `en`."
+        ),
+        json_schema_extra={"default_doc": "the model's own, else `en`"},
+    )
+    voice_languages: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            'Each built-in voice\'s language where the model speaks several, `{"voice": "it"}` '
+            "(unset ones: the known voices' own, else the model's first language)."
+        ),
     )
     adapter_scan_seconds: float = Field(
         2.0, description="How often the adapter folders are rescanned."
@@ -898,6 +923,26 @@ class Settings(BaseSettings):
         if address is not None:
             ipaddress.ip_address(address)  # ValueError: not an IP address
         return address
+
+    @field_validator("languages", mode="before")
+    @classmethod
+    def _language_list(cls, value: object) -> object:
+        if isinstance(value, str):  # `fr,de` or a JSON list
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("languages", "voice_languages")
+    @classmethod
+    def _language_tags(cls, value: list[str] | dict[str, str] | None) -> object:
+        tags = list(value.values()) if isinstance(value, dict) else list(value or [])
+        for tag in tags:
+            if not LANGUAGE_TAG.fullmatch(tag):
+                raise ValueError(f"{tag!r} is not a language tag (BCP-47: en, fr, pt-BR, zh)")
+        if isinstance(value, list) and not value:
+            raise ValueError("name at least one language (or leave it unset)")
+        return value
 
     @field_validator("voice_aliases")
     @classmethod

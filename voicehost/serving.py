@@ -28,7 +28,14 @@ from voicehost.metrics import SpeechMetrics
 from voicehost.model.codec import DecodeScheduler, SnacCodec
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 from voicehost.model.engine import SpeechEngine
-from voicehost.model.served import adapter_roots, check_segments_fit, served_codec, served_model
+from voicehost.model.served import (
+    adapter_roots,
+    adapter_rules,
+    check_segments_fit,
+    served_codec,
+    served_languages,
+    served_model,
+)
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
 from voicehost.speech.board import LocalBoard
@@ -39,7 +46,7 @@ from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
 from voicehost.tenancy.lexicons import FolderLexicons, LexiconLimits, LexiconStore
 from voicehost.tenancy.usage import FileUsageStore, UsageLedger, UsageStore
 from voicehost.voices.folders import FolderVoiceDirectory
-from voicehost.voices.validation import MANIFEST, AdapterRules, ModelShape, read_json_object
+from voicehost.voices.validation import MANIFEST, AdapterRules, read_json_object
 from voicehost.voices.voice import VoiceDirectory, VoiceExists
 
 if TYPE_CHECKING:
@@ -150,12 +157,13 @@ class ServingProcess:
         queue: JobQueue | None = None
         self.audit: AuditTrail
         usage: UsageStore
-        rules = AdapterRules.from_settings(settings, served_model(settings))  # shape: at load
+        rules = adapter_rules(settings)  # the dev model's shape: once it is built, at load
+        self.languages = served_languages(settings)
         if cluster is None:
             self.audit = FileAuditTrail(settings.audit_file())
             usage = FileUsageStore(settings.usage_file())
             self.folder_voices: FolderVoiceDirectory | None = FolderVoiceDirectory(
-                adapter_roots(settings), settings.builtin_voices, rules
+                adapter_roots(settings), self.languages.voices, rules
             )
             self.voices = self.folder_voices
             jobs_dir, runner = settings.jobs_dir, "local"
@@ -164,7 +172,7 @@ class ServingProcess:
             )
         else:
             self.folder_voices = None
-            self.voices = cluster.voice_directory(settings.builtin_voices, rules)
+            self.voices = cluster.voice_directory(self.languages.voices, rules)
             jobs_dir, runner = settings.shared_dir / "jobs", cluster.worker_id
             queue = cluster.job_queue()
             self.audit, usage = cluster.audit_trail(), cluster.usage_store()
@@ -411,10 +419,8 @@ class ServingProcess:
         if await asyncio.to_thread(is_missing_folder, model):
             # said at once, not after vLLM's import and its search of a hub it cannot reach
             raise FileNotFoundError(f"the model folder {model} does not exist")
-        config = Path(model) / "config.json"
-        if config.is_file():
-            shape = ModelShape.from_config(config)
-            self.voices.rules = AdapterRules.from_settings(s, model, shape)
+        self.voices.rules = await asyncio.to_thread(adapter_rules, s, model)
+        log.info("the model speaks %s (%s)", self.languages.describe(), self.languages.source)
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)
         # The engine first, so that vLLM's workers start before this process touches CUDA.

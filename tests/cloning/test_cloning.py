@@ -272,3 +272,43 @@ async def test_job_state_survives_a_restart(tmp_path, dev_model):
     restarted.recover()
     assert restarted.get(job_id).status == "queued"
     assert (tmp_path / "jobs" / job_id / "spec.json").exists()
+
+
+async def test_a_voice_speaks_a_language_of_the_model_and_says_which(
+    http, server, dev_model, corpus
+):
+    """The shared dev model speaks English: every voice is listed with its language, the
+    models list theirs; an adapter or a clone asked for in French is 400
+    ``unsupported_language`` and leaves no voice and no job; asked for in English, the adapter's
+    manifest says so."""
+    async with http.get(server.url + "/v1/models") as r:
+        assert {m["id"]: m["languages"] for m in (await r.json())["data"]}["orpheus"] == ["en"]
+    async with http.get(server.url + "/v1/audio/voices") as r:
+        voices = {v["id"]: v for v in (await r.json())["voices"]}
+    assert voices["tara"]["language"] == "en" and voices["dev-a"]["language"] == "en"
+    jobs = server.adapters.parent / "jobs"
+
+    def job_folders() -> set[str]:
+        return {job.name for job in jobs.iterdir()} if jobs.exists() else set()
+
+    jobs_before = job_folders()
+    form = adapter_form(dev_model, "fr-voice")
+    form.add_field("language", "fr")
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 400 and await error_code(r) == "unsupported_language"
+        assert "speaks en" in (await r.json())["error"]["message"]
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Voix")
+    form.add_field("language", "fr")
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 400 and await error_code(r) == "unsupported_language"
+    assert job_folders() == jobs_before
+    form = adapter_form(dev_model, "en-voice")
+    form.add_field("language", "en")
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 201, await r.text()
+        voice = (await r.json())["voice"]
+    assert voice["language"] == "en" and voice["manifest"]["language"] == "en"
+    async with http.delete(server.url + "/v1/voices/en-voice") as r:
+        assert r.status == 204
+    async with http.get(server.url + "/v1/voices/fr-voice") as r:
+        assert r.status == 404

@@ -307,6 +307,12 @@ ERRORS: dict[str, ErrorKind] = _kinds(
         UPLOADS,
     ),
     (400, "invalid_consent", "a consent record or recording that is not valid.", UPLOADS),
+    (
+        400,
+        "unsupported_language",
+        "a language the base model does not speak (`GET /v1/models` lists its own).",
+        UPLOADS,
+    ),
     (413, "upload_too_large", "over `VOICEHOST_MAX_UPLOAD_MB`, or too many files.", UPLOADS),
     (413, "audio_too_long", "more audio than `VOICEHOST_MAX_UPLOAD_MINUTES`.", UPLOADS),
     (413, "adapter_too_large", "an adapter over `VOICEHOST_MAX_ADAPTER_MB`.", UPLOADS),

@@ -30,6 +30,9 @@ class ModelInfo(BaseModel):
     # Unix seconds, not ISO: OpenAI's shape, which its clients parse
     created: int = Field(description="Unix time: when this server started.")
     owned_by: str = "voicehost"
+    languages: list[str] = Field(
+        description="The languages the served model speaks (BCP-47), each voice one of them."
+    )
 
 
 class ModelList(BaseModel):
@@ -56,16 +59,22 @@ def model_names(settings: Settings) -> list[str]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    names = model_names(request.app[SERVICE].settings)
-    listing = ModelList(data=[ModelInfo(id=name, created=STARTED) for name in names])
+    service = request.app[SERVICE]
+    languages = list(service.voices.rules.languages)
+    names = model_names(service.settings)
+    listing = ModelList(
+        data=[ModelInfo(id=name, created=STARTED, languages=languages) for name in names]
+    )
     return web.json_response(listing.model_dump())
 
 
 async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
-    if name not in model_names(request.app[SERVICE].settings):
+    service = request.app[SERVICE]
+    if name not in model_names(service.settings):
         raise ApiError("model_not_found", f"model {name!r} does not exist; see GET /v1/models")
-    return web.json_response(ModelInfo(id=name, created=STARTED).model_dump())
+    languages = list(service.voices.rules.languages)
+    return web.json_response(ModelInfo(id=name, created=STARTED, languages=languages).model_dump())
 
 
 # --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---

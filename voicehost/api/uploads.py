@@ -45,6 +45,7 @@ from voicehost.cloning.intake import (
 )
 from voicehost.cloning.jobs import JobInProgress
 from voicehost.ids import checked_voice_id
+from voicehost.model.languages import check_language
 from voicehost.tenancy.keys import owner_tenant
 from voicehost.voices.validation import (
     MANIFEST,
@@ -194,6 +195,7 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             voice_id = version_of
             promote = _form_flag(upload.fields, "promote", True)
             await _ensure_no_job(service, voice_id)
+        language = await _language(service, upload.fields, version_of)
         adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
         if adapter and upload.files.get("audio"):
             raise ApiError(
@@ -231,7 +233,12 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
         raise
     name = upload.fields.get("name") or voice_id
     clone = CloneRequest(
-        voice_id, name, tenant, new_version=version_of is not None, promote=promote
+        voice_id,
+        name,
+        tenant,
+        new_version=version_of is not None,
+        promote=promote,
+        language=language,
     )
     try:
         job = await queue_clone(service.jobs, settings, job_id, clone)
@@ -244,6 +251,19 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
         status=202,
         headers={"Location": f"/v1/jobs/{job.id}"},
     )
+
+
+async def _language(service: VoiceService, fields: dict[str, str], version_of: str | None) -> str:
+    """The language a clone is trained in: the form's ``language`` (one the base model speaks),
+    else a new version's voice's, else the model's first."""
+    spoken = service.voices.rules.languages
+    if "language" in fields:
+        return check_language(fields["language"], spoken)
+    if version_of is not None:
+        manifest = await service.voices.manifest(version_of) or {}
+        if isinstance(manifest.get("language"), str):
+            return manifest["language"]
+    return spoken[0]
 
 
 def _form_flag(fields: dict[str, str], name: str, default: bool) -> bool:
@@ -330,6 +350,8 @@ async def _register_adapter(
         "voice_id": voice_id,
         "name": fields.get("name") or manifest.get("name") or voice_id,
     }
+    if "language" in fields:  # checked; else the uploaded voice.json's, else the model's first
+        manifest["language"] = fields["language"]
     if consent_record is not None:
         manifest[consent.CONSENT] = consent_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -371,6 +393,12 @@ def _operations() -> dict[str, Json]:
     naming = {
         "name": {"type": "string"},
         "voice_id": {"type": "string", "description": "Default: the name, slugged."},
+        "language": {
+            "type": "string",
+            "description": "The language the voice speaks (BCP-47), one the base model speaks "
+            "(`GET /v1/models`; else 400 `unsupported_language`). Default: a new version's "
+            "voice's, else the model's first.",
+        },
     }
     consenting = {
         "consent": {

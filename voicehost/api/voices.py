@@ -48,6 +48,10 @@ class VoiceInfo(BaseModel):
     id: str
     name: str
     kind: Literal["builtin", "adapter"]
+    language: str | None = Field(
+        description="The language it speaks (BCP-47); a request's text is read in it. None for "
+        "an unusable adapter."
+    )
     status: Literal["ready", "held", "error"] = "ready"
     error: str | None = None
     aliases: list[str] | None = Field(
@@ -102,6 +106,7 @@ class VoiceDetail(BaseModel):
     id: str
     name: str
     kind: Literal["builtin", "adapter"]
+    language: str = Field(description="The language it speaks (BCP-47).")
     manifest: dict[str, object] = Field(default_factory=dict)
 
 
@@ -207,11 +212,15 @@ async def voice_detail(
         raise VoiceNotFound(voice_id)
     builtin = service.voices.builtin.get(voice_id)
     if builtin is not None and not manifest:
-        return VoiceDetail(id=voice_id, name=builtin.name, kind="builtin", manifest={})
+        language = builtin.language
+        return VoiceDetail(
+            id=voice_id, name=builtin.name, kind="builtin", language=language, manifest={}
+        )
     name = str(manifest.get("name") or voice_id)
     manageable = can_manage(principal, voice_tenant(manifest))
     visible = _visible_manifest(manifest, manageable)
-    return VoiceDetail(id=voice_id, name=name, kind="adapter", manifest=visible)
+    language = str(manifest.get("language") or service.voices.rules.languages[0])
+    return VoiceDetail(id=voice_id, name=name, kind="adapter", language=language, manifest=visible)
 
 
 async def voice_infos(
@@ -237,13 +246,21 @@ async def voice_infos(
             id=v.voice_id,
             name=v.name,
             kind="builtin" if v.voice_id in directory.builtin else "adapter",
+            language=v.language,
             status=v.status,
             aliases=sorted(named[v.voice_id]) if v.voice_id in named else None,
         )
         for v in usable
     ]
     voices += [
-        VoiceInfo(id=b.voice_id, name=b.voice_id, kind="adapter", status="error", error=b.error)
+        VoiceInfo(
+            id=b.voice_id,
+            name=b.voice_id,
+            kind="adapter",
+            language=None,
+            status="error",
+            error=b.error,
+        )
         for b in broken
     ]
     return voices

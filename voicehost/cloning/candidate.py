@@ -33,7 +33,7 @@ from voicehost.cloning.evaluation import (
     gate,
 )
 from voicehost.config import Settings
-from voicehost.model.served import served_model
+from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.synthesis import SpeakOptions, Synthesizer
 from voicehost.text.segment import Segment
 from voicehost.text.stage import TextStage
@@ -41,11 +41,11 @@ from voicehost.voices.validation import (
     MANIFEST,
     STATUS,
     AdapterRules,
-    ModelShape,
     read_json_object,
     validate_adapter,
     write_manifest,
 )
+from voicehost.voices.versioning import builtin_voices
 from voicehost.voices.voice import Voice, VoiceDirectory, VoiceStatus
 
 BASELINES = 3  # built-in voices tried as the baseline: each costs one sentence to rank
@@ -139,8 +139,8 @@ async def evaluate_candidate(
     engine warms up."""
     if isinstance(speaker, Synthesizer):
         synthesizer = speaker
-        rules = await asyncio.to_thread(_rules, settings)
-        builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in settings.builtin_voices}
+        rules = await asyncio.to_thread(adapter_rules, settings)
+        builtin = builtin_voices(served_languages(settings).voices)
     else:
         synthesizer = speaker.require_synthesizer()
         rules, builtin = speaker.voices.rules, dict(speaker.voices.builtin)
@@ -197,15 +197,6 @@ def _candidate(folder: Path, rules: AdapterRules, voice_id: str | None) -> Voice
         named = manifest.get("voice_id")
         voice_id = named if isinstance(named, str) and named else folder.name
     return validate_adapter(folder, rules, voice_id)
-
-
-def _rules(settings: Settings) -> AdapterRules:
-    """The served engine's adapter rules, with the model's shapes when its config is at hand."""
-    served = served_model(settings)
-    config = Path(served) / "config.json"
-    return AdapterRules.from_settings(
-        settings, served, ModelShape.from_config(config) if config.is_file() else None
-    )
 
 
 async def _each(segments: Sequence[Segment]) -> AsyncIterator[Segment]:

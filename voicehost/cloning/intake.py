@@ -78,6 +78,7 @@ class CloneRequest:
     tenant: str | None
     new_version: bool = False
     promote: bool = True
+    language: str = "en"  # one the base model speaks (the upload's ``language``, else its first)
 
 
 def check_audio(files: list[Path], inputs: Path, settings: Settings) -> float:
@@ -199,6 +200,7 @@ async def queue_clone(
         jobs.output_dir(job_id),
         inputs.parent / "work",
         name=request.name,
+        language=request.language,
         replace_existing=False,
     )
     return await jobs.submit(

@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
@@ -67,11 +66,10 @@ from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.ids import split_voice_ref, voice_ref
 from voicehost.metrics import SpeechMetrics
-from voicehost.model.served import served_model
+from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.validation import AdapterRules, ModelShape
 from voicehost.voices.voice import Voice
 
 # --- its wire models ---
@@ -124,13 +122,11 @@ class Gateway:
             self.redis, settings.membership_poll_seconds, settings.worker_ttl_seconds
         )
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
-        served = served_model(settings)
-        config = Path(served) / "config.json"
-        shape = ModelShape.from_config(config) if config.is_file() else None
-        rules = AdapterRules.from_settings(settings, served, shape)
+        rules = adapter_rules(settings)
         store = SharedDirStore(settings.shared_dir)
+        self.languages = served_languages(settings)
         self.voices = RedisVoiceDirectory(
-            self.redis, store, settings.builtin_voices, rules, owner="gateway"
+            self.redis, store, self.languages.voices, rules, owner="gateway"
         )
         queue = RedisJobQueue(self.redis, "gateway")
         self.metrics.watch_registry(self.voices.missing)

@@ -18,7 +18,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
@@ -81,6 +81,7 @@ FORWARDED_FIELDS = (
     "tenant",
     "status",
     "version",
+    "language",
 )
 LISTED = ("ready", "held")  # the statuses of a registered voice (not a claim being published)
 # Publish a held version (KEYS[1]): its status and manifest change together, once (the status is
@@ -143,7 +144,7 @@ class RedisVoiceDirectory:
         self,
         redis: Redis,
         store: AdapterStore,
-        builtin: Iterable[str],
+        builtin: Mapping[str, str] | Iterable[str],
         rules: AdapterRules,
         cache: AdapterCache | None = None,
         owner: str = "local",
@@ -153,7 +154,7 @@ class RedisVoiceDirectory:
         self.cache = cache
         self.rules = rules
         self.owner = owner
-        self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
+        self.builtin = versioning.builtin_voices(builtin)
         self._records: dict[str, dict[str, str]] = {}  # last seen, for when Redis is down
         self._ready: dict[tuple[str, str], Voice] = {}  # (voice_id, checksum) -> validated voice
         self._broken: dict[str, str] = {}
@@ -336,6 +337,7 @@ class RedisVoiceDirectory:
             "created": now_iso(),
             "manifest": manifest,
             "status": voice.status,  # its voice.json's: a held clone stays held in the cluster
+            "language": voice.language,
         }
 
     async def _complete(self, versions: list[tuple[Voice, str, str]], live: str) -> None:
@@ -678,4 +680,5 @@ def _record_voice(record: dict[str, str]) -> Voice:
         record.get("tenant") or None,
         record["status"],  # type: ignore[arg-type]
         int(record.get("version") or 1),
+        record.get("language") or "en",  # a record from before languages: English
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voicehost.model import orpheus
+from voicehost.model.languages import DEFAULT_LANGUAGE, KNOWN_VOICES, METADATA
 from voicehost.voices.validation import servable_lora_config
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,26 @@ def _stamp(seed: int) -> dict[str, int]:
     return {"format_version": FORMAT_VERSION, "seed": seed}
 
 
-def ensure_dev_model(root: Path, seed: int = DEV_SEED) -> DevModelPaths:
-    """Build the dev model under ``root`` unless an identical build is already there.
+def dev_voices(language: str) -> dict[str, str]:
+    """The built-in voices a dev model of ``language`` answers to: the voices of Canopy Labs'
+    finetune of it where they are known (``pierre``, ``amelie``, ``marie`` in French), else
+    two of its own (``ko-a``, ``ko-b``)."""
+    names = KNOWN_VOICES.get(language) or (f"{language.lower()}-a", f"{language.lower()}-b")
+    return dict.fromkeys(names, language)
+
+
+def write_languages(paths: DevModelPaths, language: str) -> None:
+    """Say in the dev model's folder what it speaks (``voicehost.model.languages``): the model
+    is the same random one in every language; its metadata makes it one language's."""
+    metadata = {"languages": [language], "voices": dev_voices(language)}
+    (paths.model / METADATA).write_text(json.dumps(metadata, ensure_ascii=False, indent=2))
+
+
+def ensure_dev_model(
+    root: Path, seed: int = DEV_SEED, language: str | None = None
+) -> DevModelPaths:
+    """Build the dev model under ``root`` unless an identical build is already there, speaking
+    ``language`` (``None``: the one it was built with, English for a new build).
 
     Safe to call from several processes at once: one builds, the others wait for it.
     """
@@ -103,6 +122,8 @@ def ensure_dev_model(root: Path, seed: int = DEV_SEED) -> DevModelPaths:
     with (root.parent / f"{root.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if paths.stamp.exists() and json.loads(paths.stamp.read_text()) == _stamp(seed):
+            if language is not None:
+                write_languages(paths, language)
             return paths
         log.info("building the dev model in %s (seed %d)", root, seed)
         staging = root.with_name(root.name + ".building")
@@ -115,6 +136,7 @@ def ensure_dev_model(root: Path, seed: int = DEV_SEED) -> DevModelPaths:
             build_voice_adapter(
                 staged.model, staged.adapters / voice_id, voice_id, seed + 1 + index
             )
+        write_languages(staged, language or DEFAULT_LANGUAGE)
         staged.stamp.write_text(json.dumps(_stamp(seed)))
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)

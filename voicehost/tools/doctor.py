@@ -23,7 +23,13 @@ import numpy as np
 
 from voicehost.config import Settings
 from voicehost.model import orpheus
-from voicehost.model.served import adapter_roots, served_codec, served_model
+from voicehost.model.served import (
+    adapter_roots,
+    adapter_rules,
+    served_codec,
+    served_languages,
+    served_model,
+)
 
 LAST_AUDIO_TOKEN = orpheus.AUDIO_TOKEN_BASE + orpheus.TOKENS_PER_FRAME * orpheus.CODEBOOK_SIZE - 1
 TEST_SENTENCE = "This is voicehost, checking that every voice speaks."
@@ -193,17 +199,9 @@ def codec_round_trip(settings: Settings) -> list[Check]:
 
 
 def adapters(settings: Settings) -> list[Check]:
-    from voicehost.voices.validation import (
-        AdapterRules,
-        InvalidAdapter,
-        ModelShape,
-        validate_adapter,
-    )
+    from voicehost.voices.validation import InvalidAdapter, validate_adapter
 
-    served = served_model(settings)
-    model = Path(served)
-    shape = ModelShape.from_config(model / "config.json") if model.is_dir() else None
-    rules = AdapterRules.from_settings(settings, served, shape)
+    rules = adapter_rules(settings)
     rows = []
     for root in adapter_roots(settings):
         folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
@@ -287,12 +285,20 @@ async def _speak(http, url: str, voice: str) -> Check:  # noqa: ANN001 - aiohttp
     )
 
 
+def languages(settings: Settings) -> list[Check]:
+    """What the model speaks and its built-in voices, and where that was read."""
+    spoken = served_languages(settings)
+    return [Check("languages", True, f"{spoken.describe()}, from {spoken.source}")]
+
+
 def local_checks(settings: Settings) -> list[Check]:
-    """Everything that needs no server: versions, GPU, model files, codec, adapters."""
+    """Everything that needs no server: versions, GPU, model files, languages, codec,
+    adapters."""
     return [
         *guarded("versions", versions),
         *guarded("gpu", lambda: gpu_and_engine(settings)),
         *guarded("model", lambda: model_files(settings)),
+        *guarded("languages", lambda: languages(settings)),
         *guarded("codec", lambda: codec_round_trip(settings)),
         *guarded("adapters", lambda: adapters(settings)),
     ]

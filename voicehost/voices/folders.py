@@ -22,7 +22,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -131,10 +131,12 @@ class FolderVoiceDirectory:
     folder that appeared since the last scan.
     """
 
-    def __init__(self, roots: Iterable[Path], builtin: Iterable[str], rules: AdapterRules) -> None:
+    def __init__(
+        self, roots: Iterable[Path], builtin: Mapping[str, str] | Iterable[str], rules: AdapterRules
+    ) -> None:
         self.roots = list(roots)
         self.rules = rules
-        self.builtin = {v: Voice(voice_id=v, name=v.capitalize()) for v in builtin}
+        self.builtin = versioning.builtin_voices(builtin)
         self.adapters: dict[str, Voice] = {}  # each voice's live version
         self._versions: dict[str, dict[int, Voice | str]] = {}  # every version, or its error
         self._live: dict[str, int] = {}

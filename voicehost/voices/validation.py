@@ -106,6 +106,18 @@ class AdapterRules:
     max_rank: int
     shape: ModelShape | None = None
     aliases: tuple[str, ...] = ()
+    languages: tuple[str, ...] = ("en",)  # the base model's; the first is an adapter's default
+
+    def language_of(self, manifest: dict) -> str:
+        """The language an adapter's manifest says its voice speaks (``language``), one of the
+        base model's; the model's first if it says none."""
+        language = manifest.get("language", self.languages[0])
+        if language not in self.languages:
+            raise InvalidAdapter(
+                f"{MANIFEST}: the voice speaks {language!r}; the base model "
+                f"{self.base_model!r} speaks {', '.join(self.languages)}"
+            )
+        return str(language)
 
     def accepts_base(self, declared: str) -> bool:
         """Whether ``declared`` names the served model: the last part of a path or hub id,
@@ -117,14 +129,19 @@ class AdapterRules:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, served: str, shape: ModelShape | None = None
+        cls,
+        settings: Settings,
+        served: str,
+        shape: ModelShape | None = None,
+        languages: tuple[str, ...] = ("en",),
     ) -> AdapterRules:
         """What adapters must be to be served: the served model (``served``, the weights the
         engine loads: ``voicehost.model.served.served_model``) by its configured name, path or
-        hub id, at most ``max_lora_rank``, and ``shape``'s projection sizes if known."""
+        hub id, at most ``max_lora_rank``, ``shape``'s projection sizes if known, and a voice in
+        one of the model's ``languages`` (``voicehost.model.languages``)."""
         name = settings.served_base_name()
         aliases = (served,) if served != name else ()
-        return cls(name, settings.max_lora_rank, shape, aliases)
+        return cls(name, settings.max_lora_rank, shape, aliases, languages)
 
 
 def _last_part(name: str) -> str:
@@ -159,6 +176,7 @@ def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = Non
     if manifest.get(STATUS, "ready") not in STATUSES:  # a typo must not make a held voice ready
         raise InvalidAdapter(f"{MANIFEST}: status must be one of {', '.join(STATUSES)}")
     _check_config(config, manifest, rules)
+    language = rules.language_of(manifest)
     rank = int(config["r"])
     _check_weights(weights_path, rank, rules.shape)
     return Voice(
@@ -169,6 +187,7 @@ def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = Non
         checksum=weights_checksum(path),
         tenant=tenant,
         status=manifest.get(STATUS, "ready"),
+        language=language,
     )
 
 

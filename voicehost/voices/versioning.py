@@ -17,7 +17,7 @@ messages are written here, once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from voicehost.ids import now_iso
 from voicehost.voices.validation import PROMOTED, STATUS, VERSION, voice_status, with_tenant
@@ -140,6 +140,16 @@ def listed_version(
 
 
 # --- built-in voices ------------------------------------------------------------------------
+
+
+def builtin_voices(builtin: Mapping[str, str] | Iterable[str]) -> dict[str, Voice]:
+    """The base model's voices by name: ``{name: language}`` (``voicehost.model.languages``),
+    or names alone (English)."""
+    languages = builtin if isinstance(builtin, Mapping) else dict.fromkeys(builtin, "en")
+    return {
+        name: Voice(voice_id=name, name=name.capitalize(), language=language)
+        for name, language in languages.items()
+    }
 
 
 def builtin_version(voice: Voice, version: int | None) -> Voice | None:

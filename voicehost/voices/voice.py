@@ -128,6 +128,7 @@ class Voice:
     tenant: str | None = None  # whose voice it is; None: shared with every tenant
     status: VoiceStatus = "ready"
     version: int = 1  # which of the voice's versions this is
+    language: str = "en"  # the one it speaks (BCP-47): a request's language is its voice's
 
     def prompt_name(self) -> str | None:
         """The speaker name put before the text, or ``None`` for a plain prompt."""
