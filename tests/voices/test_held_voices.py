@@ -12,7 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from voicehost.api.edge import ApiError, find_voice
+from voicehost.api.edge import find_voice
+from voicehost.api.errors import kind_of
 from voicehost.api.voices import voice_infos
 from voicehost.tenancy.keys import Principal, can_see
 from voicehost.voices.folders import FolderVoiceDirectory
@@ -24,7 +25,7 @@ from voicehost.voices.validation import (
     validate_adapter,
     weights_checksum,
 )
-from voicehost.voices.voice import NotHeld
+from voicehost.voices.voice import NotHeld, VoiceNotFound
 
 A = Principal("key-a", "A", frozenset({"synthesize", "voices"}))
 B = Principal("key-b", "B", frozenset({"synthesize", "voices"}))
@@ -58,8 +59,8 @@ def folder_directory(dev_model, rules, tmp_path):
 async def usable(directory, principal, voice_id) -> bool:
     try:
         await find_voice(directory, voice_id, principal)
-    except ApiError as exc:
-        assert (exc.status, exc.code) == (404, "voice_not_found")
+    except VoiceNotFound as exc:
+        assert (kind_of(exc).status, exc.code) == (404, "voice_not_found")
         return False
     return True
 
