@@ -31,6 +31,7 @@ def test_doctor_passes_on_the_dev_model(tmp_path, dev_model, no_adapters, capsys
     assert "kv cache auto" in rows["engine"]["detail"]  # the model's dtype on this CPU
     assert "constrained sampling on" in rows["engine"]["detail"]
     assert {"adapter dev-a", "adapter dev-b", "adapter dev-c"} <= set(rows)
+    assert rows["languages"]["detail"].startswith("en (tara, leah, jess, leo, dan, mia, zac, zoe)")
     printed = capsys.readouterr().out
     assert "special tokens" in printed and "FAIL" not in printed
 
