@@ -21,6 +21,7 @@ import pytest
 from helpers import adapter_form
 
 from voicehost.ids import now_iso
+from voicehost.model.languages import same_language
 from voicehost.tenancy.lexicons import (
     MAX_PLS_DEPTH,
     EntryTooLong,
@@ -31,7 +32,9 @@ from voicehost.tenancy.lexicons import (
     TooManyLexicons,
     UnsafeLexicon,
     checked_entries,
+    checked_language,
     parse_pls,
+    pls_language,
 )
 from voicehost.text.lexicon import Lexicon, LexiconEntry, Rewriter, SpokenSegmenter
 from voicehost.text.segment import Segment
@@ -264,6 +267,27 @@ async def test_a_lexicon_is_stored_with_an_iso_time_and_one_stored_in_unix_secon
         assert (await store.get("acme", name)).updated == "2024-12-01T14:03:11.500000+00:00"
 
 
+@pytest.mark.unit
+async def test_a_lexicon_has_a_language_from_its_upload_and_an_old_one_is_english(tmp_path):
+    store = FolderLexicons(tmp_path, LIMITS)
+    await store.put("acme", "fr", [E("SNCF", "esse enne cé effe")], "fr")
+    assert (await store.get("acme", "fr")).language == "fr"
+    await store.put("acme", "plain", [E("a", "b")])
+    assert (await store.get("acme", "plain")).language == "en"
+    entries = [{"grapheme": "a", "alias": "b", "case_sensitive": False}]
+    old = {"name": "old", "updated": now_iso(), "entries": entries}  # before languages
+    store.path("acme", "old").write_text(json.dumps(old))
+    assert (await store.get("acme", "old")).language == "en"
+    assert pls_language((PLS_HEAD + "</lexicon>").encode()) == "en-US"
+    french = PLS_HEAD.replace('xml:lang="en-US"', 'xml:lang="fr"') + "</lexicon>"
+    assert pls_language(french.encode()) == "fr"
+    assert pls_language(b"<lexicon/>") is None and pls_language(b"not xml") is None
+    assert checked_language("pt-BR") == "pt-BR"
+    with pytest.raises(LexiconError):
+        checked_language("French")
+    assert same_language("en-US", "en") and not same_language("fr", "en")
+
+
 # --- against the shared dev server -----------------------------------------------------------
 
 
@@ -341,6 +365,35 @@ async def test_a_lexicon_changes_what_is_said_over_http_and_by_a_voices_manifest
         assert response.status == 404
     async with http.delete(server.url + "/v1/voices/lexical") as response:
         assert response.status == 204
+
+
+async def test_a_lexicon_applies_to_the_voices_of_its_language(http, server, dev_model):
+    """The shared dev model speaks English: a French lexicon named for an English voice is 400
+    ``lexicon_language_mismatch``; as a voice's default it is left out, and the voice speaks."""
+    french = {"language": "fr", "entries": [{"grapheme": "Kubernetes", "alias": "kubes"}]}
+    status, saved = await put(http, server, "fr-tech", french)
+    assert status == 201 and saved["lexicon"]["language"] == "fr"
+    async with http.get(server.url + "/v1/lexicons/fr-tech") as response:
+        assert (await response.json())["lexicon"]["language"] == "fr"
+    body = {"input": "Kubernetes.", "voice": "dev-a", "lexicons": ["fr-tech"]}
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error["code"] == "lexicon_language_mismatch" and "speaks en" in error["message"]
+    status, refused = await put(http, server, "bad", {"language": "French", "entries": []})
+    assert (status, refused["error"]["code"]) == (400, "invalid_lexicon")
+    form = adapter_form(dev_model, "franglais")  # its default lexicon is French: left out
+    form.add_field("voice", json.dumps({"lexicon": "fr-tech"}).encode(), filename="voice.json")
+    async with http.post(server.url + "/v1/voices", data=form) as response:
+        assert response.status == 201, await response.text()
+    said, rewritten = await asyncio.gather(
+        speak(http, server, "Kubernetes.", voice="franglais"),
+        speak(http, server, "kubes.", voice="franglais"),  # what the lexicon would have said
+    )
+    assert not same_audio(said, rewritten)
+    for path in ("/v1/voices/franglais", "/v1/lexicons/fr-tech"):
+        async with http.delete(server.url + path) as response:
+            assert response.status == 204
 
 
 async def test_a_lexicon_on_the_realtime_socket_is_said_with_spans_in_the_clients_text(

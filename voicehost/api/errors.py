@@ -346,7 +346,13 @@ ERRORS: dict[str, ErrorKind] = _kinds(
         "no lexicon of that name in the caller's tenant.",
         LEXICON_PATH | SPEECH,
     ),
-    (400, "invalid_lexicon", "not a lexicon.", {"put_lexicon"}),
+    (
+        400,
+        "lexicon_language_mismatch",
+        "a lexicon named for a voice of another language (a lexicon applies to its language's).",
+        SPEECH,
+    ),
+    (400, "invalid_lexicon", "not a lexicon (or its language not a BCP-47 tag).", {"put_lexicon"}),
     (
         400,
         "unsafe_lexicon",

@@ -22,15 +22,19 @@ from voicehost.api.edge import (
     validated,
 )
 from voicehost.api.openapi import Json, Models, json_body, operation, ref, wrapped
+from voicehost.model.languages import DEFAULT_LANGUAGE, same_language
 from voicehost.tenancy.keys import Principal, owner_tenant
 from voicehost.tenancy.lexicons import (
+    LexiconError,
     LexiconNotFound,
     LexiconTooLarge,
     StoredLexicon,
     checked_entries,
+    checked_language,
     checked_name,
     is_lexicon_name,
     parse_pls,
+    pls_language,
 )
 from voicehost.text.lexicon import Lexicon, LexiconEntry
 from voicehost.voices.voice import Voice
@@ -55,11 +59,17 @@ class LexiconUpload(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    language: StrictStr = Field(
+        DEFAULT_LANGUAGE,
+        description="The language of the voices it applies to (BCP-47; a PLS document's "
+        "`xml:lang`).",
+    )
     entries: list[PronunciationEntry]
 
 
 class LexiconInfo(BaseModel):
     name: str
+    language: str = Field(description="The language of the voices it applies to (BCP-47).")
     entries: int = Field(description="How many entries it holds.")
     updated: str = Field(description="When it was last put: UTC, ISO 8601.")
 
@@ -78,6 +88,7 @@ class LexiconList(BaseModel):
 
 class LexiconDetail(BaseModel):
     name: str
+    language: str = Field(description="The language of the voices it applies to (BCP-47).")
     entries: list[PronunciationEntry]
     updated: str = Field(description="When it was last put: UTC, ISO 8601.")
 
@@ -93,36 +104,43 @@ def _name(request: web.Request) -> str:
 
 
 def _info(lexicon: StoredLexicon) -> LexiconInfo:
-    return LexiconInfo(name=lexicon.name, entries=len(lexicon.entries), updated=lexicon.updated)
+    return LexiconInfo(
+        name=lexicon.name,
+        language=lexicon.language,
+        entries=len(lexicon.entries),
+        updated=lexicon.updated,
+    )
 
 
 def _entries(
     service: VoiceService, request: web.Request, body: bytes
-) -> tuple[list[LexiconEntry], int]:
-    """The uploaded entries, checked, and the PLS lexemes left out: PLS by its content type (or,
-    with none of them, a body that starts with ``<``), JSON otherwise."""
+) -> tuple[list[LexiconEntry], int, str]:
+    """The uploaded entries, checked, the PLS lexemes left out, and the language of the voices
+    they apply to (``language``; a PLS document's ``xml:lang``; else English): PLS by its
+    content type (or, with none of them, a body that starts with ``<``), JSON otherwise."""
     limits = service.lexicons.limits
     pls = request.content_type in PLS_TYPES or (
         request.content_type != "application/json" and body.lstrip()[:1] == b"<"
     )
     if pls:
-        return parse_pls(body, limits)
+        entries, skipped = parse_pls(body, limits)
+        return entries, skipped, checked_language(pls_language(body) or DEFAULT_LANGUAGE)
     payload = json_object(body)
     entries = payload.get("entries")
     if isinstance(entries, list) and len(entries) > limits.max_entries:  # before reading each
         raise LexiconTooLarge(f"a lexicon holds at most {limits.max_entries} entries")
     upload = validated(LexiconUpload, payload)
     found = (LexiconEntry(e.grapheme, e.alias, e.case_sensitive) for e in upload.entries)
-    return checked_entries(found, limits), 0
+    return checked_entries(found, limits), 0, checked_language(upload.language)
 
 
 async def put_lexicon(request: web.Request) -> web.Response:
     """``PUT /v1/lexicons/{name}``: store the caller's lexicon (201 new, 200 replaced)."""
     service = request.app[SERVICE]
     name = _name(request)
-    entries, skipped = _entries(service, request, await request.read())
+    entries, skipped, language = _entries(service, request, await request.read())
     tenant = owner_tenant(request_principal(request))
-    new = await service.lexicons.put(tenant, name, entries)
+    new = await service.lexicons.put(tenant, name, entries, language)
     stored = await service.lexicons.get(tenant, name)
     if stored is None:  # deleted meanwhile
         raise LexiconNotFound(name)
@@ -141,7 +159,9 @@ async def get_lexicon(request: web.Request) -> web.Response:
         PronunciationEntry(grapheme=e.grapheme, alias=e.alias, case_sensitive=e.case_sensitive)
         for e in stored.entries
     ]
-    detail = LexiconDetail(name=stored.name, entries=entries, updated=stored.updated)
+    detail = LexiconDetail(
+        name=stored.name, language=stored.language, entries=entries, updated=stored.updated
+    )
     return web.json_response({"lexicon": detail.model_dump()})
 
 
@@ -170,24 +190,33 @@ async def speech_lexicon(
 ) -> Lexicon:
     """The caller's ``names``, in order, then the voice's default (``"lexicon"`` in its
     ``voice.json``, one of the voice's tenant's; a shared voice's: a shared one), merged: 404
-    ``lexicon_not_found`` for a named one that does not exist. A default that does not exist
-    is left out (logged once): the voice still speaks."""
+    ``lexicon_not_found`` for a named one that does not exist, 400
+    ``lexicon_language_mismatch`` for one of another language than the voice's. A default that
+    does not exist or is of another language is left out (logged once): the voice still
+    speaks."""
     tenant = owner_tenant(principal)
     found: list[StoredLexicon] = []
     for name in dict.fromkeys(names):
         stored = await service.lexicons.get(tenant, name)
         if stored is None:
             raise LexiconNotFound(name)
+        if not same_language(stored.language, voice.language):
+            message = (
+                f"lexicon {name!r} is for {stored.language} voices; {voice.voice_id!r} "
+                f"speaks {voice.language}"
+            )
+            raise LexiconError(message, code="lexicon_language_mismatch")
         found.append(stored)
     manifest = await service.voices.manifest(voice.voice_id) or {}
     default = manifest.get(MANIFEST_KEY)
     if is_lexicon_name(default):
         stored = await service.lexicons.get(voice.tenant, default)
-        if stored is not None:
+        if stored is not None and same_language(stored.language, voice.language):
             found.append(stored)
         elif (voice.voice_id, default) not in _missing_defaults:
             _missing_defaults.add((voice.voice_id, default))
-            log.warning("voice %s names lexicon %r, which does not exist", voice.voice_id, default)
+            why = "does not exist" if stored is None else f"is for {stored.language} voices"
+            log.warning("voice %s names lexicon %r, which %s", voice.voice_id, default, why)
     return _merged(tuple(found))
 
 

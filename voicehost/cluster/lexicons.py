@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from voicehost.cluster.state import lexicons_key
 from voicehost.config import Settings
 from voicehost.ids import now_iso
+from voicehost.model.languages import DEFAULT_LANGUAGE
 from voicehost.tenancy.lexicons import FolderLexicons, LexiconLimits, StoredLexicon, parse_stored
 from voicehost.text.lexicon import LexiconEntry
 
@@ -50,8 +51,14 @@ class RedisLexicons:
                 pass
         return parse_stored(document)
 
-    async def put(self, tenant: str | None, name: str, entries: list[LexiconEntry]) -> bool:
-        lexicon = StoredLexicon(name, tuple(entries), now_iso())
+    async def put(
+        self,
+        tenant: str | None,
+        name: str,
+        entries: list[LexiconEntry],
+        language: str = DEFAULT_LANGUAGE,
+    ) -> bool:
+        lexicon = StoredLexicon(name, tuple(entries), now_iso(), language)
         key = lexicons_key(tenant)
         await self.redis.hdel(key, name)  # no process reads the old copy once the file changes
         new = await asyncio.to_thread(self.files.write, tenant, lexicon)

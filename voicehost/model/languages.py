@@ -55,6 +55,12 @@ class UnspokenLanguage(ServiceError, ValueError):
     code = "unsupported_language"
 
 
+def same_language(a: str, b: str) -> bool:
+    """Whether two tags name one language: their primary subtags agree (``en-US`` and ``en``;
+    a region or script does not change which words a lexicon or a text rule applies to)."""
+    return a.split("-")[0].lower() == b.split("-")[0].lower()
+
+
 def check_language(language: str, spoken: tuple[str, ...]) -> str:
     """``language`` if it is one of ``spoken`` (a base model's), else ``UnspokenLanguage``
     naming them."""

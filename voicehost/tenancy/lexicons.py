@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Protocol
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import iterparse
 
+from voicehost.config import LANGUAGE_TAG
 from voicehost.errors import ServiceError
 from voicehost.ids import as_iso, child, now_iso
+from voicehost.model.languages import DEFAULT_LANGUAGE
 from voicehost.text import TAG
 from voicehost.text.lexicon import LexiconEntry
 
@@ -112,6 +114,7 @@ class StoredLexicon:
     name: str
     entries: tuple[LexiconEntry, ...]
     updated: str  # UTC, ISO 8601 (``now_iso``)
+    language: str = DEFAULT_LANGUAGE  # it applies to the voices of this language (BCP-47)
 
     def document(self) -> str:
         """The stored form: JSON, as ``parse_stored`` reads it."""
@@ -119,17 +122,27 @@ class StoredLexicon:
             {"grapheme": e.grapheme, "alias": e.alias, "case_sensitive": e.case_sensitive}
             for e in self.entries
         ]
-        return json.dumps({"name": self.name, "updated": self.updated, "entries": entries})
+        return json.dumps(
+            {
+                "name": self.name,
+                "updated": self.updated,
+                "language": self.language,
+                "entries": entries,
+            }
+        )
 
 
 def parse_stored(document: str) -> StoredLexicon:
     """A lexicon as ``StoredLexicon.document`` wrote it (already checked when it was put); one
-    written before timestamps were ISO holds Unix seconds, shown as ISO."""
+    written before timestamps were ISO holds Unix seconds, shown as ISO, and one written before
+    lexicons had a language is English's."""
     data = json.loads(document)
     entries = tuple(
         LexiconEntry(e["grapheme"], e["alias"], bool(e["case_sensitive"])) for e in data["entries"]
     )
-    return StoredLexicon(data["name"], entries, as_iso(data["updated"]))
+    # one written before lexicons had a language was English's
+    language = data.get("language") or DEFAULT_LANGUAGE
+    return StoredLexicon(data["name"], entries, as_iso(data["updated"]), language)
 
 
 # --- uploads -----------------------------------------------------------------------------------
@@ -173,6 +186,29 @@ def _local(tag: object) -> str | None:
         return None
     namespace, _, name = tag[1:].rpartition("}") if tag.startswith("{") else ("", "", tag)
     return name if namespace in ("", PLS_NAMESPACE) else None
+
+
+XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+
+
+def pls_language(data: bytes) -> str | None:
+    """The ``xml:lang`` of a PLS document's ``<lexicon>`` (PLS requires one), if it has one;
+    read before the entries, from the root element alone."""
+    try:
+        for _, element in iterparse(io.BytesIO(data), events=("start",), forbid_dtd=True):
+            language = element.get(XML_LANG)
+            return language.strip() if language else None
+    except (DefusedXmlException, ET.ParseError):
+        return None  # parse_pls says why
+    return None
+
+
+def checked_language(language: str) -> str:
+    """``language`` if it is a BCP-47 tag (``en``, ``fr``, ``pt-BR``), else ``LexiconError``."""
+    if not LANGUAGE_TAG.fullmatch(language):
+        message = f"language {language!r} is not a language tag (en, fr, pt-BR, zh)"
+        raise LexiconError(message, code="invalid_lexicon")
+    return language
 
 
 def parse_pls(data: bytes, limits: LexiconLimits) -> tuple[list[LexiconEntry], int]:
@@ -222,9 +258,15 @@ class LexiconStore(Protocol):
 
     async def get(self, tenant: str | None, name: str) -> StoredLexicon | None: ...
 
-    async def put(self, tenant: str | None, name: str, entries: list[LexiconEntry]) -> bool:
-        """Store (or replace) a checked lexicon; ``True`` if it is new. ``TooManyLexicons``
-        beyond the tenant's limit."""
+    async def put(
+        self,
+        tenant: str | None,
+        name: str,
+        entries: list[LexiconEntry],
+        language: str = DEFAULT_LANGUAGE,
+    ) -> bool:
+        """Store (or replace) a checked lexicon of ``language``; ``True`` if it is new.
+        ``TooManyLexicons`` beyond the tenant's limit."""
         ...
 
     async def delete(self, tenant: str | None, name: str) -> bool: ...
@@ -291,8 +333,14 @@ class FolderLexicons:
         document = await asyncio.to_thread(self.read, tenant, name)
         return parse_stored(document) if document is not None else None
 
-    async def put(self, tenant: str | None, name: str, entries: list[LexiconEntry]) -> bool:
-        lexicon = StoredLexicon(name, tuple(entries), now_iso())
+    async def put(
+        self,
+        tenant: str | None,
+        name: str,
+        entries: list[LexiconEntry],
+        language: str = DEFAULT_LANGUAGE,
+    ) -> bool:
+        lexicon = StoredLexicon(name, tuple(entries), now_iso(), language)
         async with self._lock:
             return await asyncio.to_thread(self.write, tenant, lexicon)
 
