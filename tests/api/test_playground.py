@@ -205,6 +205,39 @@ async def test_the_page_loads_under_its_csp_with_no_console_error_and_lists_the_
     # a voice whose adapter is broken (another module may leave one) is listed, not spoken
     listed = [v["id"] for v in listing if v["status"] != "error"]
     assert sorted(voices) == sorted(listed) and "dev-a" in voices
+    # each voice with its language; the sample text follows the picked voice's language
+    labels = await page.locator("#speak-voice option").all_text_contents()
+    assert all(": en, " in label for label in labels), labels
+    english = await page.locator("#speak-text").input_value()
+    await page.evaluate(
+        "() => { const o = new Option('Pierre (pierre: fr)', 'pierre'); o.dataset.language = 'fr';"
+        " const s = document.getElementById('speak-voice'); s.append(o); s.value = 'pierre';"
+        " s.dispatchEvent(new Event('change')); }"
+    )
+    assert (await page.locator("#speak-text").input_value()).startswith("Bonjour.")
+    await page.locator("#speak-voice").select_option("dev-a")
+    await page.locator("#speak-voice").dispatch_event("change")
+    assert await page.locator("#speak-text").input_value() == english
+    await page.locator("#speak-text").fill("My own words.")  # the user's text is kept
+    await page.locator("#speak-voice").select_option("pierre")
+    await page.locator("#speak-voice").dispatch_event("change")
+    assert await page.locator("#speak-text").input_value() == "My own words."
+    await page.locator("#speak-voice option[value=pierre]").evaluate("o => o.remove()")
+    # the Clone view offers the model's languages, its prompts in the one picked
+    await page.locator("#tab-clone").click()
+    await expect(page.locator("#clone-language option")).to_have_count(1)
+    assert await page.locator("#clone-language").input_value() == "en"
+    assert await page.locator("#clone-prompt").text_content() == playground.clone_prompts()[0]
+    await page.evaluate(
+        "() => { const s = document.getElementById('clone-language');"
+        " s.append(new Option('fr', 'fr')); s.value = 'fr'; s.dispatchEvent(new Event('change')); }"
+    )
+    assert await page.locator("#clone-prompt").text_content() == (
+        "Le petit chat dort sur le canapé bleu."
+    )
+    await page.locator("#clone-language").select_option("en")
+    await page.locator("#clone-language").dispatch_event("change")
+    await page.locator("#tab-speak").click()
     assert await page.locator("#tab-key").is_hidden()  # auth is off: no key to ask for
     await page.locator("#tab-voices").click()
     rows = page.locator("#voices-list tr")

@@ -4,6 +4,7 @@
 // beside a reference clip.
 
 import { call, describe, events, getJson } from "./api.js";
+import { PROMPTS_BY_LANGUAGE, primary } from "./languages.js";
 import { speakWith } from "./speak.js";
 
 const $ = (id) => document.getElementById(id);
@@ -43,6 +44,27 @@ function say(id, text, kind = "") {
   $(id).dataset.kind = kind;
 }
 
+// The language the clone speaks: one of the model's (GET /v1/models), the first by default.
+function language() {
+  return $("clone-language").value || "en";
+}
+
+export function promptsFor(tag) {
+  return PROMPTS_BY_LANGUAGE[primary(tag)] || PROMPTS;
+}
+
+async function fillLanguages() {
+  const select = $("clone-language");
+  try {
+    const { data } = await getJson("/v1/models");
+    const languages = (data[0] && data[0].languages) || ["en"];
+    select.replaceChildren(...languages.map((tag) => new Option(tag, tag)));
+  } catch {
+    select.replaceChildren(new Option("en", "en"));
+  }
+  showPrompt();
+}
+
 function source() {
   return $("clone-source-upload").checked ? "upload" : "record";
 }
@@ -50,7 +72,8 @@ function source() {
 function showPrompt() {
   const index = takes.length;
   $("clone-take-label").textContent = `Take ${index + 1}`;
-  $("clone-prompt").textContent = PROMPTS[index % PROMPTS.length];
+  const prompts = promptsFor(language());
+  $("clone-prompt").textContent = prompts[index % prompts.length];
 }
 
 function drawTakes() {
@@ -89,7 +112,8 @@ async function startTake() {
     return;
   }
   const recorder = new MediaRecorder(recording.stream);
-  const sentence = PROMPTS[takes.length % PROMPTS.length];
+  const prompts = promptsFor(language());
+  const sentence = prompts[takes.length % prompts.length];
   recording.recorder = recorder;
   recording.chunks = [];
   recorder.ondataavailable = (event) => {
@@ -158,6 +182,7 @@ async function submit() {
   const form = new FormData();
   const name = $("clone-name").value.trim();
   if (name) form.append("name", name);
+  form.append("language", language());
   if (source() === "record") {
     const lines = [];
     takes.forEach((take, i) => {
@@ -328,5 +353,7 @@ export function initClone() {
   $("clone-submit").addEventListener("click", submit);
   $("clone-cancel").addEventListener("click", cancelJob);
   $("clone-hear").addEventListener("click", hear);
+  $("clone-language").addEventListener("change", showPrompt);
+  events.addEventListener("voices", fillLanguages, { once: true }); // once a key may be known
   showPrompt();
 }

@@ -11,6 +11,7 @@ import {
   realtimeUrl,
   speechCredential,
 } from "./api.js";
+import { isSample, sampleFor } from "./languages.js";
 import { SAMPLE_RATE, StreamPlayer } from "./player.js";
 import { PeerLink, webRtcAvailable } from "./webrtc.js";
 
@@ -34,7 +35,7 @@ export function selectedVoice() {
 // --- the voice picker ----------------------------------------------------------------------
 
 function optionText(voice) {
-  const parts = [voice.kind, voice.status];
+  const parts = [voice.language, voice.kind, voice.status];
   return `${voice.name} (${voice.id}: ${parts.join(", ")})`;
 }
 
@@ -45,10 +46,19 @@ function fillVoices(voices) {
   for (const voice of voices) {
     if (voice.status === "error") continue;
     const option = new Option(optionText(voice), voice.id);
+    option.dataset.language = voice.language;
     select.append(option);
   }
   if ([...select.options].some((o) => o.value === before)) select.value = before;
+  offerSample();
   showVoiceInfo();
+}
+
+// A sample text in the picked voice's language, unless the text is the user's own.
+function offerSample() {
+  const option = $("speak-voice").selectedOptions[0];
+  const text = $("speak-text");
+  if (option && isSample(text.value)) text.value = sampleFor(option.dataset.language);
 }
 
 export function evaluationSummary(manifest) {
@@ -480,6 +490,7 @@ async function livePrepare() {
 export function initSpeak() {
   events.addEventListener("voices", (event) => fillVoices(event.detail));
   $("speak-voice").addEventListener("change", () => {
+    offerSample();
     showVoiceInfo();
     closeLink(); // the next piece opens one for the new voice
   });
