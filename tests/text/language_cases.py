@@ -108,7 +108,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
         (
             "Nel 1969 l'uomo andò sulla Luna",
             "Nel millenovecentosessantanove l'uomo andò sulla Luna",
-        ),  # noqa: E501
+        ),
         ("Costa 0,99 €", "Costa novantanove centesimi"),
     ],
     "ko": [
