@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.text.language_cases import CASES
+from tests.text.language_heldout import HELD_OUT
 from voicehost.text.normalize import normalize
 
 pytestmark = pytest.mark.unit
@@ -56,3 +57,11 @@ def test_emotive_tags_pass_through_every_language(language):
 def test_no_language_raises_on_odd_input(language):
     for text in ["9" * 400, "-", "1.2.3.4.5", "€€ 1,,2", "99:99", "31/02/2024", "0,000001 %"]:
         assert isinstance(normalize(text, language), str)
+
+
+@pytest.mark.parametrize(
+    ("language", "raw", "spoken"),
+    [(language, raw, spoken) for language, cases in HELD_OUT.items() for raw, spoken in cases],
+)
+def test_the_held_out_cases_are_said_right(language, raw, spoken):
+    assert normalize(raw, language) == spoken

@@ -65,24 +65,34 @@ class Spelling:
     hour: Callable[[int, int], str] | None = None
 
 
+# Italian writes a compound ending in "tre" with an accent: ventitré, duemilaventitré.
+_ITALIAN_TRE = re.compile(r"(?<=\w)tre\b")
+
+
+def _say(value: int, lang: str, to: str = "cardinal") -> str:
+    """``num2words`` in ``lang``, with the spelling it gets wrong put right."""
+    words = num2words(value, lang=lang, to=to)
+    return _ITALIAN_TRE.sub("tré", words) if lang == "it" else words
+
+
 def _cardinal(spelling: Spelling, digits: str) -> str:
     plain = digits
     for sep in spelling.groups:
         plain = plain.replace(sep, "")
     if (len(plain) > 1 and plain.startswith("0")) or len(plain) > _MAX_CARDINAL_DIGITS:
-        return " ".join(num2words(int(d), lang=spelling.lang) for d in plain)
-    return num2words(int(plain), lang=spelling.lang).replace(",", "")
+        return " ".join(_say(int(d), spelling.lang) for d in plain)
+    return _say(int(plain), spelling.lang).replace(",", "")
 
 
 def _fraction(spelling: Spelling, frac: str) -> str:
     if spelling.fraction_as_number and len(frac) <= 3:
         zeros = len(frac) - len(frac.lstrip("0"))
         rest = frac.lstrip("0")
-        words = [num2words(0, lang=spelling.lang)] * zeros
+        words = [_say(0, spelling.lang)] * zeros
         if rest:
-            words.append(num2words(int(rest), lang=spelling.lang))
+            words.append(_say(int(rest), spelling.lang))
         return " ".join(words)
-    return " ".join(num2words(int(d), lang=spelling.lang) for d in frac)
+    return " ".join(_say(int(d), spelling.lang) for d in frac)
 
 
 def _number(spelling: Spelling, int_part: str, frac: str | None, sign: str | None = None) -> str:
@@ -99,7 +109,7 @@ def _before_noun(spelling: Spelling, words: str, feminine: bool) -> str:
         return words
     if spelling.lang == "de":
         return one if words == "eins" else words
-    if words == num2words(1, lang=spelling.lang):
+    if words == _say(1, spelling.lang):
         return one
     if spelling.lang == "es" and words.endswith("uno"):
         return words[:-3] + ("una" if feminine else "ún" if words.endswith("iuno") else "un")
@@ -184,11 +194,11 @@ class Rules:
 
     def _day(self, day: int, before: str, ordinal: bool) -> str:
         if self.s.lang == "de":  # "am dritten März", "dritter März"
-            words = num2words(day, lang="de", to="ordinal")
+            words = _say(day, "de", "ordinal")
             return words + ("n" if _dative(before) else "r")
         if day == 1 and (self.s.first_day or ordinal):
-            return self.s.first_day or num2words(1, lang=self.s.lang, to="ordinal")
-        return num2words(day, lang=self.s.lang)
+            return self.s.first_day or _say(1, self.s.lang, "ordinal")
+        return _say(day, self.s.lang)
 
     def _date(
         self, day: int, month: int, year: str | None, before: str, ordinal: bool = False
@@ -204,7 +214,7 @@ class Rules:
         value = int(digits if len(digits) == 4 else f"20{digits}")
         # German says 1999 "neunzehnhundertneunundneunzig"; the others say a year as a number.
         to = "year" if self.s.lang == "de" else "cardinal"
-        return num2words(value, lang=self.s.lang, to=to)
+        return _say(value, self.s.lang, to)
 
     def _numeric_date(self, m: re.Match[str]) -> str | None:
         return self._date(int(m["d"]), int(m["mo"]), m["y"], m.string[: m.start()])
@@ -265,7 +275,7 @@ class Rules:
         scale = m.groupdict().get("scale")
         if scale:
             count = _number(s, m["int"], m["frac"])
-            one = count == num2words(1, lang=s.lang)
+            one = count == _say(1, s.lang)
             scale_words = s.millions[scale]
             singular, plural = scale_words.split("|") if "|" in scale_words else (scale_words,) * 2
             count = _before_noun(s, count, feminine=s.lang == "de")
@@ -287,7 +297,7 @@ class Rules:
                 unit = f"{of}{unit}"
             parts.append(f"{_before_noun(s, whole_words, currency.feminine)} {unit}")
         if cents:
-            cents_words = num2words(cents, lang=s.lang)
+            cents_words = _say(cents, s.lang)
             if s.cents_named or not whole:
                 unit = currency.cents[0] if cents == 1 else currency.cents[1]
                 cents_words = f"{_before_noun(s, cents_words, False)} {unit}"
@@ -315,10 +325,10 @@ class Rules:
             pattern = r"(?<![0-9])(?P<n>[0-9]{1,4})\.?(?P<suf>º|ª|°|er)"
         elif lang == "it":
             pattern = r"(?<![0-9])(?P<n>[0-9]{1,4})(?P<suf>°|º|ª)"
-        else:  # de: "der 3. Platz", "am 3. Tag"; not "bis 3. Dann" (a sentence end)
+        else:  # de: "der 3. Platz", "wurde 2. im"; not "bis 3. Dann" (a sentence end)
             pattern = (
-                r"(?<![0-9.,])(?P<n>[0-9]{1,3})(?P<suf>\.)(?=\s+(?!(?:Dann|Danach|Der|Die|Das|"
-                r"Ich|Er|Sie|Es|Wir|Ihr|Aber|Und|Doch|Man|Im|Am|In)\b)[A-ZÄÖÜ][a-zäöüß])"
+                r"(?<![0-9.,])(?P<n>[0-9]{1,3})(?P<suf>\.)(?=\s+(?:[a-zäöüß]|(?!(?:Dann|Danach|"
+                r"Der|Die|Das|Ich|Er|Sie|Es|Wir|Ihr|Aber|Und|Doch|Man|Im|Am|In)\b)[A-ZÄÖÜ][a-zäöüß]))"
             )
         return [(re.compile(pattern), self._ordinal)]
 
@@ -344,7 +354,7 @@ class Rules:
 
     def _ordinal(self, m: re.Match[str]) -> str:
         s, value, suffix = self.s, int(m["n"]), m["suf"]
-        words = num2words(value, lang=s.lang, to="ordinal")
+        words = _say(value, s.lang, "ordinal")
         if s.lang == "fr":
             if value == 1 and suffix in ("re", "ère", "ere"):
                 return "première"
@@ -375,24 +385,24 @@ def _dative(before: str) -> bool:
 
 
 def _fr_hour(hour: int, minute: int) -> str:
-    words = "une" if hour == 1 else "vingt et une" if hour == 21 else num2words(hour, lang="fr")
+    words = "une" if hour == 1 else "vingt et une" if hour == 21 else _say(hour, "fr")
     words += " heure" if hour in (0, 1) else " heures"
-    return f"{words} {num2words(minute, lang='fr')}" if minute else words
+    return f"{words} {_say(minute, 'fr')}" if minute else words
 
 
 def _de_hour(hour: int, minute: int) -> str:
-    words = "ein" if hour == 1 else num2words(hour, lang="de")
-    return f"{words} Uhr {num2words(minute, lang='de')}" if minute else f"{words} Uhr"
+    words = "ein" if hour == 1 else _say(hour, "de")
+    return f"{words} Uhr {_say(minute, 'de')}" if minute else f"{words} Uhr"
 
 
 def _es_hour(hour: int, minute: int) -> str:
-    words = "una" if hour == 1 else "veintiuna" if hour == 21 else num2words(hour, lang="es")
-    return f"{words} y {num2words(minute, lang='es')}" if minute else words
+    words = "una" if hour == 1 else "veintiuna" if hour == 21 else _say(hour, "es")
+    return f"{words} y {_say(minute, 'es')}" if minute else words
 
 
 def _it_hour(hour: int, minute: int) -> str:
-    words = "una" if hour == 1 else num2words(hour, lang="it")
-    return f"{words} e {num2words(minute, lang='it')}" if minute else words
+    words = "una" if hour == 1 else _say(hour, "it")
+    return f"{words} e {_say(minute, 'it')}" if minute else words
 
 
 _EURO = "€"
