@@ -45,10 +45,15 @@ class NothingToSay(ServiceError, ValueError):
     code = "empty_input"
 
 
+def has_speech(text: str) -> bool:
+    """Whether ``text`` has something a voice could say (a letter or digit)."""
+    return any(ch.isalnum() for ch in text)
+
+
 def check_input(text: str, max_chars: int) -> None:
     """``NothingToSay`` for input without a letter or digit, ``TextTooLong`` past
     ``max_chars`` (as sent, before lexicons)."""
-    if not any(ch.isalnum() for ch in text):
+    if not has_speech(text):
         raise NothingToSay("input is empty or has nothing to say")
     if len(text) > max_chars:
         raise TextTooLong(len(text), max_chars, lexicons=False)
