@@ -3,6 +3,8 @@ written; sentences and clauses cut by each script's marks."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.text.language_cases import CASES
@@ -65,3 +67,12 @@ def test_no_language_raises_on_odd_input(language):
 )
 def test_the_held_out_cases_are_said_right(language, raw, spoken):
     assert normalize(raw, language) == spoken
+
+
+@pytest.mark.parametrize("language", sorted(CASES))
+def test_each_language_takes_linear_time_on_long_runs_of_numbers(language):
+    runs = ["9" * 50_000, "100 " * 10_000, "12," * 10_000, "1.000." * 5_000, "1:2:" * 10_000]
+    started = time.monotonic()
+    for run in runs:
+        normalize(run, language)
+    assert time.monotonic() - started < 3  # a quadratic regex takes tens of seconds here

@@ -18,7 +18,9 @@ _DIGITS = "零一二三四五六七八九"
 _FULLWIDTH = str.maketrans("０１２３４５６７８９％", "0123456789%")
 # An 11-digit run is a mobile number, longer ones are identifiers: read digit by digit.
 _MAX_CARDINAL_DIGITS = 10
-_NUMBER = r"(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
+# At most five groups of thousands (past 15 digits a run is read digit by digit): an
+# unbounded run retried from each group would take quadratic time.
+_NUMBER = r"(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3}){1,5}(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
 _SIGN = r"(?P<sign>(?<![0-9A-Za-z-])[-\N{MINUS SIGN}](?=[0-9]))?"
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 from num2words import num2words
 
@@ -69,6 +69,7 @@ class Spelling:
 _ITALIAN_TRE = re.compile(r"(?<=\w)tre\b")
 
 
+@lru_cache(maxsize=4096)  # digit by digit, a long run asks for the same ten words
 def _say(value: int, lang: str, to: str = "cardinal") -> str:
     """``num2words`` in ``lang``, with the spelling it gets wrong put right."""
     words = num2words(value, lang=lang, to=to)
@@ -128,8 +129,10 @@ class Rules:
     def __init__(self, spelling: Spelling) -> None:
         s = self.s = spelling
         groups = re.escape(s.groups)
+        # At most five groups of thousands (past 15 digits a run is read digit by digit): an
+        # unbounded run retried from each group would take quadratic time.
         self.number = (
-            rf"(?<![0-9])(?P<int>[0-9]{{1,3}}(?:[{groups}][0-9]{{3}})+(?![0-9])|[0-9]+)"
+            rf"(?<![0-9])(?P<int>[0-9]{{1,3}}(?:[{groups}][0-9]{{3}}){{1,5}}(?![0-9])|[0-9]+)"
             rf"(?:{re.escape(s.decimal)}(?P<frac>[0-9]+))?"
         )
         self.sign = rf"(?P<sign>(?<![\w-])[-{_MINUS}](?=[0-9]))?"

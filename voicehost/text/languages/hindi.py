@@ -27,9 +27,11 @@ _SCALES = ((10**9, "अरब"), (10**7, "करोड़"), (10**5, "लाख"
 _DEVANAGARI_DIGITS = str.maketrans("०१२३४५६७८९", "0123456789")
 _MAX_CARDINAL_DIGITS = 13
 # Indian grouping (1,00,000) or Western (100,000); then a decimal point.
+# A bounded number of groups (past 15 digits a run is read digit by digit): an
+# unbounded run retried from each group would take quadratic time.
 _NUMBER = (
-    r"(?<![0-9])(?P<int>[0-9]{1,2}(?:,[0-9]{2})*,[0-9]{3}(?![0-9])"
-    r"|[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
+    r"(?<![0-9])(?P<int>[0-9]{1,2}(?:,[0-9]{2}){0,6},[0-9]{3}(?![0-9])"
+    r"|[0-9]{1,3}(?:,[0-9]{3}){1,5}(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
 )
 _SIGN = r"(?P<sign>(?<![\w-])[-\N{MINUS SIGN}](?=[0-9]))?"
 _MONTHS = "जनवरी फ़रवरी मार्च अप्रैल मई जून जुलाई अगस्त सितंबर अक्टूबर नवंबर दिसंबर".split()

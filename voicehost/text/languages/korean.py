@@ -12,7 +12,9 @@ from num2words import num2words
 
 from voicehost.text.rules import Rule, apply_rules
 
-_NUMBER = r"(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
+# At most five groups of thousands (past 15 digits a run is read digit by digit): an
+# unbounded run retried from each group would take quadratic time.
+_NUMBER = r"(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3}){1,5}(?![0-9])|[0-9]+)(?:\.(?P<frac>[0-9]+))?"
 _SIGN = r"(?P<sign>(?<![0-9A-Za-z-])[-\N{MINUS SIGN}](?=[0-9]))?"
 _SINO_DIGITS = "영 일 이 삼 사 오 육 칠 팔 구".split()
 _MAX_CARDINAL_DIGITS = 15
