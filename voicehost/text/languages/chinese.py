@@ -177,6 +177,11 @@ RULES: tuple[Rule, ...] = (
     (re.compile(rf"{_SIGN}{_NUMBER}\s?(?P<sym>元|块)"), _yuan),
     (re.compile(rf"{_SIGN}{_NUMBER}\s?[%％]"), _percent),
     (re.compile(rf"{_SIGN}{_NUMBER}\s?(?P<unit>{_UNIT_PATTERN})(?![A-Za-z/])"), _measure),
+    # A lone 2 counting things is 两 (两个, 两次), not 二; an ordinal stays 二 (第二次).
+    (
+        re.compile(r"(?<![0-9.,\-第])2(?![0-9.,])(?=\s?[个位次本件只条张天份种家台辆杯碗])"),
+        lambda m: "两",
+    ),
     (re.compile(rf"{_SIGN}{_NUMBER}"), _plain),
 )
 
