@@ -4,7 +4,8 @@
 For each language: ``TextStage(language=...).whole`` over every input of the case set (one
 segment each) and over full segments (the case inputs joined up to the segment size), timed
 one call at a time, p50 and p99. Then each candidate normaliser on the case set and the
-held-out set: how many cases it says exactly right, and its cost per case. Candidates not
+held-out set: how many cases it says exactly right (and right but for case, spaces and hyphens,
+which a voice does not hear), and its cost per case. Candidates not
 installed are reported as such (``--candidates DIR`` adds a folder of them, e.g.
 ``pip install --target DIR cn2an``).
 
@@ -58,6 +59,11 @@ def timed(call: Callable[[str], object], texts: list[str], rounds: int) -> list[
             call(text)
             out.append((time.perf_counter() - start) * 1000)
     return out
+
+
+def loose(text: str) -> str:
+    """``text`` without case, spaces and hyphens: "zwei und vierzig" says "zweiundvierzig"."""
+    return re.sub(r"[\s\-]", "", text.lower())
 
 
 def rounds_within(call: Callable[[str], object], texts: list[str], rounds: int) -> int:
@@ -178,20 +184,24 @@ def main() -> int:
                 print(f"      {name}: {say}")
                 continue
             right = sum(say(raw) == spoken for raw, spoken in cases(language))
+            near = sum(loose(say(raw)) == loose(spoken) for raw, spoken in cases(language))
             held_out = HELD_OUT.get(language, [])
             kept = sum(say(raw) == spoken for raw, spoken in held_out)
+            kept_near = sum(loose(say(raw)) == loose(spoken) for raw, spoken in held_out)
             cost = timed(say, texts, rounds_within(say, texts, max(1, args.rounds // 4)))
             row["candidates"][name] = {  # type: ignore[index]
                 "right": right,
+                "right_ignoring_case_and_spaces": near,
                 "cases": len(texts),
                 "held_out_right": kept,
+                "held_out_right_ignoring_case_and_spaces": kept_near,
                 "held_out": len(held_out),
                 "p50_ms": statistics.median(cost),
                 "p99_ms": percentile(cost, 0.99),
             }
             print(
-                f"      {name}: {right}/{len(texts)} right, "
-                + (f"held out {kept}/{len(held_out)}, " if held_out else "")
+                f"      {name}: {right}/{len(texts)} right ({near} ignoring case and spaces), "
+                + (f"held out {kept}/{len(held_out)} ({kept_near}), " if held_out else "")
                 + f"p50 {statistics.median(cost):.3f} ms, p99 {percentile(cost, 0.99):.3f} ms"
             )
         report["languages"][language] = row  # type: ignore[index]
