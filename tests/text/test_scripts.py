@@ -104,3 +104,13 @@ def test_streamed_chinese_is_normalised_per_segment():
         out += stream.push(char)
     out += stream.flush()
     assert [s.speech for s in out] == ["价格是四十二元五角。", "明天见！"]
+
+
+def test_korean_counts_words_by_its_spaces_for_the_early_first_segment():
+    # Hangul is written with spaces between words: a clause of one word is not four words.
+    assert texts(streamed("안녕하세요, 저는 김민수입니다. 반갑습니다."))[0] == (
+        "안녕하세요, 저는 김민수입니다."
+    )
+    assert texts(streamed("오늘은 날씨가 정말 좋네요, 산책하러 갈까요?"))[0] == (
+        "오늘은 날씨가 정말 좋네요,"
+    )

@@ -37,6 +37,7 @@ _WIDE_CLAUSE_MARKS = "，、；："
 _WIDE_CLOSERS = "」』）】》〉〕\N{RIGHT DOUBLE QUOTATION MARK}\N{RIGHT SINGLE QUOTATION MARK}"
 _ALL_CLOSERS = CLOSERS + _WIDE_CLOSERS
 _NOT_AFTER_A_CUT = _ALL_CLOSERS + _SENTENCE_MARKS + _CLAUSE_MARKS
+_WIDE_ENDS = _WIDE_SENTENCE_MARKS + _WIDE_CLAUSE_MARKS + _ALL_CLOSERS  # what may end before a cut
 # Within a run of these (a number, a Latin word) a text without spaces is not cut if it can be.
 _RUN = re.compile(r"[0-9A-Za-z.,:%]")
 _MAX_RUN = 40
@@ -71,8 +72,14 @@ class _Cut(IntEnum):
 
 
 def _is_wide(char: str) -> bool:
-    """A character of a script written without spaces (Han, kana, Hangul, full-width)."""
+    """A wide character: Han, kana, Hangul, full-width forms."""
     return unicodedata.east_asian_width(char) in "WF"
+
+
+def _is_unspaced(char: str) -> bool:
+    """A character of a script written without spaces between words (Han, kana): each counts
+    as a word. Korean writes spaces between words, so Hangul does not."""
+    return _is_wide(char) and not ("\uac00" <= char <= "\ud7a3" or "\u1100" <= char <= "\u11ff")
 
 
 def _classify(token: str) -> _Cut:
@@ -94,7 +101,7 @@ def _classify(token: str) -> _Cut:
 
 def _wide_cut(buffer: str, i: int) -> _Cut | None:
     """The boundary before ``buffer[i]`` (not a space) when a full-width mark ends there."""
-    if buffer[i] in _NOT_AFTER_A_CUT:
+    if buffer[i - 1] not in _WIDE_ENDS or buffer[i] in _NOT_AFTER_A_CUT:
         return None
     j = i - 1
     while j > 0 and buffer[j] in _ALL_CLOSERS and i - j < 4:
@@ -109,7 +116,7 @@ def _wide_cut(buffer: str, i: int) -> _Cut | None:
 def _word_count(text: str) -> int:
     """Words, with each character of a script written without spaces counted as one."""
     return sum(
-        max(1, sum(map(_is_wide, token))) for token in text.split() if not TAG.fullmatch(token)
+        max(1, sum(map(_is_unspaced, token))) for token in text.split() if not TAG.fullmatch(token)
     )
 
 
