@@ -54,7 +54,8 @@ class Spelling:
     # "quarante-deux euros cinquante": how whole units and cents are joined.
     money_join: str = " "
     cents_named: bool = False  # say the cents' word ("con cincuenta céntimos")
-    millions: dict[str, str] = field(default_factory=dict)  # scale word -> its plural-aware form
+    # a scale as written after a number -> (singular, plural): "Mio." -> Million, Millionen
+    millions: dict[str, tuple[str, str]] = field(default_factory=dict)
     of_before_currency: str = ""  # "un million d'euros", "un millón de euros"
     fraction_as_number: bool = True  # "trois virgule quatorze", not "virgule un quatre"
     one_masculine: str = ""  # "un" before a masculine noun (fr/es/it), "ein" (de)
@@ -117,10 +118,6 @@ def _before_noun(spelling: Spelling, words: str, feminine: bool) -> str:
     if spelling.lang == "fr" and feminine and words.endswith(" et un"):
         return words + "e"
     return words
-
-
-def _plural(value_words: str, one: str, forms: tuple[str, str]) -> str:
-    return forms[0] if value_words in (one, "1") else forms[1]
 
 
 class Rules:
@@ -278,14 +275,10 @@ class Rules:
         scale = m.groupdict().get("scale")
         if scale:
             count = _number(s, m["int"], m["frac"])
-            one = count == _say(1, s.lang)
-            scale_words = s.millions[scale]
-            singular, plural = scale_words.split("|") if "|" in scale_words else (scale_words,) * 2
-            count = _before_noun(s, count, feminine=s.lang == "de")
-            of = s.of_before_currency
-            unit = currency.unit[1]
-            joined = f"{of}{unit}" if of.endswith("'") else f"{of}{unit}".strip()
-            return f"{sign}{count} {singular if one else plural} {joined}".replace("  ", " ")
+            singular, plural = s.millions[scale]
+            scale_words = singular if count == _say(1, s.lang) else plural
+            count = _before_noun(s, count, feminine=s.lang == "de")  # eine Million
+            return f"{sign}{count} {scale_words} {s.of_before_currency}{currency.unit[1]}"
         frac = m["frac"]
         whole_words = _cardinal(s, m["int"])
         if frac and len(frac) > 2:
@@ -445,13 +438,13 @@ FRENCH = Spelling(
         "Mo": ("mégaoctet", "mégaoctets"),
     },
     millions={
-        "millions": "million|millions",
-        "million": "million|millions",
-        "milliards": "milliard|milliards",
-        "milliard": "milliard|milliards",
-        "M": "million|millions",
-        "Md": "milliard|milliards",
-        "Mds": "milliard|milliards",
+        "millions": ("million", "millions"),
+        "million": ("million", "millions"),
+        "milliards": ("milliard", "milliards"),
+        "milliard": ("milliard", "milliards"),
+        "M": ("million", "millions"),
+        "Md": ("milliard", "milliards"),
+        "Mds": ("milliard", "milliards"),
     },
     of_before_currency="d'",
     one_masculine="un",
@@ -494,12 +487,12 @@ GERMAN = Spelling(
         "GB": ("Gigabyte", "Gigabyte"),
     },
     millions={
-        "Mio.": "Million|Millionen",
-        "Millionen": "Million|Millionen",
-        "Million": "Million|Millionen",
-        "Mrd.": "Milliarde|Milliarden",
-        "Milliarden": "Milliarde|Milliarden",
-        "Milliarde": "Milliarde|Milliarden",
+        "Mio.": ("Million", "Millionen"),
+        "Millionen": ("Million", "Millionen"),
+        "Million": ("Million", "Millionen"),
+        "Mrd.": ("Milliarde", "Milliarden"),
+        "Milliarden": ("Milliarde", "Milliarden"),
+        "Milliarde": ("Milliarde", "Milliarden"),
     },
     fraction_as_number=False,  # "drei Komma eins vier"
     one_masculine="ein",
@@ -543,10 +536,10 @@ SPANISH = Spelling(
         "min": ("minuto", "minutos"),
     },
     millions={
-        "millones": "millón|millones",
-        "millón": "millón|millones",
-        "M": "millón|millones",
-        "mil millones": "mil millones|mil millones",
+        "millones": ("millón", "millones"),
+        "millón": ("millón", "millones"),
+        "M": ("millón", "millones"),
+        "mil millones": ("mil millones", "mil millones"),
     },
     of_before_currency="de ",
     money_join=" con ",
@@ -595,11 +588,11 @@ ITALIAN = Spelling(
         "min": ("minuto", "minuti"),
     },
     millions={
-        "milioni": "milione|milioni",
-        "milione": "milione|milioni",
-        "mln": "milione|milioni",
-        "miliardi": "miliardo|miliardi",
-        "mld": "miliardo|miliardi",
+        "milioni": ("milione", "milioni"),
+        "milione": ("milione", "milioni"),
+        "mln": ("milione", "milioni"),
+        "miliardi": ("miliardo", "miliardi"),
+        "mld": ("miliardo", "miliardi"),
     },
     of_before_currency="di ",
     money_join=" e ",
