@@ -1,5 +1,5 @@
-"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, doctor, bench,
-train, check-data, eval, audit."""
+"""The ``voicehost`` command: serve, worker, gateway, drain, keys, dev-model, say, normalize,
+doctor, bench, train, check-data, eval, audit."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from lora_training.quality import add_arguments as add_check_data_arguments
 from voicehost.config import Settings
 from voicehost.tenancy.audit import Head
 from voicehost.tools.bench import DESCRIPTION as BENCH_DESCRIPTION
 from voicehost.tools.bench import add_arguments as add_bench_arguments
+
+if TYPE_CHECKING:
+    from voicehost.tenancy.lexicons import LexiconLimits
+    from voicehost.text.lexicon import LexiconEntry
 
 
 def _frontends(value: str | None) -> int | str | None:
@@ -220,6 +224,59 @@ def cmd_say(args: argparse.Namespace) -> int:
         f"{result.first_byte_seconds * 1000:.0f} ms, done in {result.total_seconds:.2f} s"
     )
     return 0
+
+
+def cmd_normalize(args: argparse.Namespace) -> int:
+    """The segments the engine would get for a text, one a line, through the speech path's text
+    stage (its settings, the language's rules, the lexicon)."""
+    from voicehost.errors import ServiceError
+    from voicehost.tenancy.lexicons import LexiconLimits
+    from voicehost.text.lexicon import Lexicon
+    from voicehost.text.stage import TextStage, check_input, has_speech
+
+    settings = Settings()
+    lexicon = None
+    if args.lexicon is not None:
+        try:
+            entries = _lexicon_file(args.lexicon, LexiconLimits.from_settings(settings))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"voicehost normalize: {args.lexicon}: {exc}", file=sys.stderr)
+            return 2
+        lexicon = Lexicon(entries)
+    stage = TextStage(lexicon, settings.segment_max_chars, not args.raw, args.language)
+    try:
+        check_input(args.text, settings.max_input_chars)
+        segments = stage.whole(args.text, settings.max_input_chars)
+    except ServiceError as exc:
+        print(f"voicehost normalize: {exc}", file=sys.stderr)
+        return 1
+    for segment in segments:
+        if not has_speech(segment.speech):
+            continue  # the engine is never given a segment with nothing to say
+        if args.json:
+            said = {"said": segment.speech, "text": segment.text}
+            place = {"start": segment.start, "end": segment.end}
+            print(json.dumps(said | place, ensure_ascii=False))
+        else:
+            print(segment.speech.replace("\n", "\\n"))
+    return 0
+
+
+def _lexicon_file(path: Path, limits: LexiconLimits) -> list[LexiconEntry]:
+    """A lexicon file's entries, checked as an upload is: W3C PLS (a document starting with
+    ``<``) or JSON, ``{"entries": [{"grapheme", "alias", "case_sensitive"}]}``."""
+    from voicehost.tenancy.lexicons import checked_entries, parse_pls
+    from voicehost.text.lexicon import LexiconEntry
+
+    data = path.read_bytes()
+    if data.lstrip()[:1] == b"<":
+        return parse_pls(data, limits)[0]
+    document = json.loads(data)
+    found = document["entries"] if isinstance(document, dict) else document
+    entries = (
+        LexiconEntry(e["grapheme"], e["alias"], bool(e.get("case_sensitive", False))) for e in found
+    )
+    return checked_entries(entries, limits)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -531,6 +588,26 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--seed", type=int)
     say.add_argument("--api-key", help="a key with the synthesize scope")
     say.set_defaults(func=cmd_say)
+
+    normalize = commands.add_parser(
+        "normalize",
+        help="print the segments the engine would get for a text, one a line",
+        description="The text stage of speech, alone: the segments of TEXT as the engine gets "
+        "them (cut per the segment settings, the lexicon's aliases said, numbers, money, dates "
+        "and times in words of LANGUAGE), one a line; a line break inside one is shown as \\n.",
+    )
+    normalize.add_argument("text")
+    normalize.add_argument(
+        "--language",
+        default="en",
+        help="BCP-47 tag (en, fr, de, es, es-MX, it, ko, hi, zh); another is said as written",
+    )
+    normalize.add_argument("--lexicon", type=Path, help="a lexicon file: W3C PLS or JSON")
+    normalize.add_argument("--raw", action="store_true", help="cut, but do not normalise")
+    normalize.add_argument(
+        "--json", action="store_true", help="a JSON object a line: said, text, start, end"
+    )
+    normalize.set_defaults(func=cmd_normalize)
 
     doctor = commands.add_parser(
         "doctor", help="check this machine, the model, the codec, adapters and a server"

@@ -1,20 +1,23 @@
 """Normalisation: one segment's text -> words the model can say (see ``voicehost.text``).
 
-Numbers, dates, times, currency, percentages, units and common abbreviations become English
-words (``num2words``); emotive tags such as ``<laugh>`` pass through byte-identical.
+Numbers, dates, times, currency, percentages, units and common abbreviations become words of
+the segment's language: English here (``num2words``), the others in ``voicehost.text.languages``.
+Emotive tags such as ``<laugh>`` pass through byte-identical.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
 
 from num2words import num2words
 
-from voicehost.text import CLOSERS, EN_DASH, TAG
+from voicehost.text import CLOSERS, EN_DASH
+from voicehost.text.languages import chinese, european, hindi, korean
+from voicehost.text.rules import Rule, apply_rules
 
 _MINUS = "\N{MINUS SIGN}"
-_TAG_SPLIT = re.compile(f"({TAG.pattern})")
 
 _MONTHS = (
     "January February March April May June July August September October November December"
@@ -279,8 +282,6 @@ def _latin(m: re.Match[str]) -> str:
     return words + "." if key in _MAY_END_SENTENCE and _ends_sentence(m) else words
 
 
-Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str | None]]
-
 # Applied in order: abbreviations, then dates before times before money before plain numbers,
 # each on what the previous ones left (their output has no digits, so no rule rereads it).
 _RULES: tuple[Rule, ...] = (
@@ -356,30 +357,15 @@ _RULES: tuple[Rule, ...] = (
 )
 
 
-def _apply(rule: Rule, text: str) -> str:
-    pattern, convert = rule
-
-    def replace(m: re.Match[str]) -> str:
-        try:
-            words = convert(m)
-        except (ArithmeticError, ValueError, NotImplementedError):
-            # num2words refuses some values; such text stays as written.
-            return m[0]
-        if words is None:
-            return m[0]
-        # Keep words apart from letters they were glued to ("mp3" -> "mp three").
-        before = m.string[m.start() - 1 : m.start()]
-        after = m.string[m.end() : m.end() + 1]
-        if before.isalnum() and words[:1].isalnum():
-            words = " " + words
-        if after.isalnum() and words[-1:].isalnum():
-            words += " "
-        return words
-
-    return pattern.sub(replace, text)
+def normalize(text: str, language: str = "en") -> str:
+    """One segment's text -> the words a speaker of ``language`` (a BCP-47 tag: "fr",
+    "de-CH", "zh-Hans") would say; never raises. A language without rules here comes back
+    unchanged: English rules are never applied to another language's text."""
+    rules = normalizer(language)
+    return text if rules is None else rules(text)
 
 
-def normalize(text: str) -> str:
+def normalize_english(text: str) -> str:
     """English text -> the words a speaker would say, for one segment; never raises.
 
     Numbers (cardinals, decimals, negatives, ordinals, years after words like "in"/"since",
@@ -388,8 +374,21 @@ def normalize(text: str) -> str:
     etc. vs. approx.) become words. Emotive tags (``<laugh>``, any ``<word>``) and everything
     else come back byte-identical.
     """
-    parts = _TAG_SPLIT.split(text)
-    for i in range(0, len(parts), 2):  # odd indices are tags
-        for rule in _RULES:
-            parts[i] = _apply(rule, parts[i])
-    return "".join(parts)
+    return apply_rules(text, _RULES)
+
+
+@lru_cache(maxsize=64)
+def normalizer(language: str) -> Callable[[str], str] | None:
+    """The rules of a BCP-47 tag's language ("fr", "es-MX", "zh-Hans-CN"), ``None`` for a
+    language without rules here (its text is said as written)."""
+    primary, _, rest = language.replace("_", "-").lower().partition("-")
+    region = next((part for part in rest.split("-") if len(part) in (2, 3)), "")
+    if primary == "en":
+        return normalize_english
+    if primary == "ko":
+        return korean.normalize
+    if primary == "hi":
+        return hindi.normalize
+    if primary == "zh":
+        return chinese.normalize
+    return european.rules_for(primary, region)

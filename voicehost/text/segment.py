@@ -8,6 +8,7 @@ split across two segments.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -18,6 +19,7 @@ DEFAULT_FIRST_MIN_WORDS = 4
 
 _TAG_PREFIX = re.compile(r"<[A-Za-z][\w-]{0,30}(>)?")
 _MAX_TAG_CHARS = 33
+MIN_MAX_CHARS = 2 * _MAX_TAG_CHARS  # the least max_chars: two emotive tags
 
 # Words ending in "." after which a sentence does not end (compared lower-case, without the dot).
 ABBREVIATIONS = frozenset(
@@ -26,8 +28,19 @@ ABBREVIATIONS = frozenset(
         "sgt", "rev", "vs", "etc", "e.g", "i.e", "approx", "cf", "viz",
     }
 )  # fmt: skip
-_SENTENCE_MARKS = ".!?…"
-_CLAUSE_MARKS = f",;:\N{EM DASH}{EN_DASH}"
+# Devanagari's danda and double danda end a sentence as "." does (a space follows them).
+_SENTENCE_MARKS = ".!?…\N{DEVANAGARI DANDA}\N{DEVANAGARI DOUBLE DANDA}" + "。！？"
+_CLAUSE_MARKS = f",;:\N{EM DASH}{EN_DASH}" + "，、；："
+# Chinese and Japanese write no space after a mark: the text may be cut right after these.
+_WIDE_SENTENCE_MARKS = "。！？"
+_WIDE_CLAUSE_MARKS = "，、；："
+_WIDE_CLOSERS = "」』）】》〉〕\N{RIGHT DOUBLE QUOTATION MARK}\N{RIGHT SINGLE QUOTATION MARK}"
+_ALL_CLOSERS = CLOSERS + _WIDE_CLOSERS
+_NOT_AFTER_A_CUT = _ALL_CLOSERS + _SENTENCE_MARKS + _CLAUSE_MARKS
+_WIDE_ENDS = _WIDE_SENTENCE_MARKS + _WIDE_CLAUSE_MARKS + _ALL_CLOSERS  # what may end before a cut
+# Within a run of these (a number, a Latin word) a text without spaces is not cut if it can be.
+_RUN = re.compile(r"[0-9A-Za-z.,:%]")
+_MAX_RUN = 40
 _OPENERS = "\"'\N{LEFT DOUBLE QUOTATION MARK}\N{LEFT SINGLE QUOTATION MARK}«([{"
 _DAY_COMMA = re.compile(r"(?<![0-9])[0-9]{1,2}(?:st|nd|rd|th)?,\Z")
 _INITIALS = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]|[A-Z]")
@@ -58,9 +71,20 @@ class _Cut(IntEnum):
     SENTENCE = 3
 
 
+def _is_wide(char: str) -> bool:
+    """A wide character: Han, kana, Hangul, full-width forms."""
+    return unicodedata.east_asian_width(char) in "WF"
+
+
+def _is_unspaced(char: str) -> bool:
+    """A character of a script written without spaces between words (Han, kana): each counts
+    as a word. Korean writes spaces between words, so Hangul does not."""
+    return _is_wide(char) and not ("\uac00" <= char <= "\ud7a3" or "\u1100" <= char <= "\u11ff")
+
+
 def _classify(token: str) -> _Cut:
     """The boundary after ``token`` (a run of non-space characters followed by whitespace)."""
-    core = token.rstrip(CLOSERS)
+    core = token.rstrip(_ALL_CLOSERS)
     if core and core[-1] in _SENTENCE_MARKS:
         if core[-1] != "." or core.endswith(".."):
             return _Cut.SENTENCE
@@ -75,8 +99,25 @@ def _classify(token: str) -> _Cut:
     return _Cut.SPACE
 
 
+def _wide_cut(buffer: str, i: int) -> _Cut | None:
+    """The boundary before ``buffer[i]`` (not a space) when a full-width mark ends there."""
+    if buffer[i - 1] not in _WIDE_ENDS or buffer[i] in _NOT_AFTER_A_CUT:
+        return None
+    j = i - 1
+    while j > 0 and buffer[j] in _ALL_CLOSERS and i - j < 4:
+        j -= 1
+    if buffer[j] in _WIDE_SENTENCE_MARKS:
+        return _Cut.SENTENCE
+    if buffer[j] in _WIDE_CLAUSE_MARKS:
+        return _Cut.CLAUSE
+    return None
+
+
 def _word_count(text: str) -> int:
-    return sum(1 for token in text.split() if not TAG.fullmatch(token))
+    """Words, with each character of a script written without spaces counted as one."""
+    return sum(
+        max(1, sum(map(_is_unspaced, token))) for token in text.split() if not TAG.fullmatch(token)
+    )
 
 
 class TextSegmenter:
@@ -90,15 +131,20 @@ class TextSegmenter:
     Rules:
     - A cut needs whitespace after it (or the end of the input at flush), so a word is never cut
       while more text may come. The whitespace starts the next segment.
-    - A sentence ends after ``. ! ? …`` (and closing quotes or brackets after them), but not after
-      an abbreviation (``ABBREVIATIONS``: Dr. Mr. e.g. etc. ...) or an initial (J. R. R., U.S.).
+    - A sentence ends after ``. ! ? …`` and Devanagari's ``। ॥`` (and closing quotes or brackets
+      after them), but not after an abbreviation (``ABBREVIATIONS``: Dr. Mr. e.g. etc. ...) or
+      an initial (J. R. R., U.S.). Chinese and Japanese marks (``。！？`` end a sentence,
+      ``，、；：`` a clause) need no whitespace after them: the cut is right after the mark
+      and its closing quotes, once the next character shows it is not another mark.
     - The first segment ends early, at the first clause boundary (``, ; :``, an em or en dash or
       a spaced hyphen; not the comma after a day as in "March 5, 2024") once it holds
       ``first_min_words`` words (emotive tags do not count), so speech can start before the first
       sentence is complete; ``None`` turns this off.
     - Every segment is at most ``max_chars`` characters: a longer one is cut at its last sentence
       end, else its last clause boundary, else its last space before the limit; a single word
-      longer than that is cut hard (outside emotive tags). Whitespace counts as characters.
+      longer than that is cut hard (outside emotive tags, and in text without spaces not inside
+      a number or Latin word that follows a Han or Hangul character). Whitespace counts as
+      characters.
     - With ``target_chars`` > 0, consecutive sentences are merged into one segment while it stays
       within ``target_chars`` (the first segment is not merged when ``first_min_words`` is set).
       Merging waits for the next sentence, so it adds latency; 0 (the default) emits every
@@ -114,8 +160,8 @@ class TextSegmenter:
         first_min_words: int | None = DEFAULT_FIRST_MIN_WORDS,
         target_chars: int = 0,
     ) -> None:
-        if max_chars < 2 * _MAX_TAG_CHARS:
-            raise ValueError(f"max_chars must be at least {2 * _MAX_TAG_CHARS}, not {max_chars}")
+        if max_chars < MIN_MAX_CHARS:
+            raise ValueError(f"max_chars must be at least {MIN_MAX_CHARS}, not {max_chars}")
         if first_min_words is not None and first_min_words < 1:
             raise ValueError(f"first_min_words must be at least 1 or None, not {first_min_words}")
         if not 0 <= target_chars <= max_chars:
@@ -167,8 +213,10 @@ class TextSegmenter:
     def _judge(self, p: int) -> _Cut | None:
         """Whether and how well the input can be cut before offset ``p`` (``p`` is known)."""
         buffer, i = self._buffer, p - self._base
-        if not buffer[i].isspace() or i == 0 or buffer[i - 1].isspace():
+        if i == 0 or buffer[i - 1].isspace():
             return None
+        if not buffer[i].isspace():
+            return _wide_cut(buffer, i)
         j = i - 1
         while j > 0 and not buffer[j - 1].isspace():
             j -= 1
@@ -220,16 +268,29 @@ class TextSegmenter:
         lo = max(self._start, limit - _MAX_TAG_CHARS) - self._base
         i = self._buffer.rfind("<", lo, limit - self._base)
         if i < 0:
-            return limit
+            return self._outside_run(limit)
         match = _TAG_PREFIX.match(self._buffer, i, known - self._base)
         if match is None:
-            return limit
+            return self._outside_run(limit)
         tag_start, tag_end = self._base + i, self._base + match.end()
         if match.group(1) is not None:
             return tag_start if tag_end > limit and tag_start > self._start else limit
         if tag_end == known and not final:
             return None  # the tag may still close past the limit
         return limit
+
+    def _outside_run(self, cut: int) -> int:
+        """``cut``, or the start of the number or Latin word it falls in when a character of a
+        script without spaces comes before that (``2024年3月`` is not cut inside ``2024``)."""
+        buffer, i = self._buffer, cut - self._base
+        if i >= len(buffer) or not (_RUN.match(buffer[i - 1]) and _RUN.match(buffer[i])):
+            return cut
+        j = i - 1
+        while j > 0 and _RUN.match(buffer[j - 1]) and i - j < _MAX_RUN:
+            j -= 1
+        if self._base + j > self._start and _is_wide(buffer[j - 1]):
+            return self._base + j
+        return cut
 
     def _text(self, start: int, end: int) -> str:
         return self._buffer[start - self._base : end - self._base]

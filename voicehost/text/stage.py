@@ -2,7 +2,8 @@
 
 Three steps, in this order: a lexicon's aliases (``lexicon``: what is said for a word), cutting
 into segments (``segment``: sentences packed up to ``max_chars`` of what is said), and
-normalising each segment for the model (``normalize``: numbers, dates, units ... as words).
+normalising each segment for the model (``normalize``: numbers, dates, units ... as words, by
+the rules of the stage's ``language``).
 A request's whole input goes through ``TextStage.whole``; a socket's text, arriving in pieces,
 through ``TextStage.streamed``. Each segment keeps its span of the input (``text``, ``start``,
 ``end``); ``speech`` is what the engine is prompted with. Nothing after this stage rewrites text.
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from voicehost.errors import ServiceError
 from voicehost.text.lexicon import Lexicon, SpokenSegmenter
 from voicehost.text.normalize import normalize
-from voicehost.text.segment import DEFAULT_MAX_CHARS, Segment, TextSegmenter, fit, split_text
+from voicehost.text.segment import (
+    DEFAULT_MAX_CHARS,
+    MIN_MAX_CHARS,
+    Segment,
+    TextSegmenter,
+    fit,
+    split_text,
+)
 
 
 class TextTooLong(ServiceError, ValueError):
@@ -37,23 +45,54 @@ class NothingToSay(ServiceError, ValueError):
     code = "empty_input"
 
 
+def has_speech(text: str) -> bool:
+    """Whether ``text`` has something a voice could say (a letter or digit)."""
+    return any(ch.isalnum() for ch in text)
+
+
 def check_input(text: str, max_chars: int) -> None:
     """``NothingToSay`` for input without a letter or digit, ``TextTooLong`` past
     ``max_chars`` (as sent, before lexicons)."""
-    if not any(ch.isalnum() for ch in text):
+    if not has_speech(text):
         raise NothingToSay("input is empty or has nothing to say")
     if len(text) > max_chars:
         raise TextTooLong(len(text), max_chars, lexicons=False)
 
 
+# How much longer a character of these languages takes to say than a Latin letter: a Han
+# character is a syllable (about three letters of English), a Hangul block about two letters.
+# A segment of them holds that many times fewer characters, so its speech fits as English does.
+CHARACTER_WEIGHTS = {"zh": 3, "ja": 3, "yue": 3, "ko": 2}
+
+
+def primary_language(tag: str) -> str:
+    """A BCP-47 tag's language: ``"zh-Hans-CN"`` -> ``"zh"``."""
+    return tag.replace("_", "-").partition("-")[0].lower()
+
+
+def spoken_length(text: str, language: str = "en") -> int:
+    """``text``'s length in Latin letters of speech (``len`` times the language's weight): what
+    a budget sized for English characters (max tokens, context) should count."""
+    return len(text) * CHARACTER_WEIGHTS.get(primary_language(language), 1)
+
+
 @dataclass(frozen=True)
 class TextStage:
     """How one request's or socket's text becomes segments: its lexicon (``None``: words are
-    said as written), the longest segment, and whether numbers and the like are normalised."""
+    said as written), the longest segment (in Latin letters: ``spoken_length``), whether numbers
+    and the like are normalised, and the language (a BCP-47 tag) whose rules do that. A
+    language without rules (``normalize.normalizer``) is said as written."""
 
     lexicon: Lexicon | None = None
     max_chars: int = DEFAULT_MAX_CHARS
     normalise: bool = True
+    language: str = "en"
+
+    @property
+    def segment_chars(self) -> int:
+        """The longest segment in characters of its language (at least the segmenter's least)."""
+        weight = CHARACTER_WEIGHTS.get(primary_language(self.language), 1)
+        return self.max_chars if weight == 1 else max(MIN_MAX_CHARS, self.max_chars // weight)
 
     def whole(self, text: str, limit: int | None = None) -> list[Segment]:
         """A complete input's segments; ``TextTooLong`` where the lexicon makes it say more
@@ -62,10 +101,10 @@ class TextStage:
         if limit is not None and len(said) > limit:
             raise TextTooLong(len(said), limit)
         if self.lexicon:  # cut in what is said; each segment keeps its span of the input
-            cutter = SpokenSegmenter(self.lexicon, self.max_chars, whole=True)
+            cutter = SpokenSegmenter(self.lexicon, self.segment_chars, whole=True)
             segments = cutter.push(text) + cutter.flush()
         else:
-            segments = split_text(text, self.max_chars)
+            segments = split_text(text, self.segment_chars)
         return [piece for segment in segments for piece in self.finish(segment)]
 
     def streamed(self) -> StreamedText:
@@ -81,7 +120,7 @@ class TextStage:
         character once)."""
         if not self.normalise:
             return [segment]
-        first, *rest = fit(normalize(segment.speech), self.max_chars)
+        first, *rest = fit(normalize(segment.speech, self.language), self.segment_chars)
         after = dataclasses.replace(segment, text="", start=segment.end)
         return [
             dataclasses.replace(segment, spoken=first),
@@ -98,9 +137,9 @@ class StreamedText:
         self.stage = stage
         self.said = 0
         self._cutter: TextSegmenter | SpokenSegmenter = (
-            SpokenSegmenter(stage.lexicon, stage.max_chars)
+            SpokenSegmenter(stage.lexicon, stage.segment_chars)
             if stage.lexicon
-            else TextSegmenter(max_chars=stage.max_chars)
+            else TextSegmenter(max_chars=stage.segment_chars)
         )
 
     def push(self, piece: str) -> list[Segment]:
