@@ -82,8 +82,9 @@ class SpeechResult:
 @dataclass(frozen=True, slots=True)
 class Captioned:
     """Speech with its words' timing (the captioned endpoint): the audio file's bytes, its
-    format and sample rate, what timed the words, and each word as ``{"text", "start", "end",
-    "audio_start", "audio_end"}`` (its span in the text, its seconds in the audio)."""
+    format and sample rate, what timed the words, and each word as ``{"text", "said", "start",
+    "end", "audio_start", "audio_end"}`` (its span in the text, what it was said as, its seconds
+    in the audio)."""
 
     audio: bytes
     response_format: str

@@ -28,10 +28,31 @@ async def with_lexicon(http, server) -> None:
         assert response.status in (200, 201), await response.text()
 
 
+# what each word of TEXT was said as: the lexicon's aliases, the money and the title in words
+SAID = [
+    "Our",
+    "kubes",
+    "bill",
+    "was",
+    "forty-two dollars, fifty cents,",
+    "Doctor",
+    "Smith",
+    "said.",
+    "Then",
+    "kates the cluster",
+    "ran",
+    "the",
+    "shop",
+    "for",
+    "us.",
+]
+
+
 def assert_words_of(words: list[dict], text: str) -> None:
     """Every word of ``text`` once, in order, its span in ``text``, its times in order."""
     assert [text[w["start"] : w["end"]] for w in words] == text.split()
     assert [w["text"] for w in words] == text.split()
+    assert [w["said"] for w in words] == SAID
     starts = [w["audio_start"] for w in words]
     assert starts == sorted(starts)
     assert all(w["audio_end"] >= w["audio_start"] for w in words)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from voicehost.text.segment import TextSegmenter, split_text
-from voicehost.text.stage import TextStage, spoken_length
+from voicehost.text.stage import TIMED_WORDS, SaidWords, TextStage, speech_length
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +84,8 @@ def test_a_chinese_segment_holds_a_third_of_the_characters_of_an_english_one():
     assert TextStage(max_chars=300, language="ko-KR").segment_chars == 150
     assert TextStage(max_chars=300, language="fr").segment_chars == 300
     assert TextStage(max_chars=100, language="zh").segment_chars == 66  # the segmenter's least
-    assert spoken_length("你好", "zh") == 6 and spoken_length("hello", "en") == 5
+    assert speech_length("你好") == 6 and speech_length("hello") == 5
+    assert speech_length("안녕 ok") == 7 and speech_length("पहला") == 4  # by script
 
 
 def test_the_stage_normalises_by_its_language():
@@ -114,3 +115,21 @@ def test_korean_counts_words_by_its_spaces_for_the_early_first_segment():
     assert texts(streamed("오늘은 날씨가 정말 좋네요, 산책하러 갈까요?"))[0] == (
         "오늘은 날씨가 정말 좋네요,"
     )
+
+
+def said_by_word(text: str, language: str) -> list[tuple[str, str]]:
+    stage = TextStage(language=language)
+    said = SaidWords(stage.say, text)
+    return [(m.group(), said.of(m.start(), m.end())) for m in TIMED_WORDS.finditer(text)]
+
+
+def test_each_word_is_said_as_its_part_of_what_the_stage_says():
+    french = dict(said_by_word("Le billet coûte 42,50 € le 3 mars.", "fr"))
+    # said together: both words of the price carry it
+    assert french["42,50"] == french["€"] == "quarante-deux euros cinquante"
+    assert french["3"] == "trois" and french["billet"] == "billet"
+    chinese = said_by_word("我有2个苹果。", "zh")
+    assert chinese[2] == ("2", "两个") and chinese[3] == ("个", "两个")  # 2 before a counter
+    assert chinese[0] == ("我", "我")
+    english = SaidWords(TextStage().say, "Hello there, friend.")
+    assert english.plain and english.of(6, 12) == "there,"  # said as written: nothing to say

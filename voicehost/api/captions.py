@@ -78,10 +78,11 @@ class WordClock:
 
 
 def word_fields(word: SpokenWord) -> dict[str, object]:
-    """A word as the API gives it: its span in the client's text and its audio seconds
-    (floored to the millisecond: never after the audio)."""
+    """A word as the API gives it: its span in the client's text, what it was said as, and its
+    audio seconds (floored to the millisecond: never after the audio)."""
     return {
         "text": word.text,
+        "said": word.said or word.text,
         "start": word.start,
         "end": word.end,
         "audio_start": math.floor(word.audio_start * 1000) / 1000,

@@ -150,7 +150,6 @@ class RealtimeSession:
         self.serving = serving
         self.synthesizer = synthesizer
         self.voice = voice
-        self.options: SpeakOptions = speak_options(config, serving.settings, serving.aligner)
         self.stream = serving.encoding_pool.stream(
             config.response_format, config.sample_rate, config.speed
         )
@@ -160,7 +159,12 @@ class RealtimeSession:
         self.first_audio: float | None = None  # when the first audio was sent (monotonic)
         self.words: list[SpokenWord] = []  # words sent since the last cancel (stream clock)
         max_chars = serving.settings.segment_max_chars
-        self.stage = TextStage(lexicon if lexicon else None, max_chars, config.normalize)
+        self.stage = TextStage(
+            lexicon if lexicon else None, max_chars, config.normalize, voice.language
+        )
+        self.options: SpeakOptions = speak_options(
+            config, serving.settings, serving.aligner, self.stage
+        )
         self.said = 0  # characters said by the segmenters before this one (their ``said``)
         self.segmenter = self.stage.streamed()
         self.segmenter_base = 0  # where the current segmenter's offsets start

@@ -110,9 +110,9 @@ async def speak(request: web.Request, captioned: bool) -> web.StreamResponse:
     principal = request_principal(request)
     voice = await find_voice(serving.voices, body.voice, principal, serving.settings.voice_aliases)
     lexicon = await speech_lexicon(serving, body.lexicons, voice, principal)
-    stage = TextStage(lexicon, serving.settings.segment_max_chars, body.normalize)
+    stage = TextStage(lexicon, serving.settings.segment_max_chars, body.normalize, voice.language)
     segments = stage.whole(body.input, serving.settings.max_input_chars)  # or TextTooLong
-    options = speak_options(body, serving.settings, serving.aligner)
+    options = speak_options(body, serving.settings, serving.aligner, stage)
     tally = serving.usage.tally(principal, voice.voice_id)  # counts what is sent
     async with serving.admit(principal):
         events = synthesizer.speak_segments(each(segments), voice, options)

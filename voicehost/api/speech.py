@@ -28,7 +28,7 @@ from voicehost.ids import VERSION_PATTERN, VOICE_ID_PATTERN
 from voicehost.speech.alignment import Aligner
 from voicehost.speech.synthesis import SpeakOptions
 from voicehost.tenancy.lexicons import LEXICON_NAME_PATTERN
-from voicehost.text.stage import check_input
+from voicehost.text.stage import TextStage, check_input
 
 # --- its wire models ---
 
@@ -173,6 +173,11 @@ class TimedWord(BaseModel):
     stage said it as) and its start and end in seconds of the audio sent (after ``speed``)."""
 
     text: str
+    said: str = Field(
+        description="What it was said as: its numbers, dates, money ... in words, in the "
+        "voice's language, and a lexicon's alias (a word said together with its neighbour, "
+        "`42,50 €`, carries their words: both say `quarante-deux euros cinquante`)."
+    )
     start: int = Field(ge=0)
     end: int = Field(ge=0)
     audio_start: float = Field(ge=0)
@@ -218,9 +223,11 @@ def check_speech_request(body: SpeechRequest, max_chars: int) -> None:
     check_audio_options(body)
 
 
-def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> SpeakOptions:
+def speak_options(
+    body: SpeechOptions, settings: Settings, aligner: Aligner, stage: TextStage
+) -> SpeakOptions:
     """How the synthesizer speaks a request's segments, from its options and the settings;
-    ``aligner`` times its words if it asks for word timing."""
+    ``aligner`` times its words if it asks for word timing, each said as ``stage`` says it."""
     timed = body.timestamps == "word"
     return SpeakOptions(
         seed=body.seed,
@@ -228,6 +235,7 @@ def speak_options(body: SpeechOptions, settings: Settings, aligner: Aligner) -> 
         prefetch=settings.segment_prefetch,
         trim_db=settings.trim_threshold_db if body.trim_silence else None,
         aligner=aligner if timed else None,
+        say=stage.say if timed else None,
     )
 
 
@@ -258,13 +266,23 @@ SSE_EVENTS: Json = {
             "properties": {
                 "type": {"const": "speech.word"},
                 "text": {"type": "string"},
+                "said": {"type": "string", "description": "What it was said as."},
                 "start": {"type": "integer", "minimum": 0},
                 "end": {"type": "integer", "minimum": 0},
                 "audio_start": {"type": "number", "minimum": 0},
                 "audio_end": {"type": "number", "minimum": 0},
                 "aligner": {"type": "string"},
             },
-            "required": ["type", "text", "start", "end", "audio_start", "audio_end", "aligner"],
+            "required": [
+                "type",
+                "text",
+                "said",
+                "start",
+                "end",
+                "audio_start",
+                "audio_end",
+                "aligner",
+            ],
         },
         {
             "type": "object",

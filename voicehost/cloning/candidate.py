@@ -155,7 +155,8 @@ async def evaluate_candidate(
     async def speak(name: str, sentence: str) -> Sample:
         voice = candidate if name == candidate.voice_id else builtin[name]
         started = time.monotonic()
-        segments = TextStage(max_chars=settings.segment_max_chars).whole(sentence)
+        stage = TextStage(max_chars=settings.segment_max_chars, language=voice.language)
+        segments = stage.whole(sentence)
         chunks: list[np.ndarray] = []
         async with aclosing(synthesizer.speak_segments(_each(segments), voice, options)) as events:
             async for event in events:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from voicehost.config import LANGUAGE_TAG, ORPHEUS_VOICES, Settings
 from voicehost.errors import ServiceError
+from voicehost.text.stage import primary_language
 
 DEFAULT_LANGUAGE = "en"
 METADATA = "voicehost.json"  # in a model's folder: its languages and its voices' languages
@@ -58,7 +59,7 @@ class UnspokenLanguage(ServiceError, ValueError):
 def same_language(a: str, b: str) -> bool:
     """Whether two tags name one language: their primary subtags agree (``en-US`` and ``en``;
     a region or script does not change which words a lexicon or a text rule applies to)."""
-    return a.split("-")[0].lower() == b.split("-")[0].lower()
+    return primary_language(a) == primary_language(b)
 
 
 def check_language(language: str, spoken: tuple[str, ...]) -> str:

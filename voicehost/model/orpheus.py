@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Protocol
 
+from voicehost.text.stage import speech_length
+
 TEXT_VOCAB_SIZE = 128256
 VOCAB_SIZE = 156940
 BEGIN_OF_TEXT = 128000
@@ -214,20 +216,22 @@ CHARACTERS_PER_SECOND = 14.0  # typical speech rate
 
 
 def min_audio_tokens(text: str) -> int:
-    """Audio tokens that saying ``text`` at a typical pace takes, plus the stop token."""
-    seconds = len(text) / CHARACTERS_PER_SECOND
+    """Audio tokens that saying ``text`` at a typical pace takes, plus the stop token (its
+    length counted in letters of speech: a Han character is a syllable)."""
+    seconds = speech_length(text) / CHARACTERS_PER_SECOND
     return math.ceil(seconds * AUDIO_TOKENS_PER_SECOND / TOKENS_PER_FRAME) * TOKENS_PER_FRAME + 1
 
 
 def max_audio_tokens(text: str, limit: int) -> int:
     """A ``max_tokens`` for ``text``: whole frames of generous speech time plus the stop token.
 
-    Speech runs at about 14 characters per second; allow twice that time plus one second, but
+    Speech runs at about 14 characters per second (letters of speech: ``speech_length``, so a
+    Chinese or Korean segment gets its syllables' time); allow twice that time plus one second, but
     never more than ``limit`` tokens: ``ValueError`` if not even one frame and the stop fit.
     """
     if limit < TOKENS_PER_FRAME + 1:
         raise ValueError(f"a limit of {limit} tokens holds no frame and the stop token")
-    seconds = 1.0 + 2.0 * len(text) / CHARACTERS_PER_SECOND
+    seconds = 1.0 + 2.0 * speech_length(text) / CHARACTERS_PER_SECOND
     frames = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND / TOKENS_PER_FRAME)
     frames = max(1, min(frames, (limit - 1) // TOKENS_PER_FRAME))
     return frames * TOKENS_PER_FRAME + 1

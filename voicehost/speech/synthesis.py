@@ -23,6 +23,7 @@ from voicehost.model.engine import SpeechEngine
 from voicehost.speech.alignment import Aligner, WordTiming
 from voicehost.speech.capacity import RateMeter
 from voicehost.text.segment import Segment
+from voicehost.text.stage import SaidWords
 from voicehost.voices.voice import Voice
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,8 @@ class SpeakOptions:
     prefetch: int = 1  # segments generated at once when continuity is off
     trim_db: float | None = None  # drop leading silence quieter than this (None: keep it)
     aligner: Aligner | None = None  # word timing: ``SpokenWord`` events (None: none)
+    # what a timed word is said as (``TextStage.say``); None: as written
+    say: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,10 +241,17 @@ class SpokenWord:
     audio_start: float
     audio_end: float
     aligner: str
+    said: str = ""  # what it was said as: its numbers and lexicon words as the engine had them
 
     @classmethod
     def of(
-        cls, index: int, segment: Segment, offset: float, aligner: str, word: WordTiming
+        cls,
+        index: int,
+        segment: Segment,
+        offset: float,
+        aligner: str,
+        said: SaidWords | None,
+        word: WordTiming,
     ) -> SpokenWord:
         """``word`` of segment ``index``, whose audio starts ``offset`` s into the stream."""
         return cls(
@@ -252,7 +262,15 @@ class SpokenWord:
             offset + word.audio_start,
             offset + word.audio_end,
             aligner,
+            said.of(word.start, word.end) if said is not None else word.text,
         )
+
+
+def said_words(options: SpeakOptions, segment: Segment) -> SaidWords | None:
+    """What the words of ``segment`` are said as, where its words are timed."""
+    if options.aligner is None or options.say is None or not segment.text:
+        return None
+    return SaidWords(options.say, segment.text)
 
 
 async def call_now(step: Callable[[Any], list[WordTiming]], samples: Any) -> list[WordTiming]:
@@ -317,6 +335,7 @@ class Synthesizer:
                     segment,
                     stream_samples / orpheus.SAMPLE_RATE,  # where this segment's audio starts
                     aligner.name if aligner is not None else "",
+                    said_words(options, segment),
                 )
                 async for pcm in chunks:
                     if trim is not None and not trim.done:

@@ -12,6 +12,8 @@ through ``TextStage.streamed``. Each segment keeps its span of the input (``text
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from voicehost.errors import ServiceError
@@ -70,16 +72,28 @@ def primary_language(tag: str) -> str:
     return tag.replace("_", "-").partition("-")[0].lower()
 
 
-def spoken_length(text: str, language: str = "en") -> int:
-    """``text``'s length in Latin letters of speech (``len`` times the language's weight): what
-    a budget sized for English characters (max tokens, context) should count."""
-    return len(text) * CHARACTER_WEIGHTS.get(primary_language(language), 1)
+def speech_length(text: str) -> int:
+    """``text``'s length in Latin letters of speech, by each character's script (a Han
+    character three, a Hangul block two, anything else one): what the engine's audio budget
+    counts for a segment, whatever language its voice speaks."""
+    if text.isascii():
+        return len(text)
+    total = 0
+    for ch in text:
+        code = ord(ch)
+        if 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0xF900 <= code <= 0xFAFF:
+            total += 3
+        elif 0xAC00 <= code <= 0xD7A3:
+            total += 2
+        else:
+            total += 1
+    return total
 
 
 @dataclass(frozen=True)
 class TextStage:
     """How one request's or socket's text becomes segments: its lexicon (``None``: words are
-    said as written), the longest segment (in Latin letters: ``spoken_length``), whether numbers
+    said as written), the longest segment (in Latin letters: ``speech_length``), whether numbers
     and the like are normalised, and the language (a BCP-47 tag) whose rules do that. A
     language without rules (``normalize.normalizer``) is said as written."""
 
@@ -106,6 +120,12 @@ class TextStage:
         else:
             segments = split_text(text, self.segment_chars)
         return [piece for segment in segments for piece in self.finish(segment)]
+
+    def say(self, text: str) -> str:
+        """What the engine is given for ``text``: the lexicon's aliases, then normalised by the
+        stage's language (each word of a segment is said as its part of this)."""
+        said = self.lexicon.apply(text) if self.lexicon else text
+        return normalize(said, self.language) if self.normalise else said
 
     def streamed(self) -> StreamedText:
         """A segmenter for text that arrives in pieces (the first segment cut early)."""
@@ -151,3 +171,44 @@ class StreamedText:
     def _finished(self, segments: list[Segment]) -> list[Segment]:
         self.said += sum(len(segment.speech) for segment in segments)
         return [piece for segment in segments for piece in self.stage.finish(segment)]
+
+
+# a word: a run of letters and marks between spaces, or one character of a script written
+# without them (Han, kana, full-width forms), as word timing counts them
+UNSPACED = "\u3000-\u9fff\uf900-\ufaff\uff00-\uffef"
+TIMED_WORDS = re.compile(f"[{UNSPACED}]|[^\\s{UNSPACED}]+")
+
+
+class SaidWords:
+    """What each word of one segment's ``text`` is said as (a timed word's ``said``), by
+    ``say`` (``TextStage.say``): the part of ``say(text)`` that the word's span adds.
+
+    A word is measured between boundaries where what is said for the text before them does
+    not change later (``say(text[:b])`` is a prefix of ``say(text)``): ``42,50 €`` is said as
+    one, "quarante-deux euros cinquante", and both its words carry it. Each prefix is said
+    once; a segment whose text is said as written costs nothing."""
+
+    def __init__(self, say: Callable[[str], str], text: str) -> None:
+        self.say = say
+        self.text = text
+        self.whole = say(text)
+        self.plain = self.whole == text  # said as written: a word is said as itself
+        self.boundaries = [0, *(m.end() for m in TIMED_WORDS.finditer(text))]
+        self._prefixes: dict[int, str | None] = {0: "", len(text): self.whole}
+
+    def _stable(self, boundary: int) -> str | None:
+        """What is said for ``text[:boundary]`` if it stays said so, else ``None``."""
+        if boundary not in self._prefixes:
+            said = self.say(self.text[:boundary]).rstrip()
+            self._prefixes[boundary] = said if self.whole.startswith(said) else None
+        return self._prefixes[boundary]
+
+    def of(self, start: int, end: int) -> str:
+        """What ``text[start:end]`` (a word's span) is said as."""
+        if self.plain:
+            return self.text[start:end]
+        before = [b for b in self.boundaries if b <= start]
+        after = [b for b in self.boundaries if b >= end] or [len(self.text)]
+        head = next(p for b in reversed(before) if (p := self._stable(b)) is not None)
+        tail = next(p for b in after if (p := self._stable(b)) is not None)
+        return self.whole[len(head) : len(tail)].strip()
