@@ -14,6 +14,7 @@ import helpers
 import pytest
 from helpers import CHROMIUM, DEV_DIR, RedisServer, Server, free_port
 
+from voicehost.config import ORPHEUS_VOICES
 from voicehost.model.devmodel import DevModelPaths, ensure_dev_model
 
 pytest_plugins = ["lanes"]  # --lane K/N: make test runs the suite as lanes side by side
@@ -80,6 +81,10 @@ SERVER_ENV = {
     # a WebRTC peer that vanishes, or never connects, is found out in seconds (test_webrtc)
     "VOICEHOST_WEBRTC_CONSENT_SECONDS": "6",
     "VOICEHOST_WEBRTC_CONNECT_TIMEOUT_SECONDS": "5",
+    # the dev model is one model in every language: this one speaks English and French, with
+    # Orpheus' voices and one French voice, so the languages' tests join it (no French server)
+    "VOICEHOST_LANGUAGES": "en,fr",
+    "VOICEHOST_BUILTIN_VOICES": json.dumps([*ORPHEUS_VOICES, "pierre"]),
 }
 
 

@@ -122,3 +122,24 @@ async def test_word_timing_where_the_answer_has_no_place_for_it_is_a_400(http, s
     assert await error(CAPTIONED, stream_format="sse") == (400, "invalid_request")
     assert await error(CAPTIONED, voice="nobody") == (404, "voice_not_found")
     assert await error(CAPTIONED, input="...") == (400, "empty_input")
+
+
+async def test_a_voice_reads_its_text_by_its_languages_rules_and_says_so_word_by_word(http, server):
+    """The shared server's ``pierre`` speaks French: its text is read by French rules (the
+    price in its order, the date's day), each word saying what it was said as; the same text
+    for an English voice is read by English rules."""
+    text = "Le billet coûte 42,50 € le 3 mars."
+
+    async def said(voice: str) -> dict[str, str]:
+        body = {"input": text, "voice": voice, "response_format": "wav", "seed": 3}
+        async with http.post(server.url + CAPTIONED, json=body) as response:
+            assert response.status == 200, await response.text()
+            captioned = CaptionedSpeech.model_validate(await response.json())
+        assert {w.text for w in captioned.words} <= set(text.split())  # a sign is no word
+        return {w.text: w.said for w in captioned.words}
+
+    french = await said("pierre")
+    assert french["42,50"] == "quarante-deux euros cinquante"  # with its sign, in its order
+    assert french["3"] == "trois" and french["billet"] == "billet"
+    english = await said("tara")
+    assert english["3"] == "three" and "quarante" not in " ".join(english.values())

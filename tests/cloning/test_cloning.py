@@ -277,38 +277,52 @@ async def test_job_state_survives_a_restart(tmp_path, dev_model):
 async def test_a_voice_speaks_a_language_of_the_model_and_says_which(
     http, server, dev_model, corpus
 ):
-    """The shared dev model speaks English: every voice is listed with its language, the
-    models list theirs; an adapter or a clone asked for in French is 400
-    ``unsupported_language`` and leaves no voice and no job; asked for in English, the adapter's
-    manifest says so."""
+    """The shared dev model speaks English and French (its settings say so): every voice is
+    listed with its language (Orpheus' English, ``pierre`` French), the models list both; an
+    adapter or a clone asked for in German is 400 ``unsupported_language`` and leaves no voice
+    and no job; an adapter's language is the model's first unless its upload says another, and
+    a French clone's job is trained in French."""
     async with http.get(server.url + "/v1/models") as r:
-        assert {m["id"]: m["languages"] for m in (await r.json())["data"]}["orpheus"] == ["en"]
+        models = {m["id"]: m["languages"] for m in (await r.json())["data"]}
+    assert models["orpheus"] == ["en", "fr"]
     async with http.get(server.url + "/v1/audio/voices") as r:
         voices = {v["id"]: v for v in (await r.json())["voices"]}
     assert voices["tara"]["language"] == "en" and voices["dev-a"]["language"] == "en"
+    assert voices["pierre"]["language"] == "fr" and voices["pierre"]["kind"] == "builtin"
     jobs = server.adapters.parent / "jobs"
 
     def job_folders() -> set[str]:
         return {job.name for job in jobs.iterdir()} if jobs.exists() else set()
 
     jobs_before = job_folders()
-    form = adapter_form(dev_model, "fr-voice")
-    form.add_field("language", "fr")
+    form = adapter_form(dev_model, "de-voice")
+    form.add_field("language", "de")
     async with http.post(server.url + "/v1/voices", data=form) as r:
         assert r.status == 400 and await error_code(r) == "unsupported_language"
-        assert "speaks en" in (await r.json())["error"]["message"]
-    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Voix")
-    form.add_field("language", "fr")
+        assert "speaks en, fr" in (await r.json())["error"]["message"]
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Stimme")
+    form.add_field("language", "de")
     async with http.post(server.url + "/v1/voices", data=form) as r:
         assert r.status == 400 and await error_code(r) == "unsupported_language"
     assert job_folders() == jobs_before
-    form = adapter_form(dev_model, "en-voice")
-    form.add_field("language", "en")
-    async with http.post(server.url + "/v1/voices", data=form) as r:
-        assert r.status == 201, await r.text()
-        voice = (await r.json())["voice"]
-    assert voice["language"] == "en" and voice["manifest"]["language"] == "en"
-    async with http.delete(server.url + "/v1/voices/en-voice") as r:
-        assert r.status == 204
-    async with http.get(server.url + "/v1/voices/fr-voice") as r:
+    async with http.get(server.url + "/v1/voices/de-voice") as r:
         assert r.status == 404
+    for language, voice_id in (("en", "en-voice"), ("fr", "fr-voice"), (None, "any-voice")):
+        form = adapter_form(dev_model, voice_id)
+        if language is not None:
+            form.add_field("language", language)
+        async with http.post(server.url + "/v1/voices", data=form) as r:
+            assert r.status == 201, await r.text()
+            voice = (await r.json())["voice"]
+        assert voice["language"] == (language or "en")
+        async with http.delete(f"{server.url}/v1/voices/{voice_id}") as r:
+            assert r.status == 204
+    form = audio_form(corpus.good, corpus.folder / "metadata.csv", name="Voix française")
+    form.add_field("language", "fr")
+    async with http.post(server.url + "/v1/voices", data=form) as r:
+        assert r.status == 202, await r.text()
+        job = (await r.json())["job"]
+    spec = json.loads((jobs / job["id"] / "spec.json").read_text())
+    assert spec["language"] == "fr"  # what its manifest will say (export.manifest)
+    async with http.delete(f"{server.url}/v1/jobs/{job['id']}") as r:
+        assert r.status in (200, 204)

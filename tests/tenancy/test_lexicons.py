@@ -368,8 +368,9 @@ async def test_a_lexicon_changes_what_is_said_over_http_and_by_a_voices_manifest
 
 
 async def test_a_lexicon_applies_to_the_voices_of_its_language(http, server, dev_model):
-    """The shared dev model speaks English: a French lexicon named for an English voice is 400
-    ``lexicon_language_mismatch``; as a voice's default it is left out, and the voice speaks."""
+    """A French lexicon named for an English voice is 400 ``lexicon_language_mismatch`` and
+    applies to the shared server's French voice; as an English voice's default it is left
+    out, and the voice speaks."""
     french = {"language": "fr", "entries": [{"grapheme": "Kubernetes", "alias": "kubes"}]}
     status, saved = await put(http, server, "fr-tech", french)
     assert status == 201 and saved["lexicon"]["language"] == "fr"
@@ -380,6 +381,9 @@ async def test_a_lexicon_applies_to_the_voices_of_its_language(http, server, dev
         assert response.status == 400
         error = (await response.json())["error"]
     assert error["code"] == "lexicon_language_mismatch" and "speaks en" in error["message"]
+    body["voice"] = "pierre"  # the shared server's French voice: its language's lexicon applies
+    async with http.post(server.url + "/v1/audio/speech", json=body) as response:
+        assert response.status == 200, await response.text()
     status, refused = await put(http, server, "bad", {"language": "French", "entries": []})
     assert (status, refused["error"]["code"]) == (400, "invalid_lexicon")
     form = adapter_form(dev_model, "franglais")  # its default lexicon is French: left out
