@@ -189,9 +189,7 @@ class _Espeak:
         return 0
 
     def speak(self, text: str, voice: str, words_per_minute: int) -> SpokenWords:
-        data = text.encode()
-        if len(data) != len(text):
-            raise ValueError("spoken_words takes ASCII text (its positions are characters)")
+        data = text.encode()  # UTF-8; the library's word positions count its characters
         with self.lock:
             self.chunks, self.starts = [], []
             self.library.espeak_SetVoiceByName(voice.encode())
@@ -209,8 +207,9 @@ _espeak: _Espeak | None = None
 
 
 def spoken_words(text: str, voice: str = "en-us", words_per_minute: int = 175) -> SpokenWords:
-    """``text`` (ASCII) spoken by espeak-ng's library, with the sample where it starts each
-    word: the ground truth of word timing (``scripts/bench_alignment.py``)."""
+    """``text`` spoken by espeak-ng's library in ``voice`` (``fr``, ``cmn``, ...), with where it
+    starts each word (offsets in characters of ``text``): the ground truth of word timing
+    (``scripts/bench_alignment.py``)."""
     global _espeak
     if _espeak is None:
         _espeak = _Espeak()
