@@ -199,7 +199,11 @@ class _Espeak:
             )
             self.library.espeak_Synchronize()
             samples = np.concatenate(self.chunks).astype(np.float32) / 32768
-            starts = [(position, sample / self.rate) for position, sample in self.starts]
+            starts, last = [], -1
+            for position, sample in self.starts:
+                if position > last:  # one out of order is left from an earlier text (cmn's)
+                    starts.append((position, sample / self.rate))
+                    last = position
         return SpokenWords(samples, self.rate, starts)
 
 
