@@ -2,7 +2,9 @@
 
 espeak-ng's C library reports where each word starts in the audio it makes (its word events,
 through ctypes: ``voicehost.tools.devcorpus.spoken_words``). Connected speech of several voices
-and speeds, resampled to the model's 24 kHz, is aligned:
+and speeds, in each of ``--languages`` (five texts each; espeak-ng's voice of the language in
+four variants, English's ``--voices``), resampled to the model's 24 kHz, is aligned with the
+language passed as a voice's is:
 
 - ``whole``: the segment's audio at once (what a segment's last words get, and the captioned
   endpoint);
@@ -19,7 +21,11 @@ one JSON object with every figure.
 ``--aligner-model FOLDER`` measures a forced aligner (``VOICEHOST_ALIGNER_MODEL``) beside the
 built-in one (none can be downloaded on the build machines: a real one must be brought).
 
-    python scripts/bench_alignment.py [--voices en-us+m1,en-us+f2,en+m3,en-us+f4]
+A last table gives each language's median and p90 (plain audio, whole and streamed) and its
+median's ratio to English's (issue 44: within 1.5x).
+
+    python scripts/bench_alignment.py [--languages en,fr,de,es,it,ko,hi,zh]
+        [--voices en-us+m1,en-us+f2,en+m3,en-us+f4] [--variants m1,f2,m3,f4]
         [--speeds 140,175,220] [--chunk-ms 300] [--aligner-model FOLDER] [--json OUT]
 """
 
@@ -38,7 +44,13 @@ import soundfile
 import soxr
 
 from voicehost.model.orpheus import SAMPLE_RATE
-from voicehost.speech.alignment import Aligner, EstimatedAligner, WordTiming, align
+from voicehost.speech.alignment import (
+    Aligner,
+    EstimatedAligner,
+    WordTiming,
+    align,
+    spoken_letters,
+)
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.tools.devcorpus import spoken_words
 
@@ -52,6 +64,64 @@ TEXTS = [
     "After the meeting ended, the manager thanked everyone for coming and promised a decision "
     "by Friday.",
 ]
+# Everyday sentences of each language, with the commas, semicolons and questions of English's.
+TEXTS_BY_LANGUAGE = {
+    "en": TEXTS,
+    "fr": [
+        "Le café est très bon, mais il coûte cher. Nous parlons souvent de nos vacances.",
+        "Hier soir, mes voisins ont organisé une fête dans leur jardin; tout le quartier était là.",
+        "Pourriez-vous me dire où se trouve la gare? Je dois prendre le train de huit heures.",
+        "Les enfants jouent dans le parc pendant que leurs parents discutent tranquillement.",
+        "Après la réunion, la directrice a remercié tout le monde et promis une décision vendredi.",
+    ],
+    "de": [
+        "Über den Brücken fährt ein großer Zug. Wir haben gestern lange geredet.",
+        "Am Wochenende besuchen wir meine Großeltern, die auf dem Land wohnen.",
+        "Könnten Sie mir bitte sagen, wo der Bahnhof ist? Ich muss den Zug um acht nehmen.",
+        "Die Kinder spielen im Garten, während ihre Eltern in der Küche kochen.",
+        "Nach der Besprechung dankte die Leiterin allen und versprach eine Entscheidung am "
+        "Freitag.",
+    ],
+    "es": [
+        "Mañana vamos a la playa con nuestros amigos, si no llueve demasiado.",
+        "Ayer por la noche, mis vecinos hicieron una fiesta en su jardín; todo el barrio "
+        "estaba allí.",
+        "¿Podría decirme dónde está la estación? Tengo que tomar el tren de las ocho.",
+        "Los niños juegan en el parque mientras sus padres hablan tranquilamente.",
+        "Después de la reunión, la directora dio las gracias a todos y prometió una decisión.",
+    ],
+    "it": [
+        "Domani andiamo al mare con i nostri amici, se non piove troppo.",
+        "Ieri sera, i miei vicini hanno organizzato una festa in giardino; c'era tutto il "
+        "quartiere.",
+        "Mi potrebbe dire dov'è la stazione? Devo prendere il treno delle otto.",
+        "I bambini giocano nel parco mentre i loro genitori parlano tranquillamente.",
+        "Dopo la riunione, la direttrice ha ringraziato tutti e ha promesso una decisione venerdì.",
+    ],
+    "ko": [
+        "안녕하세요, 저는 학생입니다. 오늘 날씨가 정말 좋네요.",
+        "어제 저녁에 친구들과 함께 시장에 가서 맛있는 음식을 먹었어요.",
+        "기차역이 어디에 있는지 알려 주시겠어요? 여덟 시 기차를 타야 해요.",
+        "아이들은 공원에서 놀고, 부모님들은 벤치에 앉아 이야기를 나눕니다.",
+        "회의가 끝난 후에 팀장님은 모두에게 감사하다고 말씀하셨습니다.",
+    ],
+    "hi": [
+        "मैं आज बाज़ार जा रहा हूँ। क्या आप भी मेरे साथ चलेंगे?",
+        "कल शाम को हमारे पड़ोसियों ने अपने बगीचे में एक बड़ी दावत रखी थी।",
+        "क्या आप मुझे बता सकते हैं कि स्टेशन कहाँ है? मुझे आठ बजे की ट्रेन पकड़नी है।",
+        "बच्चे पार्क में खेल रहे हैं, और उनके माता पिता बेंच पर बैठकर बातें कर रहे हैं।",
+        "बैठक के बाद, प्रबंधक ने सबको धन्यवाद दिया और शुक्रवार तक फ़ैसला करने का वादा किया।",
+    ],
+    "zh": [
+        "我们今天去公园散步，天气很好。明天我要去北京。",  # noqa: RUF001
+        "昨天晚上，我的邻居在花园里举办了一个聚会；整个小区的人都来了。",  # noqa: RUF001
+        "请问火车站在哪里？我要坐八点的火车。",  # noqa: RUF001
+        "孩子们在公园里玩，他们的父母坐在长椅上聊天。",  # noqa: RUF001
+        "会议结束以后，经理感谢了大家，并且答应星期五做出决定。",  # noqa: RUF001
+    ],
+}
+ESPEAK_VOICES = {"fr": "fr", "de": "de", "es": "es", "it": "it", "ko": "ko", "hi": "hi"}
+ESPEAK_VOICES["zh"] = "cmn"  # Mandarin
 TRANSFORMS = {"plain": [], "tempo 1.25": ["tempo", "1.25"], "pad 0.4 s": ["pad", "0.4", "0"]}
 
 
@@ -89,10 +159,10 @@ def figures(errors: list[float], ordered: int, pairs: int, on_time: list[bool]) 
 
 
 def streamed(
-    aligner: Aligner, text: str, audio: np.ndarray, chunk: int
+    aligner: Aligner, text: str, audio: np.ndarray, chunk: int, language: str = "en"
 ) -> tuple[list[WordTiming], list[float]]:
     """The words of ``text`` as a stream gets them, each with the audio heard (s) when given."""
-    alignment = aligner.begin(text)
+    alignment = aligner.begin(text, language)
     words: list[WordTiming] = []
     given_at: list[float] = []
     for first in range(0, audio.size, chunk):
@@ -118,58 +188,74 @@ def in_time(ends: list[float], given_at: list[float], chunk_seconds: float) -> l
     ]
 
 
+def voices_of(language: str, english: str, variants: str) -> list[str]:
+    """espeak-ng's voices that speak ``language``: English's as given, another's base voice in
+    each variant (``fr+m1``)."""
+    if language == "en":
+        return english.split(",")
+    return [f"{ESPEAK_VOICES[language]}+{variant}" for variant in variants.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--voices", default="en-us+m1,en-us+f2,en+m3,en-us+f4")
+    parser.add_argument("--languages", default=",".join(TEXTS_BY_LANGUAGE))
+    parser.add_argument("--voices", default="en-us+m1,en-us+f2,en+m3,en-us+f4", help="English's")
+    parser.add_argument("--variants", default="m1,f2,m3,f4", help="of another language's voice")
     parser.add_argument("--speeds", default="140,175,220", help="words per minute")
     parser.add_argument("--chunk-ms", type=int, default=300)
     parser.add_argument("--aligner-model", type=Path, help="a forced aligner's model folder")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    aligners: list[Aligner] = [EstimatedAligner()]
+    aligners: list[Aligner] = [EstimatedAligner(spoken_letters)]
     if args.aligner_model:
         aligners.append(load_aligner(args.aligner_model))
     chunk = SAMPLE_RATE * args.chunk_ms // 1000
+    speeds = [int(s) for s in args.speeds.split(",")]
     results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        for aligner, (transform, effect), mode in itertools.product(
-            aligners, TRANSFORMS.items(), ("whole", "streamed")
-        ):
-            per_case: dict[str, tuple[list[float], int, int, list[bool]]] = {}
-            for voice in args.voices.split(","):
-                for speed in (int(s) for s in args.speeds.split(",")):
+        for language in args.languages.split(","):
+            speech = {  # each text in each voice and speed, spoken once
+                (voice, speed, text): spoken_words(text, voice, speed)
+                for voice in voices_of(language, args.voices, args.variants)
+                for speed in speeds
+                for text in TEXTS_BY_LANGUAGE[language]
+            }
+            for aligner, (transform, effect), mode in itertools.product(
+                aligners, TRANSFORMS.items(), ("whole", "streamed")
+            ):
+                per_case: dict[str, tuple[list[float], int, int, list[bool]]] = {}
+                for (voice, speed, text), spoken in speech.items():
                     case = f"{voice} {speed} wpm"
                     errors, ordered, pairs, on_time = per_case.setdefault(case, ([], 0, 0, []))
-                    for text in TEXTS:
-                        spoken = spoken_words(text, voice, speed)
-                        audio = soxr.resample(spoken.samples, spoken.sample_rate, SAMPLE_RATE)
-                        audio = transformed(audio, effect, work)
-                        truth = dict(spoken.starts)
-                        if mode == "streamed":
-                            words, given_at = streamed(aligner, text, audio, chunk)
-                            ends = [true_end(truth, w.start, effect, audio) for w in words]
-                            on_time += in_time(ends, given_at, chunk / SAMPLE_RATE)
-                        else:
-                            words = align(aligner, text, audio)
-                        errors += [
-                            w.audio_start - moved(truth[w.start], effect)
-                            for w in words
-                            if w.start in truth
-                        ]
-                        starts = [w.audio_start for w in words]
-                        ordered += sum(b >= a for a, b in itertools.pairwise(starts))
-                        pairs += max(0, len(starts) - 1)
+                    audio = soxr.resample(spoken.samples, spoken.sample_rate, SAMPLE_RATE)
+                    audio = transformed(audio, effect, work)
+                    truth = dict(spoken.starts)
+                    if mode == "streamed":
+                        words, given_at = streamed(aligner, text, audio, chunk, language)
+                        ends = [true_end(truth, w.start, effect, audio) for w in words]
+                        on_time += in_time(ends, given_at, chunk / SAMPLE_RATE)
+                    else:
+                        words = align(aligner, text, audio, language=language)
+                    errors += [
+                        w.audio_start - moved(truth[w.start], effect)
+                        for w in words
+                        if w.start in truth
+                    ]
+                    starts = [w.audio_start for w in words]
+                    ordered += sum(b >= a for a, b in itertools.pairwise(starts))
+                    pairs += max(0, len(starts) - 1)
                     per_case[case] = (errors, ordered, pairs, on_time)
-            rows = {case: figures(*values) for case, values in per_case.items()}
-            rows["all"] = figures(
-                [e for values in per_case.values() for e in values[0]],
-                sum(values[1] for values in per_case.values()),
-                sum(values[2] for values in per_case.values()),
-                [t for values in per_case.values() for t in values[3]],
-            )
-            results[f"{aligner.name} {mode}, {transform}"] = rows
-            print(f"{aligner.name} {mode:8s} {transform:10s} {rows['all']}", file=sys.stderr)
+                rows = {case: figures(*values) for case, values in per_case.items()}
+                rows["all"] = figures(
+                    [e for values in per_case.values() for e in values[0]],
+                    sum(values[1] for values in per_case.values()),
+                    sum(values[2] for values in per_case.values()),
+                    [t for values in per_case.values() for t in values[3]],
+                )
+                name = f"{language} {aligner.name} {mode}, {transform}"
+                results[name] = rows
+                print(f"{name:40s} {rows['all']}", file=sys.stderr)
     for name, rows in results.items():
         print(f"\n{name}")
         for case, row in rows.items():
@@ -178,10 +264,32 @@ def main() -> int:
                 f"in order {100 * row['in_order']:5.1f} %  ({row['words']} words)"
                 + (f"  on time {100 * row['on_time']:5.1f} %" if "on_time" in row else "")
             )
+    print_languages(results, args.languages.split(","), aligners)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print(json.dumps(results))
     return 0
+
+
+def print_languages(
+    results: dict[str, dict[str, dict[str, float]]], languages: list[str], aligners: list[Aligner]
+) -> None:
+    """Each language's figures on plain audio, and its medians against English's."""
+    for aligner in aligners:
+        print(f"\n{aligner.name}, plain audio: language, whole median / p90, streamed median /")
+        print("p90 / on time, each median's ratio to English's")
+        english = {m: results.get(f"en {aligner.name} {m}, plain") for m in ("whole", "streamed")}
+        for language in languages:
+            line = f"  {language:3s}"
+            for mode in ("whole", "streamed"):
+                row = results[f"{language} {aligner.name} {mode}, plain"]["all"]
+                line += f"  {mode} {row['median_ms']:6.1f} / {row['p90_ms']:6.1f} ms"
+                if "on_time" in row:
+                    line += f" / {100 * row['on_time']:5.1f} %"
+                base = english[mode]
+                if base is not None:
+                    line += f" ({row['median_ms'] / max(base['all']['median_ms'], 1e-9):.2f}x)"
+            print(line + f"  ({row['words']} words)")
 
 
 if __name__ == "__main__":

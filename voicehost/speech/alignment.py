@@ -32,13 +32,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
 from voicehost.audio.speech_start import FLOOR_DB, window_levels_db, window_samples
 from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.speech.writing_systems import spoken_length, unspaced_words
 from voicehost.text.normalize import normalize
 
 WINDOW_SECONDS = 0.010  # the level's resolution
@@ -56,9 +57,15 @@ DIP_REWARD = 0.01  # per dB squared of a dip's depth, against the squared distan
 PEAK_SIDE = 10  # windows either side a syllable's peak stands out from
 PEAK_PROMINENCE_DB = 4.0
 PEAK_GAP = 8  # windows: two peaks nearer than this are one syllable
+SYLLABLE_PEAK_GAP = 0.6  # of a syllable's expected length: a tonal syllable's peaks are one
+TONAL = {"zh"}
 WORD = re.compile(r"\S+")
 VOWELS = re.compile(r"[aeiouy]+")
-PAUSING = re.compile(r"[,;:.!?\u2026)\]\"\u2014\u2013-]+$")
+# clause and sentence ends, and what closes one: Latin, CJK (fullwidth) and Devanagari (danda)
+PAUSING = re.compile(
+    r"[,;:.!?\u2026)\]\"\u2014\u2013\u00bb\u3001\u3002\u300d\u300f\uff01\uff09\uff0c"
+    r"\uff1a\uff1b\uff1f\u0964\u0965-]+$"
+)
 HISSING_ES = re.compile(r"(?:[sxz]|[cs]h|[cg])es$")  # boxes, wishes, pages: -es said
 
 
@@ -103,8 +110,9 @@ class Aligner(Protocol):
     name: str
     threaded: bool  # its work is slow enough to run off the event loop (a model's)
 
-    def begin(self, text: str) -> SegmentAlignment:
-        """The alignment of one segment whose spoken text is ``text``."""
+    def begin(self, text: str, language: str = "en") -> SegmentAlignment:
+        """The alignment of one segment whose spoken text is ``text``, in ``language`` (its
+        voice's, BCP-47: how its words are cut and weighed)."""
         ...
 
 
@@ -141,17 +149,45 @@ def syllables(word: str) -> int:
     return max(1, count)
 
 
-def text_words(text: str, weigh: Callable[[str], float] = letters) -> list[TextWord]:
-    """The words of ``text`` (runs of non-space with a letter or digit), each weighted by
-    ``weigh``, and whether punctuation follows it."""
+def primary_language(language: str) -> str:
+    """``fr`` of ``fr-CA``; Mandarin's and Cantonese's own tags are Chinese (``zh``)."""
+    primary = language.split("-")[0].split("_")[0].lower()
+    return "zh" if primary in ("cmn", "yue") else primary
+
+
+def text_words(
+    text: str, weigh: Callable[[str], float] = letters, language: str = "en"
+) -> list[TextWord]:
+    """The words of ``text`` (runs of non-space with a letter or digit), each weighted, and
+    whether punctuation follows it. English's weight: ``weigh`` and its syllables by English
+    rules; another language's: its script's letters and syllables (``writing_systems``), each
+    Han or kana character a word of its own, a mark that stands alone after a word (a danda, a
+    French guillemet) that word's pause."""
+    language = primary_language(language)
+    if language == "en":
+        words = []
+        for match in WORD.finditer(text):
+            word = match.group()
+            if any(ch.isalnum() for ch in word):
+                pause = bool(PAUSING.search(word))
+                said = syllables(word)
+                weight = weigh(word) + SYLLABLE_LETTERS * said
+                words.append(TextWord(word, match.start(), match.end(), weight, pause, said))
+        return words
     words = []
     for match in WORD.finditer(text):
-        word = match.group()
-        if any(ch.isalnum() for ch in word):
+        token = match.group()
+        if not any(ch.isalnum() for ch in token):
+            if words and PAUSING.search(token):
+                words[-1] = replace(words[-1], pause_after=True)
+            continue
+        for first, last in unspaced_words(token):
+            word = token[first:last]
+            written, said = spoken_length(word, language)
+            weight = written + SYLLABLE_LETTERS * said
+            start = match.start() + first
             pause = bool(PAUSING.search(word))
-            said = syllables(word)
-            weight = weigh(word) + SYLLABLE_LETTERS * said
-            words.append(TextWord(word, match.start(), match.end(), weight, pause, said))
+            words.append(TextWord(word, start, start + len(word), weight, pause, said))
     return words
 
 
@@ -236,10 +272,10 @@ def spread(
     return [(edges[k], edges[k + 1]) for k in range(len(indices))]
 
 
-def syllable_peaks(levels: np.ndarray, first: int, last: int) -> list[int]:
+def syllable_peaks(levels: np.ndarray, first: int, last: int, gap: int = PEAK_GAP) -> list[int]:
     """The syllables' peaks in the level (5-window smoothed) within ``first`` .. ``last``: each
     a maximum near the loud level that stands ``PEAK_PROMINENCE_DB`` above the lowest level
-    150 ms either side, ``PEAK_GAP`` windows at least from the one before. A peak is counted
+    150 ms either side, ``gap`` windows at least from the one before. A peak is counted
     once its falling side has been heard."""
     last = min(last, levels.size - PEAK_SIDE // 2)
     if last - first < 3:
@@ -254,7 +290,7 @@ def syllable_peaks(levels: np.ndarray, first: int, last: int) -> list[int]:
         right = smooth[i + 1 : i + 1 + PEAK_SIDE].min()
         if smooth[i] - max(left, right) < PEAK_PROMINENCE_DB:
             continue
-        if found and i - found[-1] < PEAK_GAP:
+        if found and i - found[-1] < gap:
             if smooth[i] > smooth[found[-1]]:
                 found[-1] = i
             continue
@@ -280,8 +316,11 @@ def level_dips(levels: np.ndarray, first: int, last: int) -> list[tuple[int, flo
 class EstimatedAlignment:
     """One segment, for ``EstimatedAligner``."""
 
-    def __init__(self, text: str, weigh: Callable[[str], float] = letters) -> None:
-        self.words = text_words(text, weigh)
+    def __init__(
+        self, text: str, weigh: Callable[[str], float] = letters, language: str = "en"
+    ) -> None:
+        self.language = primary_language(language)
+        self.words = text_words(text, weigh, language)
         self.groups = phrases(self.words)
         self.levels = np.zeros(0)  # of the complete windows fed
         self.tail = np.zeros(0, dtype=np.float32)  # the samples past the last complete window
@@ -444,7 +483,11 @@ class EstimatedAlignment:
         the latest. The phrase's last word waits for the phrase's end."""
         if len(todo) < 2:
             return
-        peaks = syllable_peaks(levels, int(start), heard)
+        gap = PEAK_GAP
+        if self.language in TONAL:  # a syllable's tone may peak twice
+            said = sum(self.words[i].syllables for i in group)
+            gap = max(PEAK_GAP, round(SYLLABLE_PEAK_GAP * expected / said))
+        peaks = syllable_peaks(levels, int(start), heard, gap)
         smooth = np.convolve(levels, np.ones(3) / 3, mode="same")
         by_rate = spread(group, self.words, start, start + expected, levels)
         count = 0  # syllables of the phrase's words so far
@@ -487,7 +530,8 @@ class EstimatedAlignment:
 class EstimatedAligner:
     """The built-in aligner: no model (see the module's docstring). ``weigh``: a word's
     expected length (its letters; ``spoken_letters`` for a client's text, which the text stage
-    rewrites and normalises before it is said)."""
+    rewrites and normalises before it is said), in English; another language's words are
+    weighed by their script (``text_words``)."""
 
     name = "estimated"
     threaded = False
@@ -495,14 +539,16 @@ class EstimatedAligner:
     def __init__(self, weigh: Callable[[str], float] = letters) -> None:
         self.weigh = weigh
 
-    def begin(self, text: str) -> EstimatedAlignment:
-        return EstimatedAlignment(text, self.weigh)
+    def begin(self, text: str, language: str = "en") -> EstimatedAlignment:
+        return EstimatedAlignment(text, self.weigh, language)
 
 
-def align(aligner: Aligner, text: str, samples: np.ndarray, chunk: int = 0) -> list[WordTiming]:
-    """Every word of ``text`` placed in ``samples`` (a whole segment at 24 kHz): fed in chunks
-    of ``chunk`` samples as a stream is, or (0) at once, as a whole."""
-    alignment = aligner.begin(text)
+def align(
+    aligner: Aligner, text: str, samples: np.ndarray, chunk: int = 0, language: str = "en"
+) -> list[WordTiming]:
+    """Every word of ``text`` (in ``language``) placed in ``samples`` (a whole segment at
+    24 kHz): fed in chunks of ``chunk`` samples as a stream is, or (0) at once, as a whole."""
+    alignment = aligner.begin(text, language)
     if not chunk:
         return alignment.finish(samples)
     words: list[WordTiming] = []

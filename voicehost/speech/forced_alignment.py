@@ -124,10 +124,11 @@ def viterbi(
 class CtcAlignment:
     """One segment, for ``CtcAligner``."""
 
-    def __init__(self, model: CtcModel, text: str) -> None:
+    def __init__(self, model: CtcModel, text: str, language: str = "en") -> None:
         self.model = model
         self.text = text
-        self.words = text_words(text, spoken_letters)
+        self.language = language
+        self.words = text_words(text, spoken_letters, language)
         self.targets: list[int] = []
         self.owner: list[int] = []  # the word of each target (-1: a delimiter)
         for index, word in enumerate(self.words):
@@ -207,7 +208,7 @@ class CtcAlignment:
     def _estimated(self) -> list[WordTiming]:
         """The words not given, placed by the built-in estimate over the whole audio."""
         audio = np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
-        estimate = EstimatedAlignment(self.text, spoken_letters).finish(audio)
+        estimate = EstimatedAlignment(self.text, spoken_letters, self.language).finish(audio)
         spans: list[tuple[float, float] | None] = [(w.audio_start, w.audio_end) for w in estimate]
         return self._words(spans, final=True)
 
@@ -222,8 +223,8 @@ class CtcAligner:
         self.model = CtcModel(folder)
         self.name = f"ctc:{folder.name}"
 
-    def begin(self, text: str) -> CtcAlignment:
-        return CtcAlignment(self.model, text)
+    def begin(self, text: str, language: str = "en") -> CtcAlignment:
+        return CtcAlignment(self.model, text, language)
 
 
 def load_aligner(folder: Path | None) -> Aligner:

@@ -326,7 +326,9 @@ class Synthesizer:
                 yield SegmentStarted(index, segment)
                 samples = 0
                 aligner = options.aligner
-                alignment = aligner.begin(segment.text) if aligner is not None else None
+                alignment = (
+                    aligner.begin(segment.text, voice.language) if aligner is not None else None
+                )
                 threaded = aligner is not None and aligner.threaded  # a model's: off the loop
                 aligned = asyncio.to_thread if threaded else call_now
                 placed = partial(
