@@ -68,6 +68,7 @@ from voicehost.config import Settings
 from voicehost.model import orpheus
 from voicehost.model.devmodel import DevModelPaths, build_voice_adapter, ensure_dev_model
 from voicehost.model.engine import SpeechEngine, engine_args, resolve_max_loras
+from voicehost.model.served import served_languages
 from voicehost.voices.validation import AdapterRules, ModelShape, validate_adapter
 from voicehost.voices.voice import Voice
 
@@ -284,7 +285,7 @@ async def bench(args: argparse.Namespace) -> dict:
         shape=ModelShape.from_config(dev.model / "config.json"),
     )
     adapters = [validate_adapter(folder, rules) for folder in folders]
-    builtin = settings.builtin_voices[0]
+    builtin = next(iter(served_languages(settings).voices))
     base = Voice(voice_id=builtin, name=builtin.title())
     configs = {"base": plan(adapters, 0, args.batch, base)}
     for distinct in distincts:

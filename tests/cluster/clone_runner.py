@@ -14,15 +14,14 @@ import logging
 from voicehost.cloning.jobs import CloneJobs, add_to
 from voicehost.cluster.worker import WorkerCluster
 from voicehost.config import Settings
-from voicehost.model.served import served_model
-from voicehost.voices.validation import AdapterRules
+from voicehost.model.served import adapter_rules, served_languages
 
 
 async def main() -> None:
     settings = Settings()
     cluster = WorkerCluster(settings)
-    rules = AdapterRules.from_settings(settings, served_model(settings))
-    voices = cluster.voice_directory(settings.builtin_voices, rules)
+    rules = adapter_rules(settings)
+    voices = cluster.voice_directory(served_languages(settings).voices, rules)
     jobs = CloneJobs(
         settings.shared_dir / "jobs",
         add_to(voices),

@@ -49,8 +49,9 @@ class VoiceInfo(BaseModel):
     name: str
     kind: Literal["builtin", "adapter"]
     language: str | None = Field(
-        description="The language it speaks (BCP-47); a request's text is read in it. None for "
-        "an unusable adapter."
+        None,
+        description="The language it speaks (BCP-47); a request's text is read in it (none for "
+        "an unusable adapter).",
     )
     status: Literal["ready", "held", "error"] = "ready"
     error: str | None = None
