@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from voicehost.text.languages import alternatives
 from voicehost.text.rules import Rule, apply_rules
 
 _DIGITS = "零一二三四五六七八九"
@@ -153,8 +154,8 @@ def _plain(m: re.Match[str]) -> str:
     return _number(m["int"], m["frac"], m["sign"])
 
 
-_UNIT_PATTERN = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-_SYMBOLS = "|".join(re.escape(s) for s in sorted(_CURRENCIES, key=len, reverse=True))
+_UNIT_PATTERN = alternatives(_UNITS)
+_SYMBOLS = alternatives(_CURRENCIES)
 
 RULES: tuple[Rule, ...] = (
     (

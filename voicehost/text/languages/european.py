@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from num2words import num2words
 
+from voicehost.text.languages import alternatives
 from voicehost.text.rules import Rule, apply_rules
 
 _MINUS = "\N{MINUS SIGN}"
@@ -135,10 +136,10 @@ class Rules:
         self.sign = rf"(?P<sign>(?<![\w-])[-{_MINUS}](?=[0-9]))?"
         self.month_names = {m.lower(): i for i, m in enumerate(s.months, 1)}
         months = "|".join(s.months)
-        symbols = "|".join(re.escape(c) for c in sorted(s.currencies, key=len, reverse=True))
-        scales = "|".join(re.escape(w) for w in sorted(s.millions, key=len, reverse=True))
+        symbols = alternatives(s.currencies)
+        scales = alternatives(s.millions)
         scale = rf"(?:\s?(?P<scale>{scales})(?![\w]))?" if scales else ""
-        units = "|".join(re.escape(u) for u in sorted(s.units, key=len, reverse=True))
+        units = alternatives(s.units)
         self.rules: list[Rule] = [
             (
                 re.compile(r"\b(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})\b"),

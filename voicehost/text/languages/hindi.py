@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from voicehost.text.languages import alternatives
 from voicehost.text.rules import Rule, apply_rules
 
 # 0..99: Hindi's names for them are irregular, so they are listed.
@@ -147,9 +148,9 @@ def _plain(m: re.Match[str]) -> str:
     return _number(m["int"], m["frac"], m["sign"])
 
 
-_SYMBOLS = "|".join(re.escape(s) for s in sorted(_CURRENCIES, key=len, reverse=True))
-_UNIT_PATTERN = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-_MONTH_PATTERN = "|".join(sorted(_MONTH_SPELLINGS, key=len, reverse=True))
+_SYMBOLS = alternatives(_CURRENCIES)
+_UNIT_PATTERN = alternatives(_UNITS)
+_MONTH_PATTERN = alternatives(_MONTH_SPELLINGS, escape=False)
 
 RULES: tuple[Rule, ...] = (
     (

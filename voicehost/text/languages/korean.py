@@ -10,6 +10,7 @@ import re
 
 from num2words import num2words
 
+from voicehost.text.languages import alternatives
 from voicehost.text.rules import Rule, apply_rules
 
 # At most five groups of thousands (past 15 digits a run is read digit by digit): an
@@ -124,9 +125,9 @@ def _plain(m: re.Match[str]) -> str:
     return _number(m["int"], m["frac"], m["sign"])
 
 
-_SYMBOLS = "|".join(re.escape(s) for s in sorted(_CURRENCIES, key=len, reverse=True))
-_UNIT_PATTERN = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-_COUNTERS = "|".join(sorted(["번째", *_NATIVE_COUNTERS], key=len, reverse=True))
+_SYMBOLS = alternatives(_CURRENCIES)
+_UNIT_PATTERN = alternatives(_UNITS)
+_COUNTERS = alternatives(["번째", *_NATIVE_COUNTERS], escape=False)
 
 RULES: tuple[Rule, ...] = (
     (
