@@ -76,7 +76,9 @@ class ClusterLink(Protocol):
 
     worker_id: str
 
-    def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> VoiceDirectory: ...
+    def voice_directory(
+        self, builtin: Mapping[str, str] | Iterable[str], rules: AdapterRules
+    ) -> VoiceDirectory: ...
 
     def job_queue(self) -> JobQueue: ...
 

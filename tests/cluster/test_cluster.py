@@ -296,6 +296,39 @@ async def test_requests_land_on_the_voices_ring_owner(cluster, http):
         assert served_by == owner[voice], voice
 
 
+async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, http):
+    """Each worker says the base model it serves, each voice's record the model it was
+    published for, and the gateway places a voice on its model's ring. A voice of a model no
+    live worker serves (here: a record that says another model, its workers all gone) is 503
+    ``model_unavailable`` with ``Retry-After``, over HTTP and the socket, never spoken by a
+    worker of another model; the model's own voices speak on."""
+    store = cluster.redis.client()
+    models = {store.hget(f"vh:member:{w}", "base_model") for w in cluster.workers}
+    assert models == {"voicehost-dev"}
+    assert store.hget("vh:voice:dev-b", "base_model") == "voicehost-dev"
+    record = {**store.hgetall("vh:voice:dev-b"), "voice_id": "fr-only"}
+    record["base_model"] = "voicehost-dev-fr"
+    store.hset("vh:voice:fr-only", mapping=record)
+    store.sadd("vh:voices", "fr-only")
+    try:
+        status, served_by, body = await speak(http, cluster.gateway.url, "fr-only", "Bonjour.")
+        assert (status, served_by) == (503, None), body
+        assert json.loads(body)["error"]["code"] == "model_unavailable"
+        assert "voicehost-dev-fr" in json.loads(body)["error"]["message"]
+        url = cluster.gateway.url + "/v1/audio/speech"
+        async with http.post(url, json={"input": "Salut.", "voice": "fr-only"}) as response:
+            assert response.headers["Retry-After"] == "5"
+        async with http.ws_connect(cluster.gateway.url + "/v1/audio/speech/ws") as ws:
+            await ws.send_json({"type": "config", "voice": "fr-only"})
+            event = json.loads((await ws.receive(timeout=30)).data)
+        assert event["type"] == "error" and event["error"]["code"] == "model_unavailable"
+        status, served_by, _ = await speak(http, cluster.gateway.url, "dev-b", "Hi.")
+        assert status == 200 and served_by in cluster.workers
+    finally:
+        store.srem("vh:voices", "fr-only")
+        store.delete("vh:voice:fr-only")
+
+
 async def test_word_timing_through_the_gateway_comes_from_the_voices_owner(cluster, http):
     """The captioned endpoint and SSE's ``speech.word`` events, relayed by the gateway from the
     worker the voice routes to, checked at the gateway as at a worker."""

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, WorkerPresence, member_key
 from voicehost.config import Settings
 from voicehost.speech.admission import WorkerLoad
 
 
-async def join(redis_client, redis_server, *workers: str) -> None:
+async def join(redis_client, redis_server, *workers: str, model: str = "") -> None:
     settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=60)
     for worker in workers:
-        presence = WorkerPresence(
-            redis_client, settings, worker, f"http://{worker}", lambda: WorkerLoad(0, 0, 8, 8)
-        )
+        load = lambda: WorkerLoad(0, 0, 8, 8)  # noqa: E731
+        presence = WorkerPresence(redis_client, settings, worker, f"http://{worker}", load, model)
         await presence.heartbeat()
 
 
@@ -48,3 +48,23 @@ async def test_workers_that_leave_or_expire_are_believed_gone_at_once(redis_clie
     await redis_client.delete(member_key("w1"))  # the last one: Redis kept its data, so believed
     await membership.refresh()
     assert membership.workers == {}
+
+
+async def test_workers_of_each_base_model_make_a_ring_of_their_own(redis_client, redis_server):
+    """A voice is placed within its base model's ring: the English workers' voices never land
+    on the French one, and a French worker that leaves takes the French ring with it."""
+    await join(redis_client, redis_server, "en1", "en2", model="orpheus-3b")
+    await join(redis_client, redis_server, "fr1", model="3b-fr-ft")
+    membership = Membership(redis_client, 0.1)
+    await membership.refresh()
+    assert membership.workers["fr1"].base_model == "3b-fr-ft"
+    assert {m: r.workers for m, r in membership.rings.items()} == {
+        "orpheus-3b": {"en1", "en2"},
+        "3b-fr-ft": {"fr1"},
+    }
+    english = membership.rings["orpheus-3b"]
+    assert {choose_worker(english, f"voice-{i}", {}) for i in range(40)} == {"en1", "en2"}
+    assert len(membership.ring) == 3  # the whole cluster's, for what no model names
+    await redis_client.delete(member_key("fr1"))
+    await membership.refresh()
+    assert set(membership.rings) == {"orpheus-3b"}

@@ -377,6 +377,12 @@ ERRORS: dict[str, ErrorKind] = _kinds(
         "no worker is available to speak, or to check an upload (gateway).",
         GATEWAY,
     ),
+    (
+        503,
+        "model_unavailable",
+        "no live worker serves the voice's base model (gateway): never a worker of another.",
+        SPEECH | {"speak_webrtc"},
+    ),
     (502, "upstream_failed", "a gateway's workers failed (cluster mode).", GATEWAY),
 )
 

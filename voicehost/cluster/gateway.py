@@ -185,15 +185,28 @@ class Gateway:
         return 1 + self.voice_streams[voice_id] // max(1, self.settings.hot_voice_streams)
 
     async def pick(
-        self, voice_id: str, session_id: str | None, exclude: frozenset[str]
+        self,
+        voice_id: str,
+        session_id: str | None,
+        exclude: frozenset[str],
+        base_model: str = "",
     ) -> WorkerInfo | None:
+        """The worker for a new stream of ``voice_id``: its session's pinned one, else the
+        least loaded near the voice on the ring of its ``base_model``'s workers (``""``: any
+        worker's). ``Refused`` ``model_unavailable`` when workers live but none serves it."""
         pinned = None
         if session_id and self.membership.redis_ok:
             pinned = await self.pins.get(session_id)
         elif session_id:
             pinned = self.pins.local(session_id)
         ring, workers = self.membership.ring, self.membership.workers  # one consistent view
-        if pinned in workers and pinned not in exclude:
+        if base_model and workers:
+            ring = self.membership.rings.get(base_model)
+            if ring is None:
+                served = ", ".join(sorted({w.base_model for w in workers.values()}))
+                message = f"no live worker serves {base_model} (they serve {served})"
+                raise Refused("model_unavailable", message, MODEL_RETRY_SECONDS)
+        if pinned in ring.workers and pinned not in exclude:
             return workers[pinned]
         # Workers that report no room (measured or static) only when no other has any.
         full = frozenset(w for w, info in workers.items() if info.load.headroom <= 0)
@@ -251,6 +264,7 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+MODEL_RETRY_SECONDS = 5  # a model's workers missing: about a worker's start, not a stream's end
 
 
 @asynccontextmanager
@@ -259,6 +273,7 @@ async def _on_a_worker(
     voice_id: str,
     session_id: str | None,
     open_on: Callable[[WorkerInfo], Awaitable[Opened]],
+    base_model: str = "",
 ) -> AsyncIterator[Opened]:
     """What ``open_on`` opens (a response's first bytes, a socket) on the worker the ring picks
     for the voice, or else once more on the next one; that worker counts the stream for the
@@ -268,7 +283,7 @@ async def _on_a_worker(
     errors: list[str] = []
     refusals: list[Refusal] = []  # of the workers tried, those that refused
     for _attempt in range(2):  # the first choice, then once on the next worker
-        worker = await gateway.pick(voice_id, session_id, frozenset(failed))
+        worker = await gateway.pick(voice_id, session_id, frozenset(failed), base_model)
         if worker is None:
             break
         with gateway.streaming(worker.worker_id, voice_id):
@@ -424,6 +439,7 @@ async def proxy_speech(request: web.Request) -> web.StreamResponse:
         voice.voice_id,
         session_id,
         lambda w: _open_upstream(gateway, w, request.path, raw, forwarded),
+        voice.base_model,
     )
     async with opening as (upstream, first):
         return await _relay(request, upstream, first, body.stream_format == "sse")
@@ -504,6 +520,7 @@ def relaying(request: web.Request, principal: Principal | None) -> SessionWork:
             voice.voice_id,
             session_id,
             lambda w: _open_upstream_socket(gateway, w, headers),
+            voice.base_model,
         )
         resolved = config.model_copy(update={"voice": voice.voice_id})
         async with opening as upstream:

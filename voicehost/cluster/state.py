@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -120,6 +120,7 @@ class WorkerInfo:
     worker_id: str
     url: str
     load: WorkerLoad
+    base_model: str = ""  # the base model it serves (its voices' adapters declare it)
 
 
 def raise_if_cancelled() -> None:
@@ -160,11 +161,13 @@ class WorkerPresence:
         worker_id: str,
         url: str,
         load: Callable[[], WorkerLoad],
+        base_model: str = "",
     ) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.url = url
         self.load = load
+        self.base_model = base_model
         self.interval = settings.heartbeat_seconds
         self.ttl_ms = int(settings.worker_ttl_seconds * 1000)
         self.registered = False
@@ -178,6 +181,7 @@ class WorkerPresence:
                 member_key(self.worker_id),
                 mapping={
                     "url": self.url,
+                    "base_model": self.base_model,
                     "active_streams": load.active_streams,
                     "loaded_adapters": load.loaded_adapters,
                     "capacity": load.capacity,
@@ -224,6 +228,15 @@ class WorkerPresence:
             log.warning("could not leave the ring (%s); the member key expires by itself", exc)
 
 
+def rings_by_model(served: Mapping[str, str]) -> dict[str, WorkerRing]:
+    """A ring per base model, of the workers (``{worker: base model}``) that serve it: a voice
+    is placed, spread when hot and failed over within its own model's ring."""
+    models: dict[str, list[str]] = {}
+    for worker, model in served.items():
+        models.setdefault(model, []).append(worker)
+    return {model: WorkerRing(workers) for model, workers in models.items()}
+
+
 class Membership:
     """A gateway's view of the live workers, refreshed every poll interval.
 
@@ -241,6 +254,7 @@ class Membership:
         self.hold_empty_seconds = hold_empty_seconds
         self.workers: dict[str, WorkerInfo] = {}
         self.ring = WorkerRing([])
+        self.rings: dict[str, WorkerRing] = {}  # a ring per base model the workers serve
         self.redis_ok = False
         self._empty_since: float | None = None  # when a poll first found no worker at all
 
@@ -266,15 +280,18 @@ class Membership:
                     capacity,
                     int(record.get("headroom", max(0, capacity - active))),
                 )
-                workers[worker_id] = WorkerInfo(worker_id, record["url"], load)
+                base_model = record.get("base_model", "")
+                workers[worker_id] = WorkerInfo(worker_id, record["url"], load, base_model)
         if not workers and self.workers and not await self.redis.exists(ALIVE):
             if self._hold_empty():
                 return
         self._empty_since = None
-        if set(workers) != set(self.workers):
+        served = {w: info.base_model for w, info in workers.items()}
+        if served != {w: info.base_model for w, info in self.workers.items()}:
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)
-        self.workers = workers  # set together with the ring, with no await between them
+            self.rings = rings_by_model(served)
+        self.workers = workers  # set together with the rings, with no await between them
 
     def _hold_empty(self) -> bool:
         """Whether to keep the last membership over one that Redis lost (see above)."""

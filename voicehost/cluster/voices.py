@@ -82,6 +82,7 @@ FORWARDED_FIELDS = (
     "status",
     "version",
     "language",
+    "base_model",
 )
 LISTED = ("ready", "held")  # the statuses of a registered voice (not a claim being published)
 # Publish a held version (KEYS[1]): its status and manifest change together, once (the status is
@@ -154,7 +155,7 @@ class RedisVoiceDirectory:
         self.cache = cache
         self.rules = rules
         self.owner = owner
-        self.builtin = versioning.builtin_voices(builtin)
+        self.builtin = versioning.builtin_voices(builtin, rules.base_model)
         self._records: dict[str, dict[str, str]] = {}  # last seen, for when Redis is down
         self._ready: dict[tuple[str, str], Voice] = {}  # (voice_id, checksum) -> validated voice
         self._broken: dict[str, str] = {}
@@ -256,8 +257,10 @@ class RedisVoiceDirectory:
                 self._broken[ref] = str(exc)
                 log.error("voice %s is unusable here: %s", ref, exc)
                 return None
-        if voice.status != status or voice.version != number:
-            voice = replace(voice, status=status, version=number)  # type: ignore[arg-type]
+        # the model its record says it was published for (a record from before models: any)
+        model = record.get("base_model", "")
+        if voice.status != status or voice.version != number or voice.base_model != model:
+            voice = replace(voice, status=status, version=number, base_model=model)  # type: ignore[arg-type]
         self._broken.pop(ref, None)
         self._ready[key] = voice
         return voice
@@ -338,6 +341,7 @@ class RedisVoiceDirectory:
             "manifest": manifest,
             "status": voice.status,  # its voice.json's: a held clone stays held in the cluster
             "language": voice.language,
+            "base_model": voice.base_model,
         }
 
     async def _complete(self, versions: list[tuple[Voice, str, str]], live: str) -> None:
@@ -681,4 +685,5 @@ def _record_voice(record: dict[str, str]) -> Voice:
         record["status"],  # type: ignore[arg-type]
         int(record.get("version") or 1),
         record.get("language") or "en",  # a record from before languages: English
+        record.get("base_model") or "",  # "": any worker's (a record from before models)
     )

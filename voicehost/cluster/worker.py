@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -57,7 +57,9 @@ class WorkerCluster:
         self.leases = KeyLeases(self.redis, self.worker_id)
         self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
 
-    def voice_directory(self, builtin: Iterable[str], rules: AdapterRules) -> RedisVoiceDirectory:
+    def voice_directory(
+        self, builtin: Mapping[str, str] | Iterable[str], rules: AdapterRules
+    ) -> RedisVoiceDirectory:
         self.directory = RedisVoiceDirectory(
             self.redis, self.store, builtin, rules, cache=self.cache, owner=self.worker_id
         )
@@ -82,7 +84,12 @@ class WorkerCluster:
     def join(self, load: Callable[[], WorkerLoad], ring: bool = True) -> Coroutine[Any, Any, None]:
         if ring:
             self.presence = WorkerPresence(
-                self.redis, self.settings, self.worker_id, self.url, load
+                self.redis,
+                self.settings,
+                self.worker_id,
+                self.url,
+                load,
+                self.settings.served_base_name(),
             )
         return self._serve_cluster(self.presence)
 

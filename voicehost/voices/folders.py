@@ -136,7 +136,7 @@ class FolderVoiceDirectory:
     ) -> None:
         self.roots = list(roots)
         self.rules = rules
-        self.builtin = versioning.builtin_voices(builtin)
+        self.builtin = versioning.builtin_voices(builtin, rules.base_model)
         self.adapters: dict[str, Voice] = {}  # each voice's live version
         self._versions: dict[str, dict[int, Voice | str]] = {}  # every version, or its error
         self._live: dict[str, int] = {}

@@ -188,6 +188,7 @@ def validate_adapter(path: Path, rules: AdapterRules, voice_id: str | None = Non
         tenant=tenant,
         status=manifest.get(STATUS, "ready"),
         language=language,
+        base_model=rules.base_model,
     )
 
 

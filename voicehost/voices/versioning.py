@@ -142,12 +142,14 @@ def listed_version(
 # --- built-in voices ------------------------------------------------------------------------
 
 
-def builtin_voices(builtin: Mapping[str, str] | Iterable[str]) -> dict[str, Voice]:
-    """The base model's voices by name: ``{name: language}`` (``voicehost.model.languages``),
-    or names alone (English)."""
+def builtin_voices(
+    builtin: Mapping[str, str] | Iterable[str], base_model: str = ""
+) -> dict[str, Voice]:
+    """The voices of ``base_model`` by name: ``{name: language}``
+    (``voicehost.model.languages``), or names alone (English)."""
     languages = builtin if isinstance(builtin, Mapping) else dict.fromkeys(builtin, "en")
     return {
-        name: Voice(voice_id=name, name=name.capitalize(), language=language)
+        name: Voice(voice_id=name, name=name.capitalize(), language=language, base_model=base_model)
         for name, language in languages.items()
     }
 

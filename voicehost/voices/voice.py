@@ -129,6 +129,7 @@ class Voice:
     status: VoiceStatus = "ready"
     version: int = 1  # which of the voice's versions this is
     language: str = "en"  # the one it speaks (BCP-47): a request's language is its voice's
+    base_model: str = ""  # the base model its adapter is for ("": the served one, built in)
 
     def prompt_name(self) -> str | None:
         """The speaker name put before the text, or ``None`` for a plain prompt."""
