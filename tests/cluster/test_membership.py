@@ -68,3 +68,7 @@ async def test_workers_of_each_base_model_make_a_ring_of_their_own(redis_client,
     await redis_client.delete(member_key("fr1"))
     await membership.refresh()
     assert set(membership.rings) == {"orpheus-3b"}
+    await join(redis_client, redis_server, "old")  # a worker from before models were said
+    await membership.refresh()
+    assert membership.rings["orpheus-3b"].workers == {"en1", "en2", "old"}
+    assert membership.rings[""].workers == {"old"}

@@ -201,11 +201,13 @@ class Gateway:
             pinned = self.pins.local(session_id)
         ring, workers = self.membership.ring, self.membership.workers  # one consistent view
         if base_model and workers:
-            ring = self.membership.rings.get(base_model)
-            if ring is None:
+            rings = self.membership.rings
+            found = rings.get(base_model) or rings.get("")  # "": workers that say no model
+            if found is None:
                 served = ", ".join(sorted({w.base_model for w in workers.values()}))
                 message = f"no live worker serves {base_model} (they serve {served})"
                 raise Refused("model_unavailable", message, MODEL_RETRY_SECONDS)
+            ring = found
         if pinned in ring.workers and pinned not in exclude:
             return workers[pinned]
         # Workers that report no room (measured or static) only when no other has any.

@@ -230,11 +230,16 @@ class WorkerPresence:
 
 def rings_by_model(served: Mapping[str, str]) -> dict[str, WorkerRing]:
     """A ring per base model, of the workers (``{worker: base model}``) that serve it: a voice
-    is placed, spread when hot and failed over within its own model's ring."""
-    models: dict[str, list[str]] = {}
-    for worker, model in served.items():
-        models.setdefault(model, []).append(worker)
-    return {model: WorkerRing(workers) for model, workers in models.items()}
+    is placed, spread when hot and failed over within its own model's ring. A worker that says
+    no model (one from before models were said) is in every ring, and in ``""``'s."""
+    anyone = [worker for worker, model in served.items() if not model]
+    models = {model for model in served.values() if model}
+    rings = {
+        model: WorkerRing([w for w, m in served.items() if m == model] + anyone) for model in models
+    }
+    if anyone:
+        rings[""] = WorkerRing(anyone)
+    return rings
 
 
 class Membership:
