@@ -49,6 +49,7 @@ from voicehost.audio.channel import (
 )
 from voicehost.audio.speaker import EmbeddingCache, SpeakerEmbedder, centroid, shared_embedder
 from voicehost.model.orpheus import SAMPLE_RATE
+from voicehost.text.stage import speech_length
 
 MIN_SIMILARITY = 0.92  # between two groups' speakers; see the benchmark
 LONE_CLIP_MARGIN = 0.10  # a lone clip's own similarity is compared with MIN_SIMILARITY - this
@@ -84,6 +85,7 @@ class SourceClip:
     samples: np.ndarray  # float32, 24 kHz, loudness-normalised
     gain: float  # the normalisation's factor: ``samples / gain`` is what was uploaded
     speech: np.ndarray | None  # the trimmed clip; None: no speech in it
+    text: str | None = None  # its transcript, where one is known
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,9 @@ class ClipQuality:
     excluded: str | None = None  # why the clip is left out of training
     pitch_hz: float | None = None  # median F0 of its voiced speech; None: no speech, or unvoiced
     channel: str | None = None  # its channel (``channel_labels``); None: no speech
+    # its transcript's letters of speech (a Han character three, a Hangul block two:
+    # ``speech_length``) a second of its speech; None: no transcript or no speech
+    letters_per_second: float | None = None
 
 
 @dataclass
@@ -242,7 +247,16 @@ def measure_clip(clip: SourceClip) -> ClipQuality:
         clipped_share=float(np.mean(np.abs(uploaded) >= FULL_SCALE)) if uploaded.size else 0.0,
         loudness_lufs=loudness_lufs(uploaded),
         similarity=None,
+        letters_per_second=speaking_rate(clip),
     )
+
+
+def speaking_rate(clip: SourceClip) -> float | None:
+    """How fast the clip's transcript is said in its speech, in letters of speech a second,
+    whatever the script (``voicehost.text.stage.speech_length``); None without either."""
+    if not clip.text or clip.speech is None or clip.speech.size < SAMPLE_RATE // 2:
+        return None
+    return speech_length(clip.text) / (clip.speech.size / SAMPLE_RATE)
 
 
 # -- the speaker -----------------------------------------------------------------------------
@@ -545,6 +559,13 @@ def assess(
     return report
 
 
+# A transcript's pace in its clip's speech, in letters of speech a second (espeak-ng from 120 to
+# 240 words a minute: 12-27 in the Latin-script languages, 8-17 in Korean, 6-11 in Mandarin):
+# outside these it is no transcript of that clip's speech.
+MIN_RATE = 4.0
+MAX_RATE = 35.0
+
+
 def warnings_for(report: DataReport) -> list[str]:
     """The report's findings in plain words."""
     said: list[str] = []
@@ -590,6 +611,15 @@ def warnings_for(report: DataReport) -> list[str]:
             "speaker embedder is only trusted among clips of one channel: their speaker was "
             f"checked by pitch alone ({', '.join(report.unjudged)})."
         )
+    timed = [c for c in kept if c.letters_per_second is not None]
+    off = [c for c in timed if not MIN_RATE <= c.letters_per_second <= MAX_RATE]  # type: ignore[operator]
+    if off:
+        rates = ", ".join(f"{c.file} {c.letters_per_second:.1f}" for c in off[:5])
+        said.append(
+            f"Transcripts off: {len(off)} clips' transcripts are said at a pace no speech has "
+            f"({rates} letters a second; speech runs {MIN_RATE:.0f}-{MAX_RATE:.0f}): a "
+            "transcript of another clip, or one cut short; the voice would learn the wrong words."
+        )
     others = [c.file for c in report.clips if c.excluded and c.excluded.startswith("another")]
     if others:
         said.append(
@@ -625,7 +655,8 @@ def check_data(
         for name, samples in pieces:
             trimmed = trim(samples)
             speech = None if trimmed is None else trimmed.samples
-            clips.append(SourceClip(name, samples, recording.gain, speech))
+            text = texts.get(recording.source) if len(pieces) == 1 else None
+            clips.append(SourceClip(name, samples, recording.gain, speech, text))
     report = assess(clips, embedder or shared_embedder(None), min_similarity, min_pitch_shift)
     report.rejected = [{"file": r.source.name, "reason": r.reason} for r in rejected]
     short = [r for r in recordings if r.seconds <= splitting.MAX_CLIP_SECONDS]

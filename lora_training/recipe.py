@@ -174,7 +174,7 @@ def prepare(
         for text, piece_name, samples in pieces:
             trimmed = trim(samples, job.trim)
             speech = None if trimmed is None else trimmed.samples
-            clip = SourceClip(piece_name, samples, recording.gain, speech)
+            clip = SourceClip(piece_name, samples, recording.gain, speech, text)
             texted.append((text, clip, trimmed))
     report = None
     if measure:

@@ -345,3 +345,34 @@ def test_clips_from_a_hall_are_judged_among_themselves_not_against_the_dry_ones(
     names = [r.source.name for r in recordings]
     his = {i for i, n in enumerate(names) if n.startswith("speaker") and "hall" in n}
     assert his <= set(as_one_channel.excluded), as_one_channel.excluded
+
+
+def test_a_transcript_is_timed_against_its_speech_in_any_language(tmp_path, embedder):
+    """Clips of French and Mandarin (espeak-ng) with a metadata.csv in their own languages: each
+    transcript's pace is that of speech in its script (a Han character a syllable); one clip
+    given another's long transcript, and one a word for a sentence, are named as off."""
+    said = {
+        "fr1": ("fr", "Le petit chat dort sur le canapé bleu près de la fenêtre."),
+        "fr2": ("fr", "Nous avons pris le train de huit heures pour Lyon."),
+        "zh1": ("cmn", "小猫在窗户旁边蓝色的沙发上睡觉。"),
+        "zh2": ("cmn", "我们明天早上坐八点的火车去上海。"),
+        "long": ("fr", "Oui, bien sûr, merci."),
+        "short": ("fr", "Il fait beau, alors allons marcher près de la rivière ce soir."),
+    }
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    for name, (voice, text) in said.items():
+        speak(text, folder / f"{name}.wav", 0.2, "wav", voice=voice)
+    written = {name: text for name, (_, text) in said.items()}
+    written["long"] = said["fr1"][1] * 4  # another clip's transcript, four times over
+    written["short"] = "Oui."  # one word for a sentence
+    lines = [f"{name}.wav|{text}" for name, text in written.items()]
+    (folder / "metadata.csv").write_text("\n".join(lines) + "\n")
+    report = check_data([folder], embedder=embedder)
+    rates = {c.file.removesuffix(".wav"): c.letters_per_second for c in report.clips}
+    assert all(8 <= rates[n] <= 30 for n in ("fr1", "fr2")), rates
+    assert all(4 <= rates[n] <= 15 for n in ("zh1", "zh2")), rates  # syllables, not characters
+    assert rates["long"] > 35 and rates["short"] < 4, rates
+    [off] = [w for w in report.warnings if w.startswith("Transcripts off")]
+    assert "2 clips" in off and "long.wav" in off and "short.wav" in off
+    assert "fr1" not in off and "zh1" not in off
