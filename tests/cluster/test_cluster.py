@@ -327,6 +327,29 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
     finally:
         store.srem("vh:voices", "fr-only")
         store.delete("vh:voice:fr-only")
+    # a worker of another model brings its built-in voices: the gateway lists them with their
+    # language, and once no worker of that model is left they are model_unavailable
+    assert json.loads(store.hget("vh:member:w1", "voices"))["tara"] == "en"
+    french = {"url": "http://127.0.0.1:9", "base_model": "voicehost-dev-fr", "capacity": 4}
+    french |= {"voices": json.dumps({"pierre": "fr"}), "active_streams": 0, "headroom": 4}
+    store.hset("vh:member:fr1", mapping={**french, "loaded_adapters": 0})
+    store.zadd("vh:members", {"fr1": int(time.time() * 1000)})
+
+    async def listed() -> dict[str, str | None]:
+        async with http.get(cluster.gateway.url + "/v1/audio/voices") as response:
+            return {v["id"]: v.get("language") for v in (await response.json())["voices"]}
+
+    try:
+        await eventually(lambda: "fr1" in members(cluster), POLL + SLACK)
+        voices = await listed()
+        assert voices["pierre"] == "fr" and voices["tara"] == "en"
+    finally:
+        store.zrem("vh:members", "fr1")
+        store.delete("vh:member:fr1")
+    await eventually(lambda: "fr1" not in members(cluster), POLL + SLACK)
+    status, served_by, body = await speak(http, cluster.gateway.url, "pierre", "Bonjour.")
+    assert (status, served_by) == (503, None), body
+    assert json.loads(body)["error"]["code"] == "model_unavailable"
 
 
 async def test_word_timing_through_the_gateway_comes_from_the_voices_owner(cluster, http):

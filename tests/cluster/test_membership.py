@@ -72,3 +72,20 @@ async def test_workers_of_each_base_model_make_a_ring_of_their_own(redis_client,
     await membership.refresh()
     assert membership.rings["orpheus-3b"].workers == {"en1", "en2", "old"}
     assert membership.rings[""].workers == {"old"}
+    told: list[set[str]] = []  # a gateway is told each new membership, its voices with it
+    membership.on_change = lambda workers: told.append(set(workers))
+    presence = WorkerPresence(
+        redis_client,
+        Settings(redis_url=redis_server.url, worker_ttl_seconds=60),
+        "fr2",
+        "http://fr2",
+        lambda: WorkerLoad(0, 0, 8, 8),
+        "3b-fr-ft",
+        {"pierre": "fr"},
+    )
+    await presence.heartbeat()
+    await membership.refresh()
+    assert membership.workers["fr2"].voices == {"pierre": "fr"}
+    assert told == [set(membership.workers)]
+    await membership.refresh()
+    assert len(told) == 1  # nothing changed: not told again

@@ -70,6 +70,7 @@ from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
+from voicehost.voices.versioning import builtin_voices
 from voicehost.voices.voice import Voice
 
 # --- its wire models ---
@@ -128,6 +129,7 @@ class Gateway:
         self.voices = RedisVoiceDirectory(
             self.redis, store, self.languages.voices, rules, owner="gateway"
         )
+        self.membership.on_change = self._learn_voices
         queue = RedisJobQueue(self.redis, "gateway")
         self.metrics.watch_registry(self.voices.missing)
         self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
@@ -179,6 +181,19 @@ class Gateway:
         if self.client is not None:
             await self.client.close()
         await self.redis.aclose()
+
+    def _learn_voices(self, workers: Mapping[str, WorkerInfo]) -> None:
+        """The built-in voices of every model the workers serve, each with its model and
+        language (a French worker's ``pierre``), beside this gateway's own: listed, and routed
+        to their model's workers (``model_unavailable`` once none is left). A name two models
+        share is the first one's."""
+        for info in workers.values():
+            if not info.base_model:
+                continue
+            for name, voice in builtin_voices(info.voices, info.base_model).items():
+                if name not in self.voices.builtin:
+                    self.voices.builtin[name] = voice
+                    log.info("voice %s (%s) of %s's workers", name, voice.language, info.base_model)
 
     def replicas(self, voice_id: str) -> int:
         """How many ring successors a voice may spread over: more while it is hot."""

@@ -27,10 +27,11 @@ answering costs a request at most about ``(retries + 1) x timeout``, never a han
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -121,6 +122,7 @@ class WorkerInfo:
     url: str
     load: WorkerLoad
     base_model: str = ""  # the base model it serves (its voices' adapters declare it)
+    voices: Mapping[str, str] = field(default_factory=dict)  # its model's built-in voices: language
 
 
 def raise_if_cancelled() -> None:
@@ -162,12 +164,14 @@ class WorkerPresence:
         url: str,
         load: Callable[[], WorkerLoad],
         base_model: str = "",
+        voices: Mapping[str, str] | None = None,
     ) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.url = url
         self.load = load
         self.base_model = base_model
+        self.voices = json.dumps(dict(voices or {}), ensure_ascii=False)  # its built-in voices
         self.interval = settings.heartbeat_seconds
         self.ttl_ms = int(settings.worker_ttl_seconds * 1000)
         self.registered = False
@@ -182,6 +186,7 @@ class WorkerPresence:
                 mapping={
                     "url": self.url,
                     "base_model": self.base_model,
+                    "voices": self.voices,
                     "active_streams": load.active_streams,
                     "loaded_adapters": load.loaded_adapters,
                     "capacity": load.capacity,
@@ -228,6 +233,23 @@ class WorkerPresence:
             log.warning("could not leave the ring (%s); the member key expires by itself", exc)
 
 
+def _voices(text: str | None) -> dict[str, str]:
+    """A member record's built-in voices (``{"pierre": "fr"}``); none from one that says none,
+    or from a record that is not JSON (a record is never trusted to be well formed)."""
+    try:
+        voices = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(voices, dict):
+        return {}
+    return {str(k): str(v) for k, v in voices.items()}
+
+
+def _serving(workers: Mapping[str, WorkerInfo]) -> dict[str, tuple[str, tuple]]:
+    """What a membership serves: each worker's model and built-in voices."""
+    return {w: (info.base_model, tuple(sorted(info.voices.items()))) for w, info in workers.items()}
+
+
 def rings_by_model(served: Mapping[str, str]) -> dict[str, WorkerRing]:
     """A ring per base model, of the workers (``{worker: base model}``) that serve it: a voice
     is placed, spread when hot and failed over within its own model's ring. A worker that says
@@ -260,6 +282,8 @@ class Membership:
         self.workers: dict[str, WorkerInfo] = {}
         self.ring = WorkerRing([])
         self.rings: dict[str, WorkerRing] = {}  # a ring per base model the workers serve
+        # told each new membership (a gateway learns the built-in voices of its workers' models)
+        self.on_change: Callable[[Mapping[str, WorkerInfo]], None] | None = None
         self.redis_ok = False
         self._empty_since: float | None = None  # when a poll first found no worker at all
 
@@ -286,17 +310,21 @@ class Membership:
                     int(record.get("headroom", max(0, capacity - active))),
                 )
                 base_model = record.get("base_model", "")
-                workers[worker_id] = WorkerInfo(worker_id, record["url"], load, base_model)
+                voices = _voices(record.get("voices"))
+                workers[worker_id] = WorkerInfo(worker_id, record["url"], load, base_model, voices)
         if not workers and self.workers and not await self.redis.exists(ALIVE):
             if self._hold_empty():
                 return
         self._empty_since = None
         served = {w: info.base_model for w, info in workers.items()}
-        if served != {w: info.base_model for w, info in self.workers.items()}:
+        changed = _serving(workers) != _serving(self.workers)
+        if changed:
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)
             self.rings = rings_by_model(served)
         self.workers = workers  # set together with the rings, with no await between them
+        if changed and self.on_change is not None:
+            self.on_change(workers)
 
     def _hold_empty(self) -> bool:
         """Whether to keep the last membership over one that Redis lost (see above)."""

@@ -27,6 +27,7 @@ from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.host.frontend import FrontEnd
+from voicehost.model.served import served_languages
 from voicehost.speech.admission import WorkerLoad
 from voicehost.voices.validation import AdapterRules
 
@@ -90,6 +91,7 @@ class WorkerCluster:
                 self.url,
                 load,
                 self.settings.served_base_name(),
+                served_languages(self.settings).voices,
             )
         return self._serve_cluster(self.presence)
 
