@@ -70,7 +70,6 @@ from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
 from voicehost.tenancy.usage import UsageLedger
-from voicehost.voices.versioning import builtin_voices
 from voicehost.voices.voice import Voice
 
 # --- its wire models ---
@@ -190,10 +189,8 @@ class Gateway:
         for info in workers.values():
             if not info.base_model:
                 continue
-            for name, voice in builtin_voices(info.voices, info.base_model).items():
-                if name not in self.voices.builtin:
-                    self.voices.builtin[name] = voice
-                    log.info("voice %s (%s) of %s's workers", name, voice.language, info.base_model)
+            for voice in self.voices.learn_builtin(info.voices, info.base_model):
+                log.info("voice %s (%s) of %s", voice.voice_id, voice.language, voice.base_model)
 
     def replicas(self, voice_id: str) -> int:
         """How many ring successors a voice may spread over: more while it is hot."""

@@ -282,6 +282,7 @@ class Membership:
         self.workers: dict[str, WorkerInfo] = {}
         self.ring = WorkerRing([])
         self.rings: dict[str, WorkerRing] = {}  # a ring per base model the workers serve
+        self._serving: dict[str, tuple[str, tuple]] = {}  # what the last membership served
         # told each new membership (a gateway learns the built-in voices of its workers' models)
         self.on_change: Callable[[Mapping[str, WorkerInfo]], None] | None = None
         self.redis_ok = False
@@ -317,7 +318,9 @@ class Membership:
                 return
         self._empty_since = None
         served = {w: info.base_model for w, info in workers.items()}
-        changed = _serving(workers) != _serving(self.workers)
+        serving = _serving(workers)
+        changed = serving != self._serving
+        self._serving = serving
         if changed:
             log.info("workers: %s", ", ".join(sorted(workers)) or "none")
             self.ring = WorkerRing(workers)

@@ -224,6 +224,17 @@ class RedisVoiceDirectory:
             return
         self._records.setdefault(ref, {k: record[k] for k in FORWARDED_FIELDS})
 
+    def learn_builtin(self, voices: Mapping[str, str], base_model: str) -> list[Voice]:
+        """Add the built-in voices of ``base_model`` (``{name: language}``, a worker's record's)
+        that no voice of this directory's own is named; the ones added."""
+        added = [
+            voice
+            for name, voice in versioning.builtin_voices(voices, base_model).items()
+            if name not in self.builtin
+        ]
+        self.builtin.update((voice.voice_id, voice) for voice in added)
+        return added
+
     async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
         if voice_id in self.builtin:
             return versioning.builtin_version(self.builtin[voice_id], version)
