@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from voicehost.audio.encoding import EncodingPool
 from voicehost.audio.speaker import shared_embedder
 from voicehost.cloning.intake import LocalIntake
-from voicehost.cloning.jobs import CloneJobs, JobQueue, Verdict, add_to
+from voicehost.cloning.jobs import CloneJobs, JobQueue, TrainingModel, Verdict, add_to
 from voicehost.config import Settings
 from voicehost.errors import ServiceError, validation_message
 from voicehost.host.channel import Body, ChannelError
@@ -196,6 +196,9 @@ class ServingProcess:
             self.evaluate_clone,
             audit=self.audit,
             lease_seconds=settings.job_lease_seconds,
+            model=TrainingModel(
+                settings.served_base_name(), served_model(settings), served_codec(settings)
+            ),
         )
         self.intake = LocalIntake(settings, self.jobs, self.metrics)  # an upload's checks
         self._started = asyncio.Event()  # start-up has ended, ready or failed

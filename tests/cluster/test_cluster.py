@@ -296,7 +296,7 @@ async def test_requests_land_on_the_voices_ring_owner(cluster, http):
         assert served_by == owner[voice], voice
 
 
-async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, http):
+async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, http, dev_model):
     """Each worker says the base model it serves, each voice's record the model it was
     published for, and the gateway places a voice on its model's ring. A voice of a model no
     live worker serves (here: a record that says another model, its workers all gone) is 503
@@ -327,11 +327,17 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
     finally:
         store.srem("vh:voices", "fr-only")
         store.delete("vh:voice:fr-only")
-    # a worker of another model brings its built-in voices: the gateway lists them with their
-    # language, and once no worker of that model is left they are model_unavailable
+    # a worker of another model brings its built-in voices and its adapters' rules (each
+    # worker's record carries its own: w1's, with the French model's name and language): the
+    # gateway lists its voices with their language, takes an adapter of that model, and clones
+    # in its languages; once no worker of that model is left they are model_unavailable
     assert json.loads(store.hget("vh:member:w1", "voices"))["tara"] == "en"
+    rules = json.loads(store.hget("vh:member:w1", "rules"))
+    assert rules["base_model"] == "voicehost-dev" and rules["shape"]["hidden"] > 0
+    rules |= {"base_model": "voicehost-dev-fr", "aliases": [], "languages": ["fr"]}
     french = {"url": "http://127.0.0.1:9", "base_model": "voicehost-dev-fr", "capacity": 4}
     french |= {"voices": json.dumps({"pierre": "fr"}), "active_streams": 0, "headroom": 4}
+    french |= {"rules": json.dumps(rules)}
     store.hset("vh:member:fr1", mapping={**french, "loaded_adapters": 0})
     store.zadd("vh:members", {"fr1": int(time.time() * 1000)})
 
@@ -339,17 +345,39 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
         async with http.get(cluster.gateway.url + "/v1/audio/voices") as response:
             return {v["id"]: v.get("language") for v in (await response.json())["voices"]}
 
+    config = json.loads((dev_model.adapters / "dev-b" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "voicehost-dev-fr"
     try:
         await eventually(lambda: "fr1" in members(cluster), POLL + SLACK)
         voices = await listed()
         assert voices["pierre"] == "fr" and voices["tara"] == "en"
+        form = adapter_form(dev_model, "amelie", config)
+        form.add_field("language", "fr")
+        async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+            assert response.status == 201, await response.text()
+        assert store.hget("vh:voice:amelie", "base_model") == "voicehost-dev-fr"
+        assert (await listed())["amelie"] == "fr"
+        form = adapter_form(dev_model, "hans", {**config, "base_model_name_or_path": "3b-de-ft"})
+        async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+            refusal = (await response.json())["error"]
+        assert (response.status, refusal["code"]) == (400, "invalid_adapter"), refusal
+        assert "'voicehost-dev-fr'" in refusal["message"]  # the models served, named
+        form = aiohttp.FormData({"voice_id": "klaus", "language": "de"})
+        form.add_field("audio", b"RIFF", filename="a.wav")
+        async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
+            refusal = (await response.json())["error"]
+        assert (response.status, refusal["code"]) == (400, "unsupported_language"), refusal
+        assert "en, fr" in refusal["message"]  # what the cluster's models speak
     finally:
         store.zrem("vh:members", "fr1")
         store.delete("vh:member:fr1")
     await eventually(lambda: "fr1" not in members(cluster), POLL + SLACK)
-    status, served_by, body = await speak(http, cluster.gateway.url, "pierre", "Bonjour.")
-    assert (status, served_by) == (503, None), body
-    assert json.loads(body)["error"]["code"] == "model_unavailable"
+    for voice in ("pierre", "amelie"):
+        status, served_by, body = await speak(http, cluster.gateway.url, voice, "Bonjour.")
+        assert (status, served_by) == (503, None), body
+        assert json.loads(body)["error"]["code"] == "model_unavailable"
+    async with http.delete(cluster.gateway.url + "/v1/voices/amelie") as response:
+        assert response.status == 204
 
 
 async def test_word_timing_through_the_gateway_comes_from_the_voices_owner(cluster, http):

@@ -8,13 +8,15 @@ from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, WorkerPresence, member_key
 from voicehost.config import Settings
 from voicehost.speech.admission import WorkerLoad
+from voicehost.voices.validation import AdapterRules
 
 
 async def join(redis_client, redis_server, *workers: str, model: str = "") -> None:
     settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=60)
     for worker in workers:
         load = lambda: WorkerLoad(0, 0, 8, 8)  # noqa: E731
-        presence = WorkerPresence(redis_client, settings, worker, f"http://{worker}", load, model)
+        rules = (lambda: AdapterRules(model, 16)) if model else None
+        presence = WorkerPresence(redis_client, settings, worker, f"http://{worker}", load, rules)
         await presence.heartbeat()
 
 
@@ -80,7 +82,7 @@ async def test_workers_of_each_base_model_make_a_ring_of_their_own(redis_client,
         "fr2",
         "http://fr2",
         lambda: WorkerLoad(0, 0, 8, 8),
-        "3b-fr-ft",
+        lambda: AdapterRules("3b-fr-ft", 16, languages=("fr",)),
         {"pierre": "fr"},
     )
     await presence.heartbeat()

@@ -52,6 +52,7 @@ from voicehost.voices.validation import (
     PICKLE_SUFFIXES,
     InvalidAdapter,
     assign_tenant,
+    declared_bases,
     read_json_object,
     voice_tenant,
 )
@@ -195,7 +196,7 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
             voice_id = version_of
             promote = _form_flag(upload.fields, "promote", True)
             await _ensure_no_job(service, voice_id)
-        language = await _language(service, upload.fields, version_of)
+        language, base_model = await _language(service, upload.fields, version_of)
         adapter = "adapter_config" in upload.files or "adapter_model" in upload.files
         if adapter and upload.files.get("audio"):
             raise ApiError(
@@ -239,6 +240,7 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
         new_version=version_of is not None,
         promote=promote,
         language=language,
+        base_model=base_model,
     )
     try:
         job = await queue_clone(service.jobs, settings, job_id, clone)
@@ -253,17 +255,22 @@ async def _upload(request: web.Request, version_of: str | None) -> web.Response:
     )
 
 
-async def _language(service: VoiceService, fields: dict[str, str], version_of: str | None) -> str:
-    """The language a clone is trained in: the form's ``language`` (one the base model speaks),
-    else a new version's voice's, else the model's first."""
-    spoken = service.voices.rules.languages
+async def _language(
+    service: VoiceService, fields: dict[str, str], version_of: str | None
+) -> tuple[str, str]:
+    """The language a clone is trained in and the base model that speaks it: the form's
+    ``language`` (one a served model speaks: in a cluster, any of its workers' models), else a
+    new version's voice's, else the served model's first."""
+    models = service.voices.models
+    language = models.own.languages[0]
     if "language" in fields:
-        return check_language(fields["language"], spoken)
-    if version_of is not None:
+        language = check_language(fields["language"], models.languages())
+    elif version_of is not None:
         manifest = await service.voices.manifest(version_of) or {}
         if isinstance(manifest.get("language"), str):
-            return manifest["language"]
-    return spoken[0]
+            language = manifest["language"]
+    rules = models.for_language(language) or models.own
+    return language, rules.base_model
 
 
 def _form_flag(fields: dict[str, str], name: str, default: bool) -> bool:
@@ -343,8 +350,9 @@ async def _register_adapter(
     except InvalidAdapter as exc:  # the message names the part
         raise InvalidAdapter(f"'voice': {exc}") from exc
     manifest.pop(consent.CONSENT, None)  # only a validated record is stored as consent
+    declared = declared_bases(staging)  # the config's: in a cluster, maybe another model
     manifest = {
-        "base_model": service.settings.served_base_name(),
+        "base_model": declared[0] if declared else service.settings.served_base_name(),
         "prompt_style": "plain",
         **manifest,
         "voice_id": voice_id,

@@ -79,6 +79,7 @@ class CloneRequest:
     new_version: bool = False
     promote: bool = True
     language: str = "en"  # one the base model speaks (the upload's ``language``, else its first)
+    base_model: str = ""  # the name of the model that speaks it ("": the served one)
 
 
 def check_audio(files: list[Path], inputs: Path, settings: Settings) -> float:
@@ -202,6 +203,7 @@ async def queue_clone(
         name=request.name,
         language=request.language,
         replace_existing=False,
+        **({"base_model_name": request.base_model} if request.base_model else {}),
     )
     return await jobs.submit(
         job_id, spec, request.tenant, new_version=request.new_version, promote=request.promote

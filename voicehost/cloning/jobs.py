@@ -128,6 +128,17 @@ JOB_FIELDS = frozenset(CloneJob.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
+class TrainingModel:
+    """The base model a runner trains on. The jobs asked of it by name (a spec's
+    ``base_model_name``) are this runner's, and run on its own weights and codec: whoever queued
+    them (a gateway, a worker of another model) may not know where those lie."""
+
+    name: str
+    weights: str
+    codec: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """A runner's claim on a job (``lease.json``): whose, and until when (wall clock, Unix
     seconds: only ever compared with the time now, never shown)."""
@@ -162,9 +173,10 @@ def _write_whole(path: Path, record: dict[str, object]) -> None:
 
 
 class JobQueue(Protocol):
-    """Hands queued jobs to runners."""
+    """Hands queued jobs to runners: a job of ``base_model`` (its name, as a spec's
+    ``base_model_name``) to a runner of that model."""
 
-    async def put(self, job_id: str) -> None: ...
+    async def put(self, job_id: str, base_model: str) -> None: ...
 
     async def take(self, jobs: CloneJobs) -> tuple[str, str]:
         """The next job to run and a receipt for ``done``; waits until there is one."""
@@ -187,7 +199,7 @@ class FolderQueue:
     def __init__(self) -> None:
         self._wake = asyncio.Event()
 
-    async def put(self, job_id: str) -> None:
+    async def put(self, job_id: str, base_model: str) -> None:
         self._wake.set()
 
     async def take(self, jobs: CloneJobs) -> tuple[str, str]:
@@ -236,8 +248,10 @@ class CloneJobs:
         evaluate: Evaluate | None = None,
         audit: AuditTrail | None = None,
         lease_seconds: float = LEASE_SECONDS,
+        model: TrainingModel | None = None,
     ) -> None:
         self.root = root
+        self.model = model  # what this runner trains on (None: it runs no job, or any)
         self.lease_seconds = lease_seconds
         self.audit = audit  # where a runner records how its jobs end
         self.root.mkdir(parents=True, exist_ok=True)
@@ -314,7 +328,7 @@ class CloneJobs:
             promote=promote,
         )
         self._save(job)
-        await self.queue.put(job_id)  # if this fails, the caller discards the job
+        await self.queue.put(job_id, spec.base_model_name)  # if this fails, it is discarded
         return job
 
     def _current(self, job_id: str) -> CloneJob | None:
@@ -354,12 +368,25 @@ class CloneJobs:
         found = [self._load(p.name) for p in self.root.iterdir() if is_job_id(p.name)]
         return sorted((j for j in found if j), key=lambda j: parse_iso(j.created))
 
+    def model_of(self, job_id: str) -> str:
+        """The name of the base model the job trains on (its spec's); "" if unreadable."""
+        try:
+            spec = json.loads((self._dir(job_id) / SPEC).read_text())
+        except (OSError, json.JSONDecodeError):
+            return ""
+        return str(spec.get("base_model_name") or "") if isinstance(spec, dict) else ""
+
+    def _ours(self, job_id: str) -> bool:
+        """Whether this runner trains the job: one of its model (or of none said)."""
+        return self.model is None or self.model_of(job_id) in ("", self.model.name)
+
     def orphans(self) -> list[str]:
-        """The jobs that need a runner, oldest first: queued, or running under a lease that
-        lapsed (or under this runner's own, from before it restarted)."""
+        """The jobs of this runner's model that need a runner, oldest first: queued, or
+        running under a lease that lapsed (or under this runner's own, from before it
+        restarted)."""
         waiting = []
         for job in self.jobs():
-            if job.status == "queued" or job.status in RUNNING:
+            if (job.status == "queued" or job.status in RUNNING) and self._ours(job.id):
                 try:
                     lease = self.lease(job.id)
                 except OSError:  # unreadable for now: not this runner's to take
@@ -395,7 +422,10 @@ class CloneJobs:
 
     def _claim(self, job_id: str) -> CloneJob | None:
         """Take the job's lease, unless another runner holds it; the job if taken. A job whose
-        runner's lease lapsed is taken over (and its lost runner named in it)."""
+        runner's lease lapsed is taken over (and its lost runner named in it). A job of
+        another model than this runner's is not taken."""
+        if not self._ours(job_id):
+            return None
         try:
             with self._leasing(job_id) as held:
                 if held is not None and held.runner != self.runner_id and held.live():
@@ -506,7 +536,7 @@ class CloneJobs:
         except FileNotFoundError:  # deleted meanwhile
             return None
         try:
-            await self.queue.put(job_id)
+            await self.queue.put(job_id, await asyncio.to_thread(self.model_of, job_id))
         except BaseException:
             job.status, job.error = previous  # not queued after all
             self._save(job)
@@ -592,6 +622,20 @@ class CloneJobs:
         if run.cancelled():  # stopped: the job is another runner's (or nobody's) now
             return False
         return run.result()
+
+    def _train_on_own_model(self, job_dir: Path) -> None:
+        """Point the job's spec at this runner's weights and codec, when it asks for this
+        runner's model by name (``TrainingModel``)."""
+        if self.model is None:
+            return
+        spec = json.loads((job_dir / SPEC).read_text())
+        if spec.get("base_model_name") not in (None, "", self.model.name):
+            raise ValueError(
+                f"the job trains on {spec['base_model_name']!r}; this runner serves "
+                f"{self.model.name!r}"
+            )
+        spec |= {"base_model": self.model.weights, "codec": self.model.codec}
+        _write_whole(job_dir / SPEC, spec)
 
     async def _run_worker(self, job_id: str, job_dir: Path) -> int:
         """Run the training process to its end, stopping it if the job is cancelled."""
@@ -702,6 +746,7 @@ class CloneJobs:
         if not await asyncio.to_thread(self._stage, job.id, "preparing"):
             return False
         self._running = job.id
+        await asyncio.to_thread(self._train_on_own_model, job_dir)
         code = await self._run_worker(job.id, job_dir)
         self._process = None
         if code != 0:

@@ -185,10 +185,14 @@ class Gateway:
         """The built-in voices of every model the workers serve, each with its model and
         language (a French worker's ``pierre``), beside this gateway's own: listed, and routed
         to their model's workers (``model_unavailable`` once none is left). A name two models
-        share is the first one's."""
+        share is the first one's. And each model's adapter rules: an adapter registered here
+        is checked by its own model's, a clone trained on the model of its language."""
         for info in workers.values():
             if not info.base_model:
                 continue
+            if info.rules is not None and self.voices.models.learn(info.rules):
+                languages = ", ".join(info.rules.languages)
+                log.info("base model %s (%s): its adapters taken", info.base_model, languages)
             for voice in self.voices.learn_builtin(info.voices, info.base_model):
                 log.info("voice %s (%s) of %s", voice.voice_id, voice.language, voice.base_model)
 

@@ -31,54 +31,64 @@ STREAM_MAX_ENTRIES = 10_000
 SWEPT = ""  # the receipt of a job found in the jobs folder: no stream entry to keep or ack
 
 
+def jobs_stream(base_model: str) -> str:
+    """The stream of one base model's jobs (a worker takes its own model's only); ``vh:jobs``
+    for jobs that name none."""
+    return f"{JOBS_STREAM}:{base_model}" if base_model else JOBS_STREAM
+
+
 class RedisJobQueue:
-    """``JobQueue`` over ``vh:jobs``; ``consumer`` is the worker's id."""
+    """``JobQueue`` over the job streams; ``consumer`` is the worker's id, ``base_model`` the
+    name of the model whose jobs it takes (``jobs_stream``)."""
 
     def __init__(
         self,
         redis: Redis,
         consumer: str,
+        base_model: str = "",
         poll_seconds: float = 1.0,
         sweep_seconds: float = LEASE_SECONDS / 3,
     ) -> None:
         self.redis = redis
         self.consumer = consumer
+        self.stream = jobs_stream(base_model)  # the one this queue takes from
         self.poll_seconds = poll_seconds
         self.sweep_seconds = sweep_seconds
         self._swept = 0.0
         self._own_pending_checked = False
         self._redis_ok = True  # as last seen: Redis' comings and goings are logged once each
 
-    async def _ensure_group(self) -> None:
+    async def _ensure_group(self, stream: str) -> None:
         try:
-            await self.redis.xgroup_create(JOBS_STREAM, GROUP, id="0", mkstream=True)
+            await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
         else:
-            await self.redis.expire(JOBS_STREAM, STREAM_TTL_SECONDS)
+            await self.redis.expire(stream, STREAM_TTL_SECONDS)
 
-    async def put(self, job_id: str) -> None:
-        await self._ensure_group()
+    async def put(self, job_id: str, base_model: str) -> None:
+        stream = jobs_stream(base_model)
+        await self._ensure_group(stream)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(JOBS_STREAM, {"job": job_id}, maxlen=STREAM_MAX_ENTRIES, approximate=True)
-            pipe.expire(JOBS_STREAM, STREAM_TTL_SECONDS)
+            pipe.xadd(stream, {"job": job_id}, maxlen=STREAM_MAX_ENTRIES, approximate=True)
+            pipe.expire(stream, STREAM_TTL_SECONDS)
             await pipe.execute()
 
     async def _next(self) -> tuple[str, str] | None:
-        await self._ensure_group()
+        await self._ensure_group(self.stream)
         if not self._own_pending_checked:  # after a restart: what this worker had taken
-            mine = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: "0"}, count=1)
+            mine = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: "0"}, count=1)
             if mine and mine[0][1]:
                 return await self._entry(*mine[0][1][0])
             self._own_pending_checked = True
         claimed = await self.redis.xautoclaim(
-            JOBS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=1
+            self.stream, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=1
         )
         if claimed and claimed[1]:
             log.info("claiming a clone job from a worker that stopped: %s", claimed[1][0])
             return await self._entry(*claimed[1][0])
-        fresh = await self.redis.xreadgroup(GROUP, self.consumer, {JOBS_STREAM: ">"}, count=1)
+        fresh = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=1)
         if fresh and fresh[0][1]:
             return await self._entry(*fresh[0][1][0])
         return None
@@ -87,7 +97,7 @@ class RedisJobQueue:
         """The job of a stream entry; an entry without one (trimmed, foreign) is acknowledged."""
         job_id = (fields or {}).get("job")
         if not job_id:
-            await self.redis.xack(JOBS_STREAM, GROUP, entry_id)
+            await self.redis.xack(self.stream, GROUP, entry_id)
             return None
         return job_id, entry_id
 
@@ -132,7 +142,7 @@ class RedisJobQueue:
         if receipt == SWEPT:
             return
         try:
-            await self.redis.xclaim(JOBS_STREAM, GROUP, self.consumer, 0, [receipt], justid=True)
+            await self.redis.xclaim(self.stream, GROUP, self.consumer, 0, [receipt], justid=True)
         except RedisError as exc:
             log.warning("could not refresh the claim on %s (%s)", receipt, exc)
 
@@ -140,6 +150,6 @@ class RedisJobQueue:
         if receipt == SWEPT:
             return
         try:
-            await self.redis.xack(JOBS_STREAM, GROUP, receipt)
+            await self.redis.xack(self.stream, GROUP, receipt)
         except RedisError as exc:  # redelivered later; a finished job is then skipped
             log.warning("could not acknowledge %s (%s)", receipt, exc)

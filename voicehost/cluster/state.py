@@ -44,6 +44,7 @@ from voicehost.cluster.ring import WorkerRing
 from voicehost.config import Settings
 from voicehost.ids import voice_ref
 from voicehost.speech.admission import WorkerLoad
+from voicehost.voices.validation import AdapterRules
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class WorkerInfo:
     load: WorkerLoad
     base_model: str = ""  # the base model it serves (its voices' adapters declare it)
     voices: Mapping[str, str] = field(default_factory=dict)  # its model's built-in voices: language
+    rules: AdapterRules | None = None  # what its model's adapters must be (None: not said)
 
 
 def raise_if_cancelled() -> None:
@@ -163,14 +165,14 @@ class WorkerPresence:
         worker_id: str,
         url: str,
         load: Callable[[], WorkerLoad],
-        base_model: str = "",
+        rules: Callable[[], AdapterRules] | None = None,
         voices: Mapping[str, str] | None = None,
     ) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.url = url
         self.load = load
-        self.base_model = base_model
+        self.rules = rules  # the served model's (read at each heartbeat: known once it loads)
         self.voices = json.dumps(dict(voices or {}), ensure_ascii=False)  # its built-in voices
         self.interval = settings.heartbeat_seconds
         self.ttl_ms = int(settings.worker_ttl_seconds * 1000)
@@ -179,13 +181,15 @@ class WorkerPresence:
 
     async def heartbeat(self) -> None:
         load = self.load()
+        rules = self.rules() if self.rules is not None else None
         now_ms = int(time.time() * 1000)  # only orders the index; liveness is the key TTL
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(
                 member_key(self.worker_id),
                 mapping={
                     "url": self.url,
-                    "base_model": self.base_model,
+                    "base_model": rules.base_model if rules is not None else "",
+                    "rules": rules.to_json() if rules is not None else "",
                     "voices": self.voices,
                     "active_streams": load.active_streams,
                     "loaded_adapters": load.loaded_adapters,
@@ -245,9 +249,25 @@ def _voices(text: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in voices.items()}
 
 
-def _serving(workers: Mapping[str, WorkerInfo]) -> dict[str, tuple[str, tuple]]:
-    """What a membership serves: each worker's model and built-in voices."""
-    return {w: (info.base_model, tuple(sorted(info.voices.items()))) for w, info in workers.items()}
+def _rules(text: str | None, base_model: str) -> AdapterRules | None:
+    """A member record's adapter rules; none from one that says none, or rules not of its own
+    model, or that cannot be read (logged)."""
+    if not text:
+        return None
+    try:
+        rules = AdapterRules.from_json(text)
+    except ValueError as exc:
+        log.warning("a worker's adapter rules are unreadable (%s)", exc)
+        return None
+    return rules if rules.base_model == base_model else None
+
+
+def _serving(workers: Mapping[str, WorkerInfo]) -> dict[str, tuple]:
+    """What a membership serves: each worker's model, its rules and built-in voices."""
+    return {
+        w: (info.base_model, info.rules, tuple(sorted(info.voices.items())))
+        for w, info in workers.items()
+    }
 
 
 def rings_by_model(served: Mapping[str, str]) -> dict[str, WorkerRing]:
@@ -312,7 +332,10 @@ class Membership:
                 )
                 base_model = record.get("base_model", "")
                 voices = _voices(record.get("voices"))
-                workers[worker_id] = WorkerInfo(worker_id, record["url"], load, base_model, voices)
+                rules = _rules(record.get("rules"), base_model)
+                workers[worker_id] = WorkerInfo(
+                    worker_id, record["url"], load, base_model, voices, rules
+                )
         if not workers and self.workers and not await self.redis.exists(ALIVE):
             if self._hold_empty():
                 return

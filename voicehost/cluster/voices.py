@@ -47,6 +47,7 @@ from voicehost.voices.validation import (
     VERSION,
     AdapterRules,
     InvalidAdapter,
+    ServedModels,
     read_json_object,
     validate_adapter,
     voice_status,
@@ -153,7 +154,8 @@ class RedisVoiceDirectory:
         self.redis = redis
         self.store = store
         self.cache = cache
-        self.rules = rules
+        # the models whose adapters this process checks: its own, and a gateway's workers'
+        self.models = ServedModels(rules)
         self.owner = owner
         self.builtin = versioning.builtin_voices(builtin, rules.base_model)
         self._records: dict[str, dict[str, str]] = {}  # last seen, for when Redis is down
@@ -235,6 +237,19 @@ class RedisVoiceDirectory:
         self.builtin.update((voice.voice_id, voice) for voice in added)
         return added
 
+    @property
+    def rules(self) -> AdapterRules:
+        """The served model's adapter rules (set again once the model has loaded)."""
+        return self.models.own
+
+    @rules.setter
+    def rules(self, rules: AdapterRules) -> None:
+        self.models.own = rules
+
+    def _validate(self, folder: Path, voice_id: str | None = None) -> Voice:
+        """``validate_adapter`` by the rules of the base model the adapter declares."""
+        return validate_adapter(folder, self.models.for_adapter(folder), voice_id)
+
     async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
         if voice_id in self.builtin:
             return versioning.builtin_version(self.builtin[voice_id], version)
@@ -258,7 +273,7 @@ class RedisVoiceDirectory:
                 folder = await asyncio.to_thread(self._adapter_folder, voice_id, record)
                 voice = self._ready.get(key)
                 if voice is None or voice.adapter_path != folder:
-                    voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+                    voice = await asyncio.to_thread(self._validate, folder, voice_id)
                     if voice.checksum != record["checksum"]:
                         raise AdapterFetchError(
                             f"adapter {voice_id!r} has checksum {voice.checksum}, "
@@ -312,7 +327,7 @@ class RedisVoiceDirectory:
         return voice_id in self.builtin or bool(await self.redis.exists(voice_key(voice_id)))
 
     async def add(self, voice_id: str, folder: Path) -> Voice:
-        voice = await asyncio.to_thread(validate_adapter, folder, self.rules)
+        voice = await asyncio.to_thread(self._validate, folder)
         if voice_id in self.builtin or not await self._claim(voice_id):
             raise versioning.voice_exists(voice_id)
         try:
@@ -397,7 +412,7 @@ class RedisVoiceDirectory:
         return records
 
     async def add_version(self, voice_id: str, folder: Path, promote: bool) -> Voice:
-        staged = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+        staged = await asyncio.to_thread(self._validate, folder, voice_id)
         main = await self._registered(voice_id)
         existing = await self._version_records(voice_id, main)
         versioning.refuse_duplicate(
@@ -582,7 +597,12 @@ class RedisVoiceDirectory:
         for uri in stored.adapters:
             try:
                 folder = self.store.folder(uri)
-                voice = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+                if uri == stored.live and not await asyncio.to_thread(self.models.serves, folder):
+                    log.info(
+                        "voice %s is another model's: a process serving it restores it", voice_id
+                    )
+                    return True  # not missing here: this process could never speak it
+                voice = await asyncio.to_thread(self._validate, folder, voice_id)
                 manifest = await asyncio.to_thread(_manifest_text, folder)
             except (AdapterFetchError, InvalidAdapter, OSError) as exc:
                 log.warning("voice %s in the store (%s) cannot be restored: %s", voice_id, uri, exc)

@@ -27,7 +27,7 @@ from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.host.frontend import FrontEnd
-from voicehost.model.served import served_languages
+from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.admission import WorkerLoad
 from voicehost.voices.validation import AdapterRules
 
@@ -68,7 +68,8 @@ class WorkerCluster:
 
     def job_queue(self) -> RedisJobQueue:
         sweep = self.settings.job_lease_seconds / 3
-        return RedisJobQueue(self.redis, self.worker_id, sweep_seconds=sweep)
+        model = self.settings.served_base_name()  # its model's jobs only
+        return RedisJobQueue(self.redis, self.worker_id, model, sweep_seconds=sweep)
 
     def audit_trail(self) -> RedisAuditTrail:
         return self.audit
@@ -90,10 +91,17 @@ class WorkerCluster:
                 self.worker_id,
                 self.url,
                 load,
-                self.settings.served_base_name(),
+                self._rules,
                 served_languages(self.settings).voices,
             )
         return self._serve_cluster(self.presence)
+
+    def _rules(self) -> AdapterRules:
+        """The served model's adapter rules, as its voice directory has them (its shape once
+        the model has loaded), else the settings'."""
+        if self.directory is not None:
+            return self.directory.rules
+        return adapter_rules(self.settings)
 
     async def _serve_cluster(self, presence: WorkerPresence | None) -> None:
         """The leases of this process's streams and its audit events kept; on the ring,

@@ -33,6 +33,7 @@ from voicehost.voices.validation import (
     VERSION,
     AdapterRules,
     InvalidAdapter,
+    ServedModels,
     read_json_object,
     validate_adapter,
     voice_status,
@@ -135,7 +136,7 @@ class FolderVoiceDirectory:
         self, roots: Iterable[Path], builtin: Mapping[str, str] | Iterable[str], rules: AdapterRules
     ) -> None:
         self.roots = list(roots)
-        self.rules = rules
+        self.models = ServedModels(rules)  # one: the served model
         self.builtin = versioning.builtin_voices(builtin, rules.base_model)
         self.adapters: dict[str, Voice] = {}  # each voice's live version
         self._versions: dict[str, dict[int, Voice | str]] = {}  # every version, or its error
@@ -144,6 +145,15 @@ class FolderVoiceDirectory:
         self._broken: dict[str, BrokenAdapter] = {}
         self._lock = threading.RLock()  # scans run on worker threads; readers take copies
         self._seen: dict[Path, tuple[tuple[str, int, int], ...]] = {}
+
+    @property
+    def rules(self) -> AdapterRules:
+        """The served model's adapter rules (set again once the model has loaded)."""
+        return self.models.own
+
+    @rules.setter
+    def rules(self, rules: AdapterRules) -> None:
+        self.models.own = rules
 
     def scan(self) -> None:
         """Validate new or changed voice folders; forget removed ones."""

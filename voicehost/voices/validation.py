@@ -12,7 +12,7 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
@@ -127,6 +127,33 @@ class AdapterRules:
     def base_names(self) -> list[str]:
         return list(dict.fromkeys([self.base_model, *self.aliases]))
 
+    def to_json(self) -> str:
+        """The rules as a worker's membership record carries them (``from_json``): a gateway
+        checks an adapter for that worker's model by them."""
+        shape = asdict(self.shape) if self.shape is not None else None
+        fields = {"base_model": self.base_model, "max_rank": self.max_rank, "shape": shape}
+        fields |= {"aliases": list(self.aliases), "languages": list(self.languages)}
+        return json.dumps(fields, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> AdapterRules:
+        """``to_json``'s rules; ``ValueError`` for a text that is not such rules."""
+        try:
+            fields = json.loads(text)
+            shape = fields["shape"]
+            rules = cls(
+                base_model=str(fields["base_model"]),
+                max_rank=int(fields["max_rank"]),
+                shape=ModelShape(**{k: int(v) for k, v in shape.items()}) if shape else None,
+                aliases=tuple(str(a) for a in fields["aliases"]),
+                languages=tuple(str(language) for language in fields["languages"]),
+            )
+        except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a base model's adapter rules: {exc}") from exc
+        if not rules.base_model or not rules.languages:
+            raise ValueError("a base model's adapter rules name the model and its languages")
+        return rules
+
     @classmethod
     def from_settings(
         cls,
@@ -142,6 +169,71 @@ class AdapterRules:
         name = settings.served_base_name()
         aliases = (served,) if served != name else ()
         return cls(name, settings.max_lora_rank, shape, aliases, languages)
+
+
+class ServedModels:
+    """The base models whose adapters a process takes, each by its rules: the one it serves
+    (``own``) and, on a gateway, those its workers serve (``learn``, from their records). An
+    adapter is checked by the rules of the model it declares; a language is cloned on the
+    first model that speaks it, the served one first."""
+
+    def __init__(self, own: AdapterRules) -> None:
+        self.own = own
+        self._learned: dict[str, AdapterRules] = {}
+
+    def learn(self, rules: AdapterRules) -> bool:
+        """Take another model's rules (a worker's); whether they are new or changed."""
+        if rules.base_model == self.own.base_model or self._learned.get(rules.base_model) == rules:
+            return False
+        self._learned[rules.base_model] = rules
+        return True
+
+    def all(self) -> list[AdapterRules]:
+        return [self.own, *self._learned.values()]
+
+    def languages(self) -> tuple[str, ...]:
+        """What the models speak, the served model's languages first."""
+        return tuple(dict.fromkeys(lang for rules in self.all() for lang in rules.languages))
+
+    def for_language(self, language: str) -> AdapterRules | None:
+        return next((r for r in self.all() if language in r.languages), None)
+
+    def serves(self, path: Path) -> bool:
+        """Whether the adapter in ``path`` is for one of these models (or declares none)."""
+        declared = declared_bases(path)
+        return not declared or any(
+            all(rules.accepts_base(base) for base in declared) for rules in self.all()
+        )
+
+    def for_adapter(self, path: Path) -> AdapterRules:
+        """The rules of the model the adapter in ``path`` declares: the served model's when it
+        declares none, or none readable (its check then says what is wrong), and when no other
+        model is known. ``InvalidAdapter`` for a model none of them is."""
+        declared = declared_bases(path)
+        if not declared or not self._learned:
+            return self.own
+        for rules in self.all():
+            if all(rules.accepts_base(base) for base in declared):
+                return rules
+        served = ", ".join(repr(rules.base_model) for rules in self.all())
+        raise InvalidAdapter(
+            f"base model {declared[0]!r} is not one served here (served: {served}; an adapter "
+            "declares one by its name, or a path or hub id ending in it)"
+        )
+
+
+def declared_bases(path: Path) -> list[str]:
+    """The base models an adapter folder declares (its config's, its manifest's), those that
+    cannot be read left out."""
+    declared = []
+    for name, key in ((ADAPTER_CONFIG, "base_model_name_or_path"), (MANIFEST, "base_model")):
+        try:
+            value = read_json_object(path / name).get(key) if (path / name).is_file() else None
+        except InvalidAdapter:
+            continue
+        if isinstance(value, str) and value:
+            declared.append(value)
+    return declared
 
 
 def _last_part(name: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from voicehost.errors import ServiceError
 
 if TYPE_CHECKING:
-    from voicehost.voices.validation import AdapterRules
+    from voicehost.voices.validation import AdapterRules, ServedModels
 
 PromptStyle = Literal["plain", "named"]
 # held: a clone that measured below the evaluation gate; only its tenant and admins reach it,
@@ -162,7 +162,8 @@ class VoiceDirectory(Protocol):
     (``voicehost.voices.folders.FolderVoiceDirectory``) or Redis plus a shared adapter store
     (``voicehost.cluster.voices.RedisVoiceDirectory``)."""
 
-    rules: AdapterRules
+    rules: AdapterRules  # the served model's
+    models: ServedModels  # the served model's and, in a cluster, its workers' models'
     builtin: dict[str, Voice]
 
     async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
