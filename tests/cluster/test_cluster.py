@@ -351,6 +351,9 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
         await eventually(lambda: "fr1" in members(cluster), POLL + SLACK)
         voices = await listed()
         assert voices["pierre"] == "fr" and voices["tara"] == "en"
+        async with http.get(cluster.gateway.url + "/v1/models") as response:
+            models = {m["id"]: m["languages"] for m in (await response.json())["data"]}
+        assert models["voicehost-dev-fr"] == ["fr"] and models["voicehost-dev"] == ["en"]
         form = adapter_form(dev_model, "amelie", config)
         form.add_field("language", "fr")
         async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:

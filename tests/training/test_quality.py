@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lora_training.ingest import ingest
-from lora_training.quality import check_data, other_speakers, voice_pitch
+from lora_training.quality import MAX_RATE, MIN_RATE, check_data, other_speakers, voice_pitch
 from lora_training.recipe import VoiceJob, prepare
 from lora_training.trim import trim
 from voicehost.audio.speaker import (
@@ -376,3 +376,76 @@ def test_a_transcript_is_timed_against_its_speech_in_any_language(tmp_path, embe
     [off] = [w for w in report.warnings if w.startswith("Transcripts off")]
     assert "2 clips" in off and "long.wav" in off and "short.wav" in off
     assert "fr1" not in off and "zh1" not in off
+
+
+# Everyday French, one sentence a clip (16 of the speaker), then three a German visitor says
+FRENCH = [
+    "Le marché ouvre tous les samedis à huit heures sur la place de l'église.",
+    "Nous avons réservé une table pour quatre personnes près de la fenêtre.",
+    "Mon frère habite à Lyon depuis bientôt dix ans avec sa famille.",
+    "Il faut prendre le deuxième train, le premier est toujours complet.",
+    "La boulangerie du coin fait le meilleur pain de tout le quartier.",
+    "Pourriez-vous me dire où se trouve la gare routière, s'il vous plaît ?",
+    "Cet hiver, la neige est tombée plus tôt que prévu dans les Alpes.",
+    "Elle lit un roman policier chaque soir avant de s'endormir.",
+    "Les enfants jouent dans le jardin pendant que nous préparons le dîner.",
+    "Nous partirons en vacances au bord de la mer au mois d'août.",
+    "Le musée est fermé le mardi, mais ouvert tard le jeudi soir.",
+    "J'ai oublié mon parapluie au bureau et il pleut à verse.",
+    "Le médecin m'a conseillé de marcher une demi-heure par jour.",
+    "Ils ont repeint la cuisine en jaune pendant le week-end.",
+    "Le concert commence à vingt heures, ne soyez pas en retard.",
+    "Ma grand-mère prépare une tarte aux pommes tous les dimanches.",
+]
+GERMAN = [
+    "Am Wochenende fahren wir mit dem Fahrrad an den See.",
+    "Der Zug nach München hat heute leider zwanzig Minuten Verspätung.",
+    "Könnten Sie mir bitte sagen, wo die nächste Apotheke ist?",
+]
+
+
+@pytest.fixture(scope="module")
+def french_upload(tmp_path_factory):
+    """A French upload (espeak-ng's French, one man's voice) with three clips of a German woman
+    hidden in it, her transcripts in German: a metadata.csv for all of them."""
+    folder = tmp_path_factory.mktemp("french") / "upload"
+    folder.mkdir()
+    texts = {}
+    for index, text in enumerate(FRENCH):
+        texts[f"clip{index:02d}"] = (text, "fr+m1")
+    for index, text in enumerate(GERMAN):
+        texts[f"visitor{index}"] = (text, "de+f2")
+    for stem, (text, voice) in texts.items():
+        speak(text, folder / f"{stem}.wav", 0.3, "wav", voice=voice)
+    lines = [f"{stem}|{text}" for stem, (text, _) in texts.items()]
+    (folder / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return folder, {stem: text for stem, (text, _) in texts.items()}
+
+
+def test_a_french_uploads_hidden_german_speaker_is_left_out_and_its_pace_read_as_french(
+    french_upload, tmp_path
+):
+    """A clone's metadata.csv may be in any language: a French one is prepared as French (the
+    transcripts' pace read in its letters, no "Transcripts off"), and the speaker filter, which
+    hears voices not words, leaves the German speaker's clips out."""
+    folder, texts = french_upload
+    job = VoiceJob(
+        audio=[folder],
+        voice_id="amelie",
+        base_model="unused",
+        base_model_name="unused",
+        codec="unused",
+        adapters_dir=tmp_path / "adapters",
+        work_dir=tmp_path / "work",
+        language="fr",
+    )
+    prepared = prepare(job)
+    report = prepared.report
+    assert {c.file for c in report.excluded} == {f"visitor{i}.wav" for i in range(3)}
+    assert all(c.excluded.startswith("another speaker") for c in report.excluded)
+    assert not [w for w in report.warnings if w.startswith("Transcripts off")], report.warnings
+    kept = [c for c in report.clips if not c.excluded]
+    rates = [c.letters_per_second for c in kept]
+    assert all(r is not None and MIN_RATE <= r <= MAX_RATE for r in rates), rates
+    trained = {u.text for u in prepared.utterances} | {r.text for r in prepared.references}
+    assert trained == {text for stem, text in texts.items() if stem.startswith("clip")}

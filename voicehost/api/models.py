@@ -31,13 +31,14 @@ class ModelInfo(BaseModel):
     created: int = Field(description="Unix time: when this server started.")
     owned_by: str = "voicehost"
     languages: list[str] = Field(
-        description="The languages the served model speaks (BCP-47), each voice one of them."
+        description="The languages the model speaks (BCP-47), each of its voices one of them."
     )
 
 
 class ModelList(BaseModel):
     """``GET /v1/models``: every model name a speech request may send (one model serves them
-    all), as OpenAI lists its models."""
+    all), as OpenAI lists its models; behind a gateway, each other base model its workers
+    serve too, by its name."""
 
     object: Literal["list"] = "list"
     data: list[ModelInfo]
@@ -58,23 +59,34 @@ def model_names(settings: Settings) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-async def list_models(request: web.Request) -> web.Response:
+def listed_models(request: web.Request) -> dict[str, ModelInfo]:
+    """The served model's names with its languages, then (a gateway's) each other base model
+    its workers serve, with that model's."""
     service = request.app[SERVICE]
-    languages = list(service.voices.rules.languages)
-    names = model_names(service.settings)
-    listing = ModelList(
-        data=[ModelInfo(id=name, created=STARTED, languages=languages) for name in names]
-    )
+    own = list(service.voices.rules.languages)
+    listed = {
+        n: ModelInfo(id=n, created=STARTED, languages=own) for n in model_names(service.settings)
+    }
+    for rules in service.voices.models.all():
+        if rules.base_model not in listed:
+            languages = list(rules.languages)
+            listed[rules.base_model] = ModelInfo(
+                id=rules.base_model, created=STARTED, languages=languages
+            )
+    return listed
+
+
+async def list_models(request: web.Request) -> web.Response:
+    listing = ModelList(data=list(listed_models(request).values()))
     return web.json_response(listing.model_dump())
 
 
 async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
-    service = request.app[SERVICE]
-    if name not in model_names(service.settings):
+    model = listed_models(request).get(name)
+    if model is None:
         raise ApiError("model_not_found", f"model {name!r} does not exist; see GET /v1/models")
-    languages = list(service.voices.rules.languages)
-    return web.json_response(ModelInfo(id=name, created=STARTED, languages=languages).model_dump())
+    return web.json_response(model.model_dump())
 
 
 # --- its OpenAPI operations (voicehost.api.openapi builds the document from them) ---

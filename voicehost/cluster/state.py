@@ -1,7 +1,8 @@
 """What Redis holds for the cluster, and the one place that knows its key names.
 
-- ``vh:member:<worker>``: a worker's URL and load, expiring ``worker_ttl_seconds`` after its last
-  heartbeat; ``vh:members`` indexes them (a sorted set by heartbeat time, itself expiring).
+- ``vh:member:<worker>``: a worker's URL, load, base model (its adapter rules, built-in voices),
+  expiring ``worker_ttl_seconds`` after its last heartbeat; ``vh:members`` indexes them (a
+  sorted set by heartbeat time, itself expiring).
 - ``vh:alive``: rewritten by every heartbeat, expiring with the index: its absence tells a
   gateway that Redis lost its data (workers that left or died leave it behind).
 - ``vh:session:<id>``: the worker a session is pinned to, expiring ``session_ttl_seconds`` after
@@ -11,7 +12,8 @@
   TTL.
 - ``vh:lease:<key id>``: the streams an API key holds in the cluster (``leases.py``), each
   expiring unless its worker refreshes it.
-- ``vh:jobs``: the clone-job stream with consumer group ``trainers`` (see ``jobs.py``).
+- ``vh:jobs:<model>``: each base model's clone-job stream, with its consumer group ``trainers``
+  (``jobs.py``).
 - ``vh:audit`` and ``vh:audit:head``: the audit trail's stream (entry id = the event's seq) and
   the chain's last seq and hash, written together by one script (``audit.py``), expiring 30 days
   after the last event (the shared store's mirror holds every event).

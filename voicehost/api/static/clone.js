@@ -44,7 +44,8 @@ function say(id, text, kind = "") {
   $(id).dataset.kind = kind;
 }
 
-// The language the clone speaks: one of the model's (GET /v1/models), the first by default.
+// The language the clone speaks: one a served model speaks (GET /v1/models: behind a gateway,
+// each of its workers' models), the served model's first by default.
 function language() {
   return $("clone-language").value || "en";
 }
@@ -57,7 +58,8 @@ async function fillLanguages() {
   const select = $("clone-language");
   try {
     const { data } = await getJson("/v1/models");
-    const languages = (data[0] && data[0].languages) || ["en"];
+    const spoken = new Set(data.flatMap((model) => model.languages || []));
+    const languages = spoken.size ? [...spoken] : ["en"];
     select.replaceChildren(...languages.map((tag) => new Option(tag, tag)));
   } catch {
     select.replaceChildren(new Option("en", "en"));
