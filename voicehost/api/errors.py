@@ -310,7 +310,7 @@ ERRORS: dict[str, ErrorKind] = _kinds(
     (
         400,
         "unsupported_language",
-        "a language the base model does not speak (`GET /v1/models` lists its own).",
+        "a language no served model speaks (`GET /v1/models` lists each model's).",
         UPLOADS,
     ),
     (413, "upload_too_large", "over `VOICEHOST_MAX_UPLOAD_MB`, or too many files.", UPLOADS),
