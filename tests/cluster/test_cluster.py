@@ -48,8 +48,7 @@ from voicehost.api.edge import FRONTEND_HEADER
 from voicehost.cli import main
 from voicehost.client import AsyncClient
 from voicehost.cloning.jobs import LEASE_FILE, CloneJobs
-from voicehost.cluster.jobs import GROUP, SWEPT, RedisJobQueue
-from voicehost.cluster.state import JOBS_STREAM
+from voicehost.cluster.jobs import GROUP, SWEPT, RedisJobQueue, jobs_stream
 from voicehost.tenancy.audit import verify
 from voicehost.tenancy.keys import hash_key
 from voicehost.tools import devcorpus
@@ -1567,16 +1566,17 @@ async def test_a_job_taken_from_the_stream_is_pending_until_its_runner_is_done(
     """The queue's fast path (the clone test above takes its job over from the jobs folder,
     its entry lost with Redis' data): an entry a worker took stays pending, its, until the
     worker acknowledges the job's end."""
-    queue = RedisJobQueue(redis_client, "w1", poll_seconds=0.05)
+    queue = RedisJobQueue(redis_client, "w1", "voicehost-dev", poll_seconds=0.05)
     jobs = CloneJobs(tmp_path / "jobs", no_directory, queue, "w1")
-    await queue.put("job-1")
+    await queue.put("job-1", "voicehost-dev")
     job_id, receipt = await asyncio.wait_for(queue.take(jobs), 10)
     assert job_id == "job-1" and receipt != SWEPT
-    pending = await redis_client.xpending(JOBS_STREAM, GROUP)
+    stream = jobs_stream("voicehost-dev")
+    pending = await redis_client.xpending(stream, GROUP)
     assert pending["pending"] == 1 and pending["consumers"] == [{"name": "w1", "pending": 1}]
     await queue.keep(receipt)
     await queue.done(receipt)
-    assert (await redis_client.xpending(JOBS_STREAM, GROUP))["pending"] == 0
+    assert (await redis_client.xpending(stream, GROUP))["pending"] == 0
 
 
 async def test_a_membership_poll_stops_when_cancelled_even_inside_a_redis_command(redis_server):
