@@ -424,7 +424,7 @@ class ServingProcess:
         if await asyncio.to_thread(is_missing_folder, model):
             # said at once, not after vLLM's import and its search of a hub it cannot reach
             raise FileNotFoundError(f"the model folder {model} does not exist")
-        self.voices.rules = await asyncio.to_thread(adapter_rules, s, model)
+        self.voices.models.own = await asyncio.to_thread(adapter_rules, s, model)
         log.info("the model speaks %s (%s)", self.languages.describe(), self.languages.source)
         if self.folder_voices is not None:
             await asyncio.to_thread(self.folder_voices.scan)

@@ -91,7 +91,7 @@ async def test_a_voice_another_process_is_restoring_is_rebuilding_not_not_found(
     await register(redis_directory, dev_model, tmp_path, "acme-voice", tenant="acme")
     await redis_directory.redis.flushall()
     other = RedisVoiceDirectory(  # another gateway's or worker's reconciler, half-way
-        redis_directory.redis, redis_directory.store, ["tara"], redis_directory.rules, "other"
+        redis_directory.redis, redis_directory.store, ["tara"], redis_directory.models.own, "other"
     )
     assert await other._claim("acme-voice")
     with pytest.raises(RegistryRebuilding) as rebuilding:
@@ -160,7 +160,7 @@ async def test_a_held_voice_is_held_in_its_record_and_published_once_for_every_p
         redis_directory.redis,
         redis_directory.store,
         ["tara"],
-        redis_directory.rules,
+        redis_directory.models.own,
         cache=AdapterCache(tmp_path / "cache", 1 << 30, redis_directory.store),
         owner="worker",
     )

@@ -63,7 +63,7 @@ def listed_models(request: web.Request) -> dict[str, ModelInfo]:
     """The served model's names with its languages, then (a gateway's) each other base model
     its workers serve, with that model's."""
     service = request.app[SERVICE]
-    own = list(service.voices.rules.languages)
+    own = list(service.voices.models.own.languages)
     listed = {
         n: ModelInfo(id=n, created=STARTED, languages=own) for n in model_names(service.settings)
     }

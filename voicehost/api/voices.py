@@ -220,7 +220,7 @@ async def voice_detail(
     name = str(manifest.get("name") or voice_id)
     manageable = can_manage(principal, voice_tenant(manifest))
     visible = _visible_manifest(manifest, manageable)
-    language = str(manifest.get("language") or service.voices.rules.languages[0])
+    language = str(manifest.get("language") or service.voices.models.own.languages[0])
     return VoiceDetail(id=voice_id, name=name, kind="adapter", language=language, manifest=visible)
 
 

@@ -143,7 +143,7 @@ async def evaluate_candidate(
         builtin = builtin_voices(served_languages(settings).voices)
     else:
         synthesizer = speaker.require_synthesizer()
-        rules, builtin = speaker.voices.rules, dict(speaker.voices.builtin)
+        rules, builtin = speaker.voices.models.own, dict(speaker.voices.builtin)
     candidate = await asyncio.to_thread(_candidate, folder, rules, voice_id)  # hashes the weights
     options = SpeakOptions(
         seed=seed,

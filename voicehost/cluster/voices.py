@@ -237,15 +237,6 @@ class RedisVoiceDirectory:
         self.builtin.update((voice.voice_id, voice) for voice in added)
         return added
 
-    @property
-    def rules(self) -> AdapterRules:
-        """The served model's adapter rules (set again once the model has loaded)."""
-        return self.models.own
-
-    @rules.setter
-    def rules(self, rules: AdapterRules) -> None:
-        self.models.own = rules
-
     def _validate(self, folder: Path, voice_id: str | None = None) -> Voice:
         """``validate_adapter`` by the rules of the base model the adapter declares."""
         return validate_adapter(folder, self.models.for_adapter(folder), voice_id)

@@ -100,7 +100,7 @@ class WorkerCluster:
         """The served model's adapter rules, as its voice directory has them (its shape once
         the model has loaded), else the settings'."""
         if self.directory is not None:
-            return self.directory.rules
+            return self.directory.models.own
         return adapter_rules(self.settings)
 
     async def _serve_cluster(self, presence: WorkerPresence | None) -> None:

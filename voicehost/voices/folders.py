@@ -146,15 +146,6 @@ class FolderVoiceDirectory:
         self._lock = threading.RLock()  # scans run on worker threads; readers take copies
         self._seen: dict[Path, tuple[tuple[str, int, int], ...]] = {}
 
-    @property
-    def rules(self) -> AdapterRules:
-        """The served model's adapter rules (set again once the model has loaded)."""
-        return self.models.own
-
-    @rules.setter
-    def rules(self, rules: AdapterRules) -> None:
-        self.models.own = rules
-
     def scan(self) -> None:
         """Validate new or changed voice folders; forget removed ones."""
         with self._lock:
@@ -195,7 +186,7 @@ class FolderVoiceDirectory:
         versions: dict[int, Voice | str] = {}
         for number, path in sorted(folders.items()):
             try:
-                voice = validate_adapter(path, self.rules, voice_id)
+                voice = validate_adapter(path, self.models.own, voice_id)
                 versions[number] = replace(voice, version=number)
             except Exception as exc:  # whatever is in the folder, the server stays up
                 versions[number] = (
@@ -278,7 +269,7 @@ class FolderVoiceDirectory:
         )
 
     async def add(self, voice_id: str, folder: Path) -> Voice:
-        await asyncio.to_thread(validate_adapter, folder, self.rules)
+        await asyncio.to_thread(validate_adapter, folder, self.models.own)
         target = self.writable_root / voice_id
         if await self.exists(voice_id):
             raise versioning.voice_exists(voice_id)
@@ -306,7 +297,7 @@ class FolderVoiceDirectory:
         return folder
 
     async def add_version(self, voice_id: str, folder: Path, promote: bool) -> Voice:
-        staged = await asyncio.to_thread(validate_adapter, folder, self.rules, voice_id)
+        staged = await asyncio.to_thread(validate_adapter, folder, self.models.own, voice_id)
         return await asyncio.to_thread(self._add_version, voice_id, folder, staged, promote)
 
     def _add_version(self, voice_id: str, folder: Path, staged: Voice, promote: bool) -> Voice:

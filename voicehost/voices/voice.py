@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from voicehost.errors import ServiceError
 
 if TYPE_CHECKING:
-    from voicehost.voices.validation import AdapterRules, ServedModels
+    from voicehost.voices.validation import ServedModels
 
 PromptStyle = Literal["plain", "named"]
 # held: a clone that measured below the evaluation gate; only its tenant and admins reach it,
@@ -162,8 +162,7 @@ class VoiceDirectory(Protocol):
     (``voicehost.voices.folders.FolderVoiceDirectory``) or Redis plus a shared adapter store
     (``voicehost.cluster.voices.RedisVoiceDirectory``)."""
 
-    rules: AdapterRules  # the served model's
-    models: ServedModels  # the served model's and, in a cluster, its workers' models'
+    models: ServedModels  # the served model's adapter rules (``own``) and a gateway's workers'
     builtin: dict[str, Voice]
 
     async def find(self, voice_id: str, version: int | None = None) -> Voice | None:
