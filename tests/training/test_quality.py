@@ -121,17 +121,22 @@ def test_an_operator_plugs_in_an_embedder_by_module_or_by_folder(tmp_path):
             load_embedder(spec)
 
 
-def test_clips_of_another_speaker_are_left_out_of_training_and_named(mixed_corpus, tmp_path):
-    job = VoiceJob(
-        audio=[mixed_corpus.folder],
-        voice_id="mixed",
+def data_only_job(folder, voice_id: str, tmp_path, **chosen) -> VoiceJob:
+    """A job over ``folder`` that is only prepared here (no model: its data report)."""
+    return VoiceJob(
+        audio=[folder],
+        voice_id=voice_id,
         base_model="unused",
         base_model_name="unused",
         codec="unused",
         adapters_dir=tmp_path / "adapters",
         work_dir=tmp_path / "work",
+        **chosen,
     )
-    prepared = prepare(job)
+
+
+def test_clips_of_another_speaker_are_left_out_of_training_and_named(mixed_corpus, tmp_path):
+    prepared = prepare(data_only_job(mixed_corpus.folder, "mixed", tmp_path))
     report = prepared.report
     visitors = {p.name for p in mixed_corpus.others}
     assert {c.file for c in report.excluded} == visitors
@@ -429,17 +434,7 @@ def test_a_french_uploads_hidden_german_speaker_is_left_out_and_its_pace_read_as
     transcripts' pace read in its letters, no "Transcripts off"), and the speaker filter, which
     hears voices not words, leaves the German speaker's clips out."""
     folder, texts = french_upload
-    job = VoiceJob(
-        audio=[folder],
-        voice_id="amelie",
-        base_model="unused",
-        base_model_name="unused",
-        codec="unused",
-        adapters_dir=tmp_path / "adapters",
-        work_dir=tmp_path / "work",
-        language="fr",
-    )
-    prepared = prepare(job)
+    prepared = prepare(data_only_job(folder, "amelie", tmp_path, language="fr"))
     report = prepared.report
     assert {c.file for c in report.excluded} == {f"visitor{i}.wav" for i in range(3)}
     assert all(c.excluded.startswith("another speaker") for c in report.excluded)
