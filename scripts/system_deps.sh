@@ -3,7 +3,10 @@
 # tests' sentences, sox pads and converts them (flac and ogg through its format plugins), the
 # playground's browser tests drive the system's headless Chromium (playwright, no browser
 # download; chromium-driver for selenium users), and the cluster tests start redis-server
-# processes of their own (so the binary is needed, not a Redis already running).
+# processes of their own (so the binary is needed, not a Redis already running), and Debian's
+# prometheus package brings promtool (the alert rules' tests) and prometheus (a real one scrapes a
+# dev server in tests/project/test_monitoring_scrape.py; the package's own service is not used:
+# the test starts its own on a free port).
 #
 # Installs them with apt-get when this user may (root, or sudo without a password); otherwise it
 # stops at once, naming the one command to run. Programs are looked up by name, not by package,
@@ -22,6 +25,7 @@ check() {
   have chromium || missing+=(chromium)
   have chromedriver || missing+=(chromium-driver)
   have redis-server || missing+=(redis-server)
+  if ! have promtool || ! have prometheus; then missing+=(prometheus); fi
 }
 
 check

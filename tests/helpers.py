@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -24,6 +25,7 @@ import numpy as np
 import psutil
 import pytest
 import redis
+import yaml
 
 from lora_training.recipe import VoiceJob
 from voicehost.config import Settings
@@ -68,6 +70,8 @@ __all__ = [
     "launch",
     "manage_versions_as_a_tenant",
     "metric",
+    "monitoring_exprs",
+    "named_metrics",
     "no_directory",
     "open_playground",
     "process_tree",
@@ -802,3 +806,31 @@ def tiny_ctc_model(folder: Path) -> Path:
     torch.manual_seed(0)
     Wav2Vec2ForCTC(config).save_pretrained(folder)
     return folder
+
+
+# --- deploy/monitoring --------------------------------------------------------------------------
+
+MONITORING = Path(__file__).resolve().parents[1] / "deploy" / "monitoring"
+MONITORING_RULES = ("alerts.yml", "recording.yml")
+DASHBOARD = MONITORING / "grafana" / "voicehost.json"
+# a metric's name in PromQL: not part of a recorded name (level:metric:operations) nor of a word
+EXPORTED = re.compile(r"(?<![\w:$])(voicehost_[a-z0-9_]+|up(?=\{))(?![\w:])")
+
+
+def monitoring_exprs() -> list[str]:
+    """Every PromQL expression of deploy/monitoring: the rules' and the dashboard panels' (its
+    ``$job`` and ``$instance`` variables as any value)."""
+    exprs = [
+        rule["expr"]
+        for name in MONITORING_RULES
+        for group in yaml.safe_load((MONITORING / name).read_text())["groups"]
+        for rule in group["rules"]
+    ]
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs += [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    return [e.replace("$job", ".*").replace("$instance", ".*") for e in exprs]
+
+
+def named_metrics(exprs: Sequence[str]) -> set[str]:
+    """The exported metrics (series names as scraped) that ``exprs`` read."""
+    return {name for expr in exprs for name in EXPORTED.findall(expr)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,6 +29,8 @@ CANDIDATE_REFUSALS = (
     "unspecified",
     "not_an_address",
 )
+JOB_ENDINGS = ("done", "held", "failed")  # how a clone job's run ends (voicehost.cloning.jobs)
+FLUSH_OUTCOMES = ("stored", "failed")  # a usage flush (voicehost.tenancy.usage)
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
@@ -186,12 +189,82 @@ class SpeechMetrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.start_time = Gauge(
+            "voicehost_start_time_seconds",
+            "When this process started (Unix time; a host's newest front end): a change is a "
+            "restart (an engine core or front end that died ends its host, restarted by its "
+            "supervisor).",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.start_time.set(time.time())
+        self.frontend_streams = Gauge(
+            "voicehost_frontend_streams",
+            "Streams in progress on each front end of the host (serve --frontends N).",
+            ["frontend"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.lora_slots = Gauge(
+            "voicehost_lora_slots",
+            "The engine's LoRA slots (adapters one batch can hold: VOICEHOST_MAX_LORAS).",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.lora_adapters_in_use = Gauge(
+            "voicehost_lora_adapters_in_use",
+            "Distinct LoRA adapters of the requests the engine holds (more than the slots: some "
+            "wait for one); a host's front ends summed, so an adapter two of them run counts "
+            "twice.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.clone_jobs_ended = Counter(
+            "voicehost_clone_jobs_ended",
+            "Clone job runs this process ended, by how: done, held (by the gate) or failed.",
+            ["status"],
+            registry=r,
+        )
+        for status in JOB_ENDINGS:
+            self.clone_jobs_ended.labels(status)
+        self.clone_jobs_taken_over = Counter(
+            "voicehost_clone_jobs_taken_over",
+            "Clone jobs this runner took over from a runner whose lease on them lapsed.",
+            registry=r,
+        )
+        self.clone_jobs_runner_lost = Gauge(
+            "voicehost_clone_jobs_runner_lost",
+            "Clone jobs running under a lapsed lease that no runner has taken over yet (what "
+            "GET /v1/jobs/{id} says runner_lost), as this runner last looked.",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.audit_chain_breaks = Counter(
+            "voicehost_audit_chain_breaks",
+            "Audit appends that found the chain they continue broken (the log's last line not "
+            "an event; a cluster's mirror that the stream's lines do not continue): the events "
+            "wait in memory; `voicehost audit verify` says where it broke.",
+            registry=r,
+        )
+        self.usage_flushes = Counter(
+            "voicehost_usage_flushes",
+            "Flushes of counted usage to the usage store, by outcome: stored, or failed (the "
+            "usage is kept for the next one).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in FLUSH_OUTCOMES:
+            self.usage_flushes.labels(outcome)
 
     def watch_engine(self, unfinished: Callable[[], int]) -> None:
         self._watch(self.engine_requests, unfinished)
 
     def watch_registry(self, missing: Callable[[], int]) -> None:
         self._watch(self.registry_missing, missing)
+
+    def watch_loras(self, max_loras: int, in_use: Callable[[], int]) -> None:
+        self.lora_slots.set(max_loras)
+        self._watch(self.lora_adapters_in_use, in_use)
 
     def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
         if self.multiprocess:  # a function is not shared through the files: ``refresh`` it
@@ -208,6 +281,24 @@ class SpeechMetrics:
     def render(self) -> bytes:
         self.refresh()
         return generate_latest(self._rendered)
+
+
+class RingMetrics:
+    """What only a gateway knows, in its registry: the workers on its ring."""
+
+    def __init__(self, registry: CollectorRegistry, workers: Callable[[], int]) -> None:
+        self.workers = Gauge(
+            "voicehost_ring_workers",
+            "Workers on this gateway's ring (live: heartbeating, not drained).",
+            registry=registry,
+        )
+        self.workers.set_function(workers)
+        self.lost = Counter(
+            "voicehost_ring_workers_lost",
+            "Workers this gateway found gone from the ring without leaving it (their heartbeat "
+            "expired: died or cut off, not drained).",
+            registry=registry,
+        )
 
 
 def series(text: str, name: str, label: str) -> dict[str, float]:

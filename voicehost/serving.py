@@ -179,6 +179,7 @@ class ServingProcess:
             queue = cluster.job_queue()
             self.audit, usage = cluster.audit_trail(), cluster.usage_store()
             self.lexicons = cluster.lexicon_store()
+        self.audit.breaks = self.metrics.audit_chain_breaks
         self.usage = UsageLedger(usage, self.metrics, settings.usage_flush_seconds)
         self.engine: SpeechEngine | None = None
         self.codec: SnacCodec | None = None
@@ -199,6 +200,7 @@ class ServingProcess:
             model=TrainingModel(
                 settings.served_base_name(), served_model(settings), served_codec(settings)
             ),
+            metrics=self.metrics,
         )
         self.intake = LocalIntake(settings, self.jobs, self.metrics)  # an upload's checks
         self._started = asyncio.Event()  # start-up has ended, ready or failed
@@ -362,6 +364,7 @@ class ServingProcess:
             self._tasks.append(
                 asyncio.create_task(self.jobs.run_forever(), name="voicehost-clone-jobs")
             )
+            self._tasks.append(asyncio.create_task(self._watch_jobs(), name="voicehost-jobs-lost"))
         self._tasks.append(asyncio.create_task(self.usage.run_forever(), name="voicehost-usage"))
         self._tasks.append(asyncio.create_task(self._measure(), name="voicehost-rate-meter"))
 
@@ -370,10 +373,22 @@ class ServingProcess:
         if self.engine is not None:
             self.engine.core_lost()
 
+    async def _watch_jobs(self) -> None:
+        """Show the jobs stuck under a lapsed lease on the metrics, every third of the lease
+        (as often as an idle runner looks for them; a busy one does not look)."""
+        while True:
+            try:
+                lost = await asyncio.to_thread(self.jobs.runners_lost)
+                self.metrics.clone_jobs_runner_lost.set(lost)
+            except OSError as exc:  # the store's hiccup: the next look
+                log.warning("clone jobs not counted (%s)", exc)
+            await asyncio.sleep(self.jobs.lease_seconds / 3)
+
     async def _measure(self) -> None:
         """Sample the engine's rate every interval, and show it (and the headroom it leaves) on
         the metrics."""
         gauge = self.metrics.request_tokens_per_second
+        frontend = str(self.core_client.index if self.core_client is not None else 0)
         while True:
             await asyncio.sleep(self.meter.interval)
             self.meter.sample()
@@ -381,6 +396,7 @@ class ServingProcess:
             for batch, rate in self.meter.measured().items():
                 gauge.labels(str(batch)).set(rate)
             self.metrics.realtime_headroom.set(self.admission.headroom())
+            self.metrics.frontend_streams.labels(frontend).set(self.active_streams)
             self.metrics.refresh()
 
     async def _start(self) -> None:
@@ -434,6 +450,7 @@ class ServingProcess:
         )
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)
+        self.metrics.watch_loras(self.engine.max_loras, self.engine.loras_in_use)
         self.codec = await asyncio.to_thread(
             SnacCodec.load,
             served_codec(s),

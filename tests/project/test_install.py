@@ -187,7 +187,8 @@ def test_without_leave_to_install_make_test_names_the_command_in_seconds(open_fo
     done = run_system_deps(path, as_nobody=True)
     assert done.returncode == 1, done
     assert "sudo apt-get install -y" in done.stderr, done.stderr
-    for package in ("espeak-ng", "sox", "libsox-fmt-base", "chromium", "chromium-driver"):
+    packages = ("espeak-ng", "sox", "libsox-fmt-base", "chromium", "chromium-driver", "prometheus")
+    for package in packages:
         assert re.search(rf"apt-get install -y [^\n]*\b{package}\b", done.stderr), package
     assert "redis-server" in done.stderr
 
@@ -201,6 +202,6 @@ def test_without_apt_make_test_names_the_programs(open_folder):
 
 def test_with_every_program_present_the_check_passes_quietly(open_folder):
     programs = ["bash", "id", "grep", "espeak-ng", "sox", "chromium", "chromedriver"]
-    path = restricted_path(open_folder, [*programs, "redis-server"])
+    path = restricted_path(open_folder, [*programs, "redis-server", "promtool", "prometheus"])
     done = run_system_deps(path, as_nobody=True)
     assert (done.returncode, done.stderr) == (0, "")

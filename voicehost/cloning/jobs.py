@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from lora_training.recipe import VoiceJob, job_to_json
 from lora_training.worker import ERROR, PROGRESS, SPEC
@@ -49,6 +49,9 @@ from voicehost.ids import as_iso, child, is_job_id, now_iso, parse_iso
 from voicehost.tenancy.audit import Action, AuditTrail, Change, service_actor
 from voicehost.voices.validation import assign_tenant
 from voicehost.voices.voice import Voice, VoiceDirectory
+
+if TYPE_CHECKING:
+    from voicehost.metrics import SpeechMetrics
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +252,11 @@ class CloneJobs:
         audit: AuditTrail | None = None,
         lease_seconds: float = LEASE_SECONDS,
         model: TrainingModel | None = None,
+        metrics: SpeechMetrics | None = None,
     ) -> None:
         self.root = root
         self.model = model  # what this runner trains on (None: it runs no job, or any)
+        self.metrics = metrics  # how this runner's runs end, and the jobs it takes over
         self.lease_seconds = lease_seconds
         self.audit = audit  # where a runner records how its jobs end
         self.root.mkdir(parents=True, exist_ok=True)
@@ -395,6 +400,19 @@ class CloneJobs:
                     waiting.append(job.id)
         return waiting
 
+    def runners_lost(self) -> int:
+        """Jobs running under a lease that lapsed, that no runner has taken over yet (each
+        reads ``runner_lost``)."""
+        lost = 0
+        for job in self.jobs():
+            if job.status in RUNNING:
+                try:
+                    lease = self.lease(job.id)
+                except OSError:  # unreadable for now: not known lost
+                    continue
+                lost += lease is None or not lease.live()
+        return lost
+
     def voice_in_progress(self, voice_id: str) -> bool:
         return any(j.voice_id == voice_id and j.status not in FINISHED for j in self.jobs())
 
@@ -443,6 +461,8 @@ class CloneJobs:
                         lapsed,
                     )
                     job.runners_lost.append(held.runner)
+                    if self.metrics is not None:
+                        self.metrics.clone_jobs_taken_over.inc()
                 job.runner = self.runner_id
                 self._save(job)
                 return job
@@ -527,6 +547,8 @@ class CloneJobs:
                 (self._dir(job_id) / LEASE_FILE).unlink(missing_ok=True)
                 if held is not None and job.status in RUNNING:  # its runner stopped: named
                     job.runners_lost.append(held.runner)
+                    if self.metrics is not None:
+                        self.metrics.clone_jobs_taken_over.inc()
                 previous = (job.status, job.error)
                 if job.status in ("failed", "cancelled"):
                     job.error, job.progress, job.stage = None, 0.0, None
@@ -724,6 +746,8 @@ class CloneJobs:
         cancel is recorded by whoever asked for it)."""
         job = await asyncio.to_thread(self._load, job_id)
         if job is not None and job.status in ("done", "held", "failed"):
+            if self.metrics is not None:
+                self.metrics.clone_jobs_ended.labels(job.status).inc()
             action: Action = f"job.{job.status}"  # type: ignore[assignment]
             await self._record(job, action, error=job.error, held_reason=job.held_reason)
 

@@ -19,8 +19,10 @@ away, events wait in the process's memory and are appended, in order, once it is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -32,11 +34,15 @@ from voicehost.tenancy.audit import (
     AuditLog,
     AuditPage,
     AuditQuery,
+    ChainBroken,
     Change,
     Head,
     canonical,
     line_hash,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +80,10 @@ return {1, next_seq, ARGV[6]}
 class RedisAuditTrail:
     """``AuditTrail`` of a cluster process: appends through Redis, reads the mirror."""
 
-    def __init__(self, redis: Redis, mirror: Path) -> None:
+    def __init__(self, redis: Redis, mirror: Path, breaks: Counter | None = None) -> None:
         self.redis = redis
         self.mirror = AuditLog(mirror)
+        self.breaks = breaks  # appends that found the chain broken (``ChainBroken``)
         self._append = redis.register_script(APPEND)
         self._head = Head()  # the chain's head as this process last saw it
         self._pending: list[Change] = []
@@ -95,6 +102,12 @@ class RedisAuditTrail:
                 await self._append_one(self._pending[0])
                 self._pending.pop(0)
             await self.catch_up()
+        except ChainBroken as exc:
+            log.error("audit events wait in memory (%d): %s", len(self._pending), exc)
+            if self.breaks is not None:
+                self.breaks.inc()
+            self._redis_ok = False
+            return
         except (RedisError, OSError) as exc:
             if self._redis_ok:
                 log.warning("audit events wait in memory (%d): %s", len(self._pending), exc)
@@ -145,7 +158,10 @@ class RedisAuditTrail:
             lines = [fields["line"] for _id, fields in entries]
             extended = await asyncio.to_thread(self.mirror.extend, lines)
             if extended.seq == head.seq:  # a gap the stream no longer holds: nothing to add
-                return head
+                raise ChainBroken(
+                    f"the mirror ends at seq {head.seq}; the stream's next line is seq "
+                    f"{json.loads(lines[0])['seq']} or does not chain to it"
+                )
             head = extended
 
     async def read(self, query: AuditQuery) -> AuditPage:

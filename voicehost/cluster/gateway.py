@@ -65,7 +65,7 @@ from voicehost.cluster.usage import ClusterUsageStore
 from voicehost.cluster.voices import RECORD_HEADER, RedisVoiceDirectory
 from voicehost.config import Settings
 from voicehost.ids import split_voice_ref, voice_ref
-from voicehost.metrics import SpeechMetrics
+from voicehost.metrics import RingMetrics, SpeechMetrics
 from voicehost.model.served import adapter_rules, served_languages
 from voicehost.speech.admission import Refused
 from voicehost.tenancy.keys import Principal
@@ -121,6 +121,8 @@ class Gateway:
         self.membership = Membership(
             self.redis, settings.membership_poll_seconds, settings.worker_ttl_seconds
         )
+        self.ring_metrics = RingMetrics(self.metrics.registry, lambda: len(self.membership.workers))
+        self.membership.on_lost = self.ring_metrics.lost.inc
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         rules = adapter_rules(settings)
         store = SharedDirStore(settings.shared_dir)
@@ -131,7 +133,9 @@ class Gateway:
         self.membership.on_change = self._learn_voices
         queue = RedisJobQueue(self.redis, "gateway")
         self.metrics.watch_registry(self.voices.missing)
-        self.audit = RedisAuditTrail(self.redis, settings.audit_file(cluster=True))
+        self.audit = RedisAuditTrail(
+            self.redis, settings.audit_file(cluster=True), self.metrics.audit_chain_breaks
+        )
         self.jobs = CloneJobs(
             settings.shared_dir / "jobs", add_to(self.voices), queue, "gateway", audit=self.audit
         )

@@ -307,6 +307,8 @@ class Membership:
         self._serving: dict[str, tuple[str, tuple]] = {}  # what the last membership served
         # told each new membership (a gateway learns the built-in voices of its workers' models)
         self.on_change: Callable[[Mapping[str, WorkerInfo]], None] | None = None
+        # told how many workers a poll found gone without leaving (their member keys expired)
+        self.on_lost: Callable[[int], None] | None = None
         self.redis_ok = False
         self._empty_since: float | None = None  # when a poll first found no worker at all
 
@@ -319,6 +321,9 @@ class Membership:
         gone = [w for w, record in zip(ids, records, strict=True) if not record]
         if gone:  # their member keys expired: prune the index (no clocks compared)
             await self.redis.zrem(MEMBERS, *gone)
+            log.warning("workers gone without leaving: %s", ", ".join(sorted(gone)))
+            if self.on_lost is not None:
+                self.on_lost(len(gone))
         workers = {}
         for worker_id, record in zip(ids, records, strict=True):
             if record and record.get("url"):

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +316,8 @@ class SpeechEngine:
         self.tokenizer = tokenizer
         self.settings = settings
         self._lora_ids: dict[tuple[str, str | None], int] = {}
+        self._held_loras: Counter[int] = Counter()  # requests held, by LoRA id
+        self.max_loras = 0  # the engine's LoRA slots, once started
         self.host_lora_ids: LoraIds | None = None  # set when front ends share the core
         # the zero adapter that base voices are served through on CPU (write_zero_adapter)
         self.base_voice_lora: LoRARequest | None = None
@@ -353,6 +356,7 @@ class SpeechEngine:
             )
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         engine = cls(llm, tokenizer, settings)
+        engine.max_loras = args.max_loras
         if client is not None:
             engine.host_lora_ids = client.lora_ids()
         if not current_platform.is_cuda():
@@ -452,12 +456,11 @@ class SpeechEngine:
         (engine_input,) = renderer.render_cmpl(
             [{"prompt_token_ids": list(prompt)}], renderer.default_cmpl_tok_params
         )
-        stream = self.llm.generate(
-            engine_input,
-            params,
-            request_id,
-            lora_request=self.lora_request(voice),
-        )
+        lora = self.lora_request(voice)
+        stream = self.llm.generate(engine_input, params, request_id, lora_request=lora)
+        lora_id = lora.lora_int_id if lora is not None else None
+        if lora_id is not None:
+            self._held_loras[lora_id] += 1
         finished = False
         try:
             async for output in stream:
@@ -466,6 +469,10 @@ class SpeechEngine:
                     yield token_ids
                 finished = output.finished
         finally:
+            if lora_id is not None:
+                self._held_loras[lora_id] -= 1
+                if not self._held_loras[lora_id]:
+                    del self._held_loras[lora_id]
             await stream.aclose()
         if not finished:  # the engine went away mid-request (shut down): not a short speech
             raise EngineStopped(f"the engine stopped before request {request_id} finished")
@@ -484,6 +491,10 @@ class SpeechEngine:
 
         self.llm.engine_core.resources.engine_dead = True
         self.llm.output_processor.propagate_error(EngineDeadError(suppress_context=True))
+
+    def loras_in_use(self) -> int:
+        """Distinct LoRA adapters of the requests this client has in the engine."""
+        return len(self._held_loras)
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 from voicehost.ids import now_iso, parse_iso
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from voicehost.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,11 @@ class Head:
 
 def head_of(line: str) -> Head:
     return Head(int(json.loads(line)["seq"]), line_hash(line))
+
+
+class ChainBroken(ValueError):
+    """The chain an append would continue is not whole: its last line is not an event, or
+    the lines to add do not continue it (``voicehost audit verify`` says where)."""
 
 
 # --- verification ----------------------------------------------------------------------------
@@ -355,7 +362,10 @@ def _tail_head(fd: int) -> Head:
         data = os.pread(fd, size - start, start)
         lines = [line for line in data.split(b"\n") if line.strip()]
         if lines and (start == 0 or len(lines) > 1):
-            return head_of(lines[-1].decode())
+            try:
+                return head_of(lines[-1].decode())
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ChainBroken(f"the log's last line is not an event ({exc})") from exc
         if start == 0:
             return Head()
         chunk *= 4
@@ -376,12 +386,16 @@ class AuditTrail(Protocol):
 
     async def read(self, query: AuditQuery) -> AuditPage: ...
 
+    # where an append that finds the chain broken (``ChainBroken``) is counted, if anywhere
+    breaks: Counter | None
+
 
 class FileAuditTrail:
     """One server's trail: ``AuditLog`` in the data folder (``VOICEHOST_AUDIT_PATH``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, breaks: Counter | None = None) -> None:
         self.log = AuditLog(path)
+        self.breaks = breaks
         self._pending: list[Change] = []
         self._order = asyncio.Lock()
 
@@ -391,6 +405,11 @@ class FileAuditTrail:
             try:
                 await asyncio.to_thread(self.log.append, batch)
                 self._pending = []
+            except ChainBroken as exc:
+                log.error("audit log %s: %s; events kept in memory", self.log.path, exc)
+                if self.breaks is not None:
+                    self.breaks.inc()
+                self._pending = batch[-MAX_PENDING:]
             except Exception:
                 log.exception("audit log %s cannot be written; kept in memory", self.log.path)
                 self._pending = batch[-MAX_PENDING:]

@@ -138,12 +138,18 @@ class UsageLedger:
                 if self._stored:
                     log.warning("usage not stored yet (kept until it can be): %s", exc)
                 self._stored = False
+                self._count_flush("failed")
                 for bucket, amount in batch.items():
                     self._pending[bucket].add(amount.characters, amount.audio_seconds)
                 return
             if not self._stored:
                 log.info("usage stored again")
             self._stored = True
+            self._count_flush("stored")
+
+    def _count_flush(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.usage_flushes.labels(outcome).inc()
 
     async def run_forever(self) -> None:
         """Flush every ``flush_seconds`` (as a task); a last flush when cancelled."""
