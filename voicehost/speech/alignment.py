@@ -23,6 +23,14 @@ speaking rate measured on the segment so far:
    syllable was missed, once the measured rate puts its end in audio heard before this feed).
    So a word is given in the chunk after the one it ended in, as a rule, and never before its
    audio: a client that has played up to t holds the words that ended by t.
+4. Languages: English keeps the figures above; another language is timed by its ``Timing``
+   (``TIMINGS``, chosen on espeak-ng's speech): a dip's depth counts up to ``dip_cap_db`` only
+   (deeper, it is a stop's closure as often as a word's edge) and no word is placed shorter
+   than ``shortest_word`` of its share; some slow less before a pause; where stops close for
+   long (Hindi, Korean) a longer pause ends a phrase; a word's last vowel that meets the next
+   word's first is one syllable, one peak, in Italian and Spanish (synalepha), and may be in
+   Hindi (the measured rate chooses); Mandarin's slow toned syllables have a prior rate of
+   their own, and a syllable's peaks are merged from its first.
 
 ``scripts/bench_alignment.py`` measures it against espeak-ng's own word positions.
 """
@@ -33,13 +41,13 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from voicehost.audio.speech_start import FLOOR_DB, window_levels_db, window_samples
 from voicehost.model.orpheus import SAMPLE_RATE
-from voicehost.speech.writing_systems import spoken_length, unspaced_words
+from voicehost.speech.writing_systems import spoken_length, unspaced_words, vowels_meet
 from voicehost.text.normalize import normalize
 
 WINDOW_SECONDS = 0.010  # the level's resolution
@@ -57,8 +65,44 @@ DIP_REWARD = 0.01  # per dB squared of a dip's depth, against the squared distan
 PEAK_SIDE = 10  # windows either side a syllable's peak stands out from
 PEAK_PROMINENCE_DB = 4.0
 PEAK_GAP = 8  # windows: two peaks nearer than this are one syllable
-SYLLABLE_PEAK_GAP = 0.6  # of a syllable's expected length: a tonal syllable's peaks are one
+SYLLABLE_PEAK_GAP = 0.7  # of a syllable's expected length: a tonal syllable's peaks are one
 TONAL = {"zh"}
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How a language's speech is timed, where it differs from the defaults (English's)."""
+
+    phrase_end: float = PHRASE_END_WEIGHT  # a phrase's last word's weight, times its own
+    dip_cap_db: float = math.inf  # a dip deeper than this is no surer a word's edge
+    shortest_word: float = 0.0  # of its share of a phrase: no word is placed shorter
+    long_pause: int = LONG_PAUSE_WINDOWS  # while streaming, a pause this long ends a phrase
+    prior_rate: float = PRIOR_LETTERS_PER_SECOND  # weight per second until measured
+    # whether a word's last vowel and the next word's first are said as one syllable (one
+    # peak in the level): "never" counted so, "always" (synalepha), or "sometimes" (the
+    # measured rate chooses)
+    run_on: Literal["never", "always", "sometimes"] = "never"
+
+
+# espeak-ng's speech in each language (scripts/bench_alignment.py; docs/BENCHMARKS.md, issue 44)
+OTHER_TIMING = Timing(dip_cap_db=20.0, shortest_word=0.5)
+SLOWING_LESS = replace(OTHER_TIMING, phrase_end=1.25)  # less slowing before a pause
+TIMINGS = {
+    "en": Timing(),
+    "it": replace(OTHER_TIMING, run_on="always"),
+    "es": replace(SLOWING_LESS, run_on="always"),
+    # stops close for 80 ms: geminate and aspirate ones in Hindi, tense ones in Korean
+    "hi": replace(SLOWING_LESS, long_pause=10, run_on="sometimes"),
+    "ko": replace(SLOWING_LESS, long_pause=10),
+    "zh": replace(SLOWING_LESS, prior_rate=10.0),  # a Han character (weight 4) about 0.4 s
+}
+
+
+def timing(language: str) -> Timing:
+    """The ``Timing`` of ``language`` (a primary subtag)."""
+    return TIMINGS.get(language, OTHER_TIMING)
+
+
 WORD = re.compile(r"\S+")
 VOWELS = re.compile(r"[aeiouy]+")
 # clause and sentence ends, and what closes one: Latin, CJK (fullwidth) and Devanagari (danda)
@@ -124,6 +168,7 @@ class TextWord:
     weight: float  # its expected length, in letters (and ``SYLLABLE_LETTERS`` per syllable)
     pause_after: bool  # punctuation follows it
     syllables: int = 1  # of what it is said as
+    meets: bool = False  # its first vowel meets the last of the word before (no pause between)
 
 
 def letters(word: str) -> float:
@@ -162,7 +207,8 @@ def text_words(
     whether punctuation follows it. English's weight: ``weigh`` and its syllables by English
     rules; another language's: its script's letters and syllables (``writing_systems``), each
     Han or kana character a word of its own, a mark that stands alone after a word (a danda, a
-    French guillemet) that word's pause."""
+    French guillemet) that word's pause, and whether its first vowel meets the last of the word
+    before."""
     language = primary_language(language)
     if language == "en":
         words = []
@@ -187,7 +233,8 @@ def text_words(
             weight = written + SYLLABLE_LETTERS * said
             start = match.start() + first
             pause = bool(PAUSING.search(word))
-            words.append(TextWord(word, start, start + len(word), weight, pause, said))
+            meets = bool(words) and not words[-1].pause_after and vowels_meet(words[-1].text, word)
+            words.append(TextWord(word, start, start + len(word), weight, pause, said, meets))
     return words
 
 
@@ -223,18 +270,27 @@ def pauses_between(quiet: np.ndarray, first: int, last: int) -> list[tuple[int, 
     return found
 
 
-def word_weights(words: list[TextWord], indices: list[int]) -> list[float]:
+def word_weights(
+    words: list[TextWord], indices: list[int], said: Timing = TIMINGS["en"]
+) -> list[float]:
     weights = [words[i].weight for i in indices]
-    weights[-1] *= PHRASE_END_WEIGHT
+    weights[-1] *= said.phrase_end
     return weights
 
 
 def spread(
-    indices: list[int], words: list[TextWord], start: float, end: float, levels: np.ndarray
+    indices: list[int],
+    words: list[TextWord],
+    start: float,
+    end: float,
+    levels: np.ndarray,
+    said: Timing = TIMINGS["en"],
 ) -> list[tuple[float, float]]:
     """The words ``indices`` over windows ``start`` .. ``end``: boundaries where their weights
-    put them, each moved to a dip in ``levels`` near it, chosen for all at once."""
-    weights = word_weights(words, indices)
+    put them, each moved to a dip in ``levels`` near it (its depth counted up to
+    ``said.dip_cap_db``), chosen for all at once, no word shorter than ``said.shortest_word``
+    of its share."""
+    weights = word_weights(words, indices, said)
     total = sum(weights)
     expected, cumulative = [], 0.0
     for weight in weights[:-1]:
@@ -245,9 +301,12 @@ def spread(
     reach = max(2.0, DIP_REACH * (end - start) / len(weights))
     dips = level_dips(levels, int(start) + 1, int(end) - 1)
     options = [
-        [(at, 0.0)] + [(float(p), d) for p, d in dips if abs(p - at) <= 3 * reach]
+        [(at, 0.0)]
+        + [(float(p), min(d, said.dip_cap_db)) for p, d in dips if abs(p - at) <= 3 * reach]
         for at in expected
     ]
+    # the least distance from the boundary before: 1 window, or the word's shortest
+    shortest = [max(1.0, said.shortest_word * (end - start) * w / total) for w in weights]
     # cost[k][j]: the best placing of boundaries 0..k with boundary k at options[k][j]
     cost = [[((p - expected[0]) / reach) ** 2 - DIP_REWARD * d * d for p, d in options[0]]]
     back: list[list[int]] = [[-1] * len(options[0])]
@@ -256,7 +315,9 @@ def spread(
         for p, d in options[k]:
             here = ((p - expected[k]) / reach) ** 2 - DIP_REWARD * d * d
             choices = [
-                (cost[k - 1][i] + here, i) for i, (q, _) in enumerate(options[k - 1]) if q < p - 1
+                (cost[k - 1][i] + here, i)
+                for i, (q, _) in enumerate(options[k - 1])
+                if q < p - shortest[k]
             ]
             best = min(choices) if choices else (np.inf, 0)
             row.append(best[0])
@@ -272,17 +333,22 @@ def spread(
     return [(edges[k], edges[k + 1]) for k in range(len(indices))]
 
 
-def syllable_peaks(levels: np.ndarray, first: int, last: int, gap: int = PEAK_GAP) -> list[int]:
+def syllable_peaks(
+    levels: np.ndarray, first: int, last: int, gap: int = PEAK_GAP, from_first: bool = False
+) -> list[int]:
     """The syllables' peaks in the level (5-window smoothed) within ``first`` .. ``last``: each
     a maximum near the loud level that stands ``PEAK_PROMINENCE_DB`` above the lowest level
-    150 ms either side, ``gap`` windows at least from the one before. A peak is counted
-    once its falling side has been heard."""
+    150 ms either side, ``gap`` windows at least from the one before (``from_first``: from
+    the first of the peaks merged into it, so that a run of peaks spaced less than ``gap``
+    is not one syllable however long). A peak is counted once its falling side has been
+    heard."""
     last = min(last, levels.size - PEAK_SIDE // 2)
     if last - first < 3:
         return []
     smooth = np.convolve(levels, np.ones(5) / 5, mode="same")
     loud = float(np.percentile(levels, 95))
     found: list[int] = []
+    anchor = 0  # the first peak merged into the last found
     for i in range(max(first, 1), last):
         if smooth[i] < smooth[i - 1] or smooth[i] <= smooth[i + 1] or smooth[i] < loud - 25:
             continue
@@ -290,11 +356,12 @@ def syllable_peaks(levels: np.ndarray, first: int, last: int, gap: int = PEAK_GA
         right = smooth[i + 1 : i + 1 + PEAK_SIDE].min()
         if smooth[i] - max(left, right) < PEAK_PROMINENCE_DB:
             continue
-        if found and i - found[-1] < gap:
+        if found and i - (anchor if from_first else found[-1]) < gap:
             if smooth[i] > smooth[found[-1]]:
                 found[-1] = i
             continue
         found.append(i)
+        anchor = i
     return found
 
 
@@ -320,6 +387,7 @@ class EstimatedAlignment:
         self, text: str, weigh: Callable[[str], float] = letters, language: str = "en"
     ) -> None:
         self.language = primary_language(language)
+        self.said = timing(self.language)
         self.words = text_words(text, weigh, language)
         self.groups = phrases(self.words)
         self.levels = np.zeros(0)  # of the complete windows fed
@@ -356,7 +424,7 @@ class EstimatedAlignment:
         """Weight (letters and syllables) per window, as measured on the phrases done (the
         prior before a second)."""
         if self.windows_heard * WINDOW_SECONDS < 1.0:
-            return PRIOR_LETTERS_PER_SECOND * WINDOW_SECONDS
+            return self.said.prior_rate * WINDOW_SECONDS
         return self.letters_heard / self.windows_heard
 
     def _advance(self, final: bool) -> list[WordTiming]:
@@ -399,7 +467,7 @@ class EstimatedAlignment:
                 self.phrase_start = float(onsets[0])
             start = self.phrase_start
             todo = [i for i in group if i >= len(self.placed)]
-            weight = sum(word_weights(self.words, group))
+            weight = sum(word_weights(self.words, group, self.said))
             expected = weight / self._rate()
             last_phrase = self.phrase == len(self.groups) - 1
             if final:  # the speech left is known: the phrases left share it
@@ -412,7 +480,9 @@ class EstimatedAlignment:
                 break
             if todo:  # the words given inside the phrase may reach past the pause's start
                 begin = self.placed[-1][1] if len(self.placed) > group[0] else start
-                self.placed += spread(todo, self.words, begin, max(end, begin + 1), levels)
+                self.placed += spread(
+                    todo, self.words, begin, max(end, begin + 1), levels, self.said
+                )
             self.letters_heard += weight
             self.windows_heard += end - start
             self.phrase += 1
@@ -430,7 +500,7 @@ class EstimatedAlignment:
         if given:
             start = max(start, self.placed[-1][1])
             end = max(end, start + 1)
-        weights = [sum(word_weights(self.words, g)) for g in groups]
+        weights = [sum(word_weights(self.words, g, self.said)) for g in groups]
         total = sum(weights)
         found = pauses_between(quiet, int(start) + 1, int(end))
         bounds, at, cumulative = [], start, 0.0
@@ -449,19 +519,19 @@ class EstimatedAlignment:
         bounds.append((at, end))
         for group, (first, last) in zip(groups, bounds, strict=True):
             begin = max(first, self.placed[-1][1]) if self.placed else first
-            self.placed += spread(group, self.words, begin, max(last, begin + 1), levels)
+            self.placed += spread(group, self.words, begin, max(last, begin + 1), levels, self.said)
         self.phrase = len(self.groups)
 
     def _phrase_end(
         self, quiet: np.ndarray, start: float, expected: float, heard: int
     ) -> float | None:
-        """Where the phrase in progress ends: the first long pause (``LONG_PAUSE_WINDOWS``)
+        """Where the phrase in progress ends: the first long pause (``Timing.long_pause``)
         after ``EARLIEST`` of its expected length; None while it may still come. A phrase that
         has none by ``LATEST`` times its expected length was said without a pause: it is one
         phrase with the next from then on."""
         low, high = start + EARLIEST * expected, start + LATEST * expected
         for a, b in pauses_between(quiet, int(start) + 1, heard):
-            if a >= low and b - a >= LONG_PAUSE_WINDOWS:
+            if a >= low and b - a >= self.said.long_pause:
                 return float(a)
         if heard >= high and self.phrase + 1 < len(self.groups) - 1:
             self.groups[self.phrase] += self.groups.pop(self.phrase + 1)
@@ -479,25 +549,43 @@ class EstimatedAlignment:
         """Words of the phrase in progress that have ended, found by counting syllables: a
         word has ended once the first syllable of the next has been heard (its peak, and the
         peak's falling side), and its end is the lowest level between its last syllable's
-        peak and that one. So a word is given in the chunk after the one it ended in, at
-        the latest. The phrase's last word waits for the phrase's end."""
+        peak and that one. Where a word's last vowel meets the next's first they are one
+        syllable (``Timing.run_on``): "always", counted once, the word ending at its peak;
+        "sometimes", counted twice, but a word's end may be as many syllables earlier as
+        such meetings before it, wherever the measured rate puts it nearer. So a word is
+        given in the chunk after the one it ended in, at the latest. The phrase's last word
+        waits for the phrase's end."""
         if len(todo) < 2:
             return
-        gap = PEAK_GAP
-        if self.language in TONAL:  # a syllable's tone may peak twice
+        gap, tonal = PEAK_GAP, self.language in TONAL
+        if tonal:  # a syllable's tone may peak twice
             said = sum(self.words[i].syllables for i in group)
             gap = max(PEAK_GAP, round(SYLLABLE_PEAK_GAP * expected / said))
-        peaks = syllable_peaks(levels, int(start), heard, gap)
+        peaks = syllable_peaks(levels, int(start), heard, gap, from_first=tonal)
         smooth = np.convolve(levels, np.ones(3) / 3, mode="same")
-        by_rate = spread(group, self.words, start, start + expected, levels)
-        count = 0  # syllables of the phrase's words so far
+        by_rate = spread(group, self.words, start, start + expected, levels, self.said)
+
+        def between(peak: int) -> float:  # the lowest level between ``peak`` and the one before
+            low, high = peaks[peak - 1], peaks[peak]
+            return float(low + int(np.argmin(smooth[low : high + 1])))
+
+        count = 0  # syllables (peaks) of the phrase's words so far
+        maybe = 0  # of them, the vowels that met (the peaks that may be one fewer)
         for index in group[:-1]:
-            count += self.words[index].syllables
+            meets = self.words[index].meets
+            count += self.words[index].syllables - (meets and self.said.run_on == "always")
+            maybe += meets and self.said.run_on == "sometimes"
             if index < len(self.placed):
                 continue
-            if count < len(peaks):
-                low, high = peaks[count - 1], peaks[count]  # its last syllable, the next's first
-                end = float(low + int(np.argmin(smooth[low : high + 1])))
+            shared = self.words[index + 1].meets and self.said.run_on == "always"
+            if shared and count <= len(peaks):
+                end = float(peaks[count - 1])  # the syllable the two words share
+            elif count < len(peaks):
+                rated = by_rate[index - group[0]][1]
+                end = min(
+                    (between(c) for c in range(count, max(1, count - maybe) - 1, -1)),
+                    key=lambda at: abs(at - rated),
+                )
             elif by_rate[index - group[0]][1] <= self.heard_before:
                 end = by_rate[index - group[0]][1]  # a syllable missed: the rate says it ended
             else:

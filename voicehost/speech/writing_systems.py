@@ -10,7 +10,11 @@ numbers and signs. A word of another language is weighed by its script instead:
   mora a character;
 - Hangul (ko): a syllable a block, its jamo (two or three) its letters;
 - Devanagari (hi): a syllable an akshara (consonants a virama joins, with their vowel sign; an
-  independent vowel), the inherent vowel of a final bare consonant not said (schwa deletion);
+  independent vowel), the inherent vowel of a final bare consonant not said, nor, right to left,
+  that of a lone consonant between a vowel and a lone consonant with its vowel (schwa
+  deletion: ``करने`` kar-ne);
+- a word's last vowel that meets the next word's first (``vowels_meet``, Latin or Devanagari):
+  a language may say the two as one syllable (Italian's and Spanish's synalepha);
 - digits: about one and a half syllables each (no language's numbers are read here: the words
   they become are the text stage's);
 - another script: its letters, a syllable each three.
@@ -23,6 +27,7 @@ every word is a span of the client's text).
 from __future__ import annotations
 
 import re
+from unicodedata import category
 
 HAN_LETTERS = 3.0  # a Han character's pinyin: about three letters
 KANA_LETTERS = 2.0
@@ -89,29 +94,62 @@ DEVANAGARI_CONSONANT = re.compile(r"[\u0915-\u0939\u0958-\u095f\u0978-\u097f]")
 DEVANAGARI_VOWEL = re.compile(r"[\u0904-\u0914\u0960\u0961\u0972-\u0977]")
 DEVANAGARI_SIGN = re.compile(r"[\u093a\u093b\u093e-\u094c\u094e\u094f\u0955-\u0957\u0962\u0963]")
 VIRAMA, NUKTA = "\u094d", "\u093c"
+DEVANAGARI_NASAL = re.compile(r"[\u0901-\u0903]")  # candrabindu, anusvara, visarga
 
 
 def aksharas(word: str) -> tuple[int, int]:
-    """(syllables, letters) of a Devanagari word: its aksharas, less a final bare consonant's
-    (its inherent vowel is not said: ``बाज़ार`` is baa-zaar), and its consonants and vowels."""
-    count, letters, joined, bare = 0, 0, False, False
+    """(syllables, letters) of a Devanagari word: its aksharas, less those whose inherent vowel
+    is not said (schwa deletion): a final bare consonant's (``बाज़ार`` baa-zaar), and, right to
+    left, a lone consonant's between a vowel said and a lone consonant with its vowel
+    (``बैठकर`` baith-kar, ``करने`` kar-ne); and its consonants and vowels."""
+    consonants: list[int] = []  # of each akshara
+    vowels: list[str] = []  # each akshara's: "a" inherent, "v" a sign or its own, "" a virama's
+    letters, joined = 0, False
     for ch in word:
         if DEVANAGARI_CONSONANT.match(ch):
             letters += 1
-            if not joined:
-                count += 1
-            joined, bare = False, True
+            if joined and consonants:  # a virama joins it to the akshara before
+                consonants[-1] += 1
+                vowels[-1] = "a"
+            else:
+                consonants.append(1)
+                vowels.append("a")
         elif DEVANAGARI_VOWEL.match(ch):
-            count, letters, joined, bare = count + 1, letters + 1, False, False
-        elif DEVANAGARI_SIGN.match(ch):
-            letters, bare = letters + 1, False
-        elif ch == VIRAMA:
-            joined, bare = True, False
-        elif ch != NUKTA:
-            joined = False
-    if bare and count > 1:
-        count -= 1
-    return count, letters
+            letters += 1
+            consonants.append(0)
+            vowels.append("v")
+        elif DEVANAGARI_SIGN.match(ch) or DEVANAGARI_NASAL.match(ch):
+            letters += DEVANAGARI_SIGN.match(ch) is not None
+            if vowels:
+                vowels[-1] = "v"
+        elif ch == VIRAMA and vowels:
+            vowels[-1] = ""
+        joined = ch == VIRAMA or (joined and ch == NUKTA)
+    said = [vowel != "" for vowel in vowels]
+    if len(vowels) > 1 and vowels[-1] == "a":
+        said[-1] = False
+    for i in range(len(vowels) - 2, 0, -1):
+        lone = consonants[i] == 1 and vowels[i] == "a"
+        if lone and said[i - 1] and said[i + 1] and consonants[i + 1] == 1:
+            said[i] = False
+    return sum(said), letters
+
+
+def vowels_meet(before: str, after: str) -> bool:
+    """Whether word ``before`` ends with a vowel and ``after`` begins with one, each as written,
+    punctuation aside: a Latin vowel (a silent h before the second), or Devanagari's (a vowel
+    sign, nasalised or not, then an independent vowel). Where a language runs them together
+    (Italian's "mare e", Spanish's "vamos a la", Hindi's "क्या आप") they are one syllable's
+    level, one peak."""
+    last = "".join(ch for ch in before.lower() if ch.isalpha() or category(ch)[0] == "M")
+    first = "".join(ch for ch in after.lower() if ch.isalpha() or category(ch)[0] == "M")
+    if not last or not first:
+        return False
+    if is_devanagari(last[-1]) or is_devanagari(first[0]):
+        last = last.rstrip("\u0901\u0902")  # a nasalised vowel is a vowel
+        return bool(last and DEVANAGARI_SIGN.match(last[-1]) and DEVANAGARI_VOWEL.match(first))
+    first = first[1:2] if first[:1] == "h" else first[:1]
+    return bool(first) and all(LATIN_VOWELS.fullmatch(ch) for ch in (last[-1], first))
 
 
 def latin_syllables(part: str, language: str) -> int:
