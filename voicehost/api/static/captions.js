@@ -8,6 +8,10 @@
 // The element is aria-live="off": a moving highlight is not read out.
 
 const SLACK = 1e-3; // the service floors a word's times to the millisecond
+// A word may come only after it has been heard (its end is known once the next word is heard,
+// later still when the audio comes slower than it plays): the last word begun stays the one
+// highlighted until the next begins, or for this long (ms) once its end is seen passed.
+const LINGER_MS = 500;
 
 export class Captions {
   // element: where the text goes; clock(): seconds of the stream the listener has heard.
@@ -30,6 +34,7 @@ export class Captions {
     this.stoppedAt = null;
     this.ended = false;
     delete this.element.dataset.heard;
+    delete this.element.dataset.stoppedAt;
     this.render();
     this.follow();
   }
@@ -42,6 +47,7 @@ export class Captions {
       this.freeze();
       this.stoppedAt = null;
       delete this.element.dataset.heard;
+      delete this.element.dataset.stoppedAt;
     }
     this.render();
     this.follow();
@@ -89,6 +95,7 @@ export class Captions {
       span.className = word.state ? `word ${word.state}` : "word";
       span.dataset.index = String(index);
       span.dataset.from = String(word.from); // its seconds in the stream, for tests
+      span.dataset.to = String(word.to);
       span.textContent = this.text.slice(word.start, word.end);
       if (word.said && word.said !== span.textContent) span.title = `said: ${word.said}`;
       nodes.push(span);
@@ -104,15 +111,21 @@ export class Captions {
     if (this.stoppedAt === null) this.show();
   }
 
-  // The words' states at the clock: spoken (ended), speaking (the one heard now).
+  // The words' states at the clock: spoken (ended), speaking (the last begun, heard now or
+  // just now).
   show() {
     const now = this.clock();
+    const wall = performance.now();
     let current = -1;
     for (const [index, word] of this.words.entries()) {
       if (word.state) continue; // marked at an earlier barge-in
-      this.spans[index].classList.toggle("spoken", word.to <= now + SLACK);
-      if (word.from <= now && now < word.to) current = index;
+      const ended = word.to <= now + SLACK;
+      this.spans[index].classList.toggle("spoken", ended);
+      if (ended && word.endedAt === undefined) word.endedAt = wall;
+      if (word.from <= now) current = index;
     }
+    const begun = this.words[current];
+    if (begun && begun.endedAt !== undefined && wall - begun.endedAt >= LINGER_MS) current = -1;
     if (current !== this.current) {
       if (this.current >= 0) this.spans[this.current].classList.remove("speaking");
       if (current >= 0) this.spans[current].classList.add("speaking");
@@ -120,7 +133,7 @@ export class Captions {
       this.element.dataset.current = String(current);
     }
     const last = this.words[this.words.length - 1];
-    return !(this.ended && (!last || last.to <= now + SLACK));
+    return !(this.ended && current === -1 && (!last || last.to <= now + SLACK));
   }
 
   mark() {
@@ -135,6 +148,7 @@ export class Captions {
     this.current = -1;
     this.element.dataset.current = "-1";
     this.element.dataset.heard = String(heard);
+    this.element.dataset.stoppedAt = this.stoppedAt.toFixed(3);
   }
 
   // The words of the run a barge-in ended keep their marks: the next run's are new ones.
