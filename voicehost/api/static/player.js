@@ -96,9 +96,9 @@ export class StreamPlayer {
   // Bytes of s16le PCM to play; returns samples.
   push(bytes) {
     const samples = this.samplesOf(bytes);
-    if (samples.length === 0) return 0;
-    this.node.port.postMessage({ type: "samples", samples }, [samples.buffer]);
-    return samples.length;
+    const count = samples.length; // before the transfer empties it
+    if (count > 0) this.node.port.postMessage({ type: "samples", samples }, [samples.buffer]);
+    return count;
   }
 
   // Bytes of the stream that are not played (they came after a barge-in): counted, so the
