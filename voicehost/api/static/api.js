@@ -79,6 +79,33 @@ export async function call(
   return response;
 }
 
+// The events of a text/event-stream response (POST /v1/audio/speech with stream_format
+// "sse"): each "data:" block parsed as JSON, as it comes.
+export async function* serverEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const lines = buffer.slice(0, end).split("\n");
+      buffer = buffer.slice(end + 2);
+      const data = lines.filter((line) => line.startsWith("data:")).map((l) => l.slice(5).trim());
+      if (data.length > 0) yield JSON.parse(data.join("\n"));
+    }
+  }
+}
+
+// Base64 (an SSE audio delta) to bytes.
+export function bytesOf(base64) {
+  const text = atob(base64);
+  const bytes = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+  return bytes;
+}
+
 export async function getJson(path, options) {
   return (await call(path, options)).json();
 }

@@ -1,18 +1,22 @@
-// Speak: pick a voice, hear a text as it streams (POST /v1/audio/speech, pcm), download it
-// in any format; "type as you go" over the realtime socket or WebRTC, with barge-in, timing the
-// first audio of each.
+// Speak: pick a voice, hear a text as it streams (POST /v1/audio/speech, pcm in SSE with its
+// words timed), download it in any format; "type as you go" over the realtime socket or WebRTC,
+// with barge-in, timing the first audio of each. Both show captions (captions.js: the word
+// heard now, by the player's clock; after a barge-in, the words heard) and a level meter.
 
 import {
   ApiError,
+  bytesOf,
   call,
   describe,
   events,
   getJson,
   realtimeUrl,
+  serverEvents,
   speechCredential,
 } from "./api.js";
+import { Captions } from "./captions.js";
 import { isSample, sampleFor } from "./languages.js";
-import { SAMPLE_RATE, StreamPlayer } from "./player.js";
+import { SAMPLE_RATE, StreamPlayer, rmsOf } from "./player.js";
 import { PeerLink, webRtcAvailable } from "./webrtc.js";
 
 const $ = (id) => document.getElementById(id);
@@ -107,7 +111,31 @@ function showSamples(id, stats) {
 }
 
 const player = new StreamPlayer((stats) => showSamples("speak-samples", stats));
+const speakCaptions = new Captions($("speak-captions"), () => player.position());
 let speaking = null; // the AbortController of the request in flight
+
+// --- the level meters: what each player plays now ------------------------------------------
+
+const FLOOR_DB = -60;
+
+function showMeter(id, rms) {
+  const db = rms > 0 ? Math.max(FLOOR_DB, Math.min(0, 20 * Math.log10(rms))) : FLOOR_DB;
+  $(id).value = db;
+}
+
+let metering = false;
+
+// The players' meters, a frame at a time, from the first audio played (WebRTC's is measure's).
+function followMeters() {
+  if (metering) return;
+  metering = true;
+  const tick = () => {
+    showMeter("speak-meter", player.level());
+    if (live.transport === "websocket") showMeter("live-meter", livePlayer.level());
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+}
 
 async function speak() {
   const status = $("speak-status");
@@ -120,31 +148,43 @@ async function speak() {
   say(status, "Speaking...");
   try {
     await player.open();
+    followMeters();
     player.reset();
+    speakCaptions.start(input);
     const credential = await speechCredential();
     const started = performance.now();
     const response = await call("/v1/audio/speech", {
       method: "POST",
-      json: { input, voice: selectedVoice(), response_format: "pcm" },
+      json: {
+        input,
+        voice: selectedVoice(),
+        response_format: "pcm",
+        stream_format: "sse",
+        timestamps: "word",
+      },
       signal: controller.signal,
       credential,
     });
-    const reader = response.body.getReader();
     let samples = 0;
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      const added = player.push(value);
-      if (added > 0 && samples === 0) {
-        $("speak-ttfa").textContent = `${Math.round(performance.now() - started)} ms`;
-      }
-      samples += added;
-      const audio = samples / SAMPLE_RATE;
-      $("speak-seconds").textContent = seconds(audio);
-      if (audio > 0) {
-        $("speak-rtf").textContent = ((performance.now() - started) / 1000 / audio).toFixed(2);
+    for await (const event of serverEvents(response)) {
+      if (event.type === "speech.word") {
+        speakCaptions.word(event);
+      } else if (event.type === "error") {
+        throw new Error(`${event.error.code}: ${event.error.message}.`);
+      } else if (event.type === "speech.audio.delta") {
+        const added = player.push(bytesOf(event.audio));
+        if (added > 0 && samples === 0) {
+          $("speak-ttfa").textContent = `${Math.round(performance.now() - started)} ms`;
+        }
+        samples += added;
+        const audio = samples / SAMPLE_RATE;
+        $("speak-seconds").textContent = seconds(audio);
+        if (audio > 0) {
+          $("speak-rtf").textContent = ((performance.now() - started) / 1000 / audio).toFixed(2);
+        }
       }
     }
+    speakCaptions.end();
     say(status, `Done: ${seconds(samples / SAMPLE_RATE)} of audio.`, "ok");
   } catch (error) {
     if (error.name === "AbortError") say(status, "Stopped.");
@@ -155,6 +195,7 @@ async function speak() {
 }
 
 function stopSpeaking() {
+  speakCaptions.stop(); // by the clock before the queue is dropped
   if (speaking) speaking.abort();
   player.clear();
 }
@@ -216,6 +257,53 @@ const firstAudio = {}; // the last time to first audio of each transport, in sec
 
 const livePlayer = new StreamPlayer((stats) => showSamples("live-samples", stats));
 
+// The listener's clock over WebRTC: the track's played seconds (webrtc.js), read every
+// PEER_CLOCK_MS and carried on between reads while it advances. The words' seconds count the
+// audio the server sent, a barge-in's dropped audio too, so each run (from the session's start
+// or a barge-in) is placed by its first word: heard when the analyser first heard audio.
+const PEER_CLOCK_MS = 100;
+const peerClock = { seconds: 0, at: 0, advancing: false, timer: null, anchor: null, offset: null };
+
+function peerSeconds() {
+  if (!peerClock.advancing) return peerClock.seconds;
+  const since = (performance.now() - peerClock.at) / 1000;
+  return peerClock.seconds + Math.min(PEER_CLOCK_MS / 1000, since);
+}
+
+function followPeerClock(link) {
+  clearInterval(peerClock.timer);
+  Object.assign(peerClock, { seconds: 0, at: 0, advancing: false, anchor: null, offset: null });
+  peerClock.timer = setInterval(async () => {
+    if (link !== live.socket) return;
+    const played = await link.playedSeconds();
+    peerClock.advancing = played > peerClock.seconds;
+    peerClock.seconds = played;
+    peerClock.at = performance.now();
+  }, PEER_CLOCK_MS);
+}
+
+// A new run over WebRTC: placed by its first word and first audio.
+function newPeerRun() {
+  peerClock.anchor = null;
+  peerClock.offset = null;
+}
+
+// Seconds of the session's audio the listener has heard, by the transport's clock.
+function liveClock() {
+  if (live.transport !== "webrtc") return livePlayer.position();
+  return peerClock.offset === null ? -1 : peerSeconds() + peerClock.offset;
+}
+
+const liveCaptions = new Captions($("live-captions"), liveClock);
+
+function liveWord(event) {
+  if (live.transport === "webrtc" && peerClock.offset === null) {
+    const heardAt = peerClock.anchor === null ? peerSeconds() : peerClock.anchor;
+    peerClock.offset = event.audio_start - heardAt;
+  }
+  liveCaptions.word(event);
+}
+
 function liveSend(message) {
   if (live.ready) live.socket.send(JSON.stringify(message));
   else live.pending.push(message);
@@ -250,8 +338,11 @@ function liveEvent(link, event) {
     $("live-segment").textContent = event.text;
   } else if (event.type === "segment.done") {
     $("live-segment").textContent = "-";
+  } else if (event.type === "word") {
+    liveWord(event);
   } else if (event.type === "cancelled") {
     live.stopping = false;
+    if (live.transport === "webrtc") newPeerRun();
     $("live-audio").muted = false;
     $("live-segment").textContent = "-";
     say(status, "Stopped: the server cancelled what was left.", "ok");
@@ -275,6 +366,7 @@ function openSocket() {
     },
   };
   live.socket = opening;
+  live.transport = "websocket";
   live.ready = false;
   speechCredential().then(
     (credential) => {
@@ -297,14 +389,19 @@ function connectSocket(credential) {
   live.transport = "websocket";
   live.openedAt = performance.now();
   live.ready = false;
+  livePlayer.reset(); // the session's audio clock starts at its first sample
   let refusal = null;
   socket.onopen = () => {
-    socket.send(JSON.stringify({ type: "config", voice: selectedVoice(), response_format: "pcm" }));
+    const config = { voice: selectedVoice(), response_format: "pcm", timestamps: "word" };
+    socket.send(JSON.stringify({ type: "config", ...config }));
   };
   socket.onmessage = (message) => {
     if (socket !== live.socket) return;
     if (typeof message.data !== "string") {
-      if (live.stopping) return;
+      if (live.stopping) {
+        livePlayer.skip(message.data); // sent before the cancel came: on the clock, unheard
+        return;
+      }
       if (livePlayer.push(message.data) > 0 && !live.heard) liveHeard("websocket");
       return;
     }
@@ -347,16 +444,15 @@ function showLevel(rms) {
   const db = rms > 0 ? Math.max(-90, Math.round(20 * Math.log10(rms))) : -90;
   const text = db <= -90 ? "silence" : `${db} dBFS`;
   if ($("live-level").textContent !== text) $("live-level").textContent = text;
+  showMeter("live-meter", rms);
   document.body.dataset.audioLevel = rms.toFixed(5);
 }
 
 function measure(link) {
   if (link !== live.socket) return;
-  meter.analyser.getFloatTimeDomainData(meter.samples);
-  let sum = 0;
-  for (const sample of meter.samples) sum += sample * sample;
-  const rms = Math.sqrt(sum / meter.samples.length);
+  const rms = rmsOf(meter.analyser, meter.samples);
   showLevel(rms);
+  if (rms > ENERGY_THRESHOLD && peerClock.anchor === null) peerClock.anchor = peerSeconds();
   if (rms > meter.max) {
     meter.max = rms;
     document.body.dataset.audioEnergy = rms.toFixed(5);
@@ -392,7 +488,7 @@ function openPeer() {
   let refusal = null;
   const link = new PeerLink({
     onOpen: () => {
-      link.send(JSON.stringify({ type: "config", voice: selectedVoice() }));
+      link.send(JSON.stringify({ type: "config", voice: selectedVoice(), timestamps: "word" }));
     },
     onMessage: (text) => {
       if (link !== live.socket) return;
@@ -406,6 +502,7 @@ function openPeer() {
       live.pending = [];
       live.firstTextAt = null;
       stopMeter();
+      clearInterval(peerClock.timer);
       $("live-audio").srcObject = null;
       if (refusal && refusal.code === "idle_timeout") {
         say(status, "The WebRTC session closed after a quiet spell; typing again reconnects.");
@@ -418,6 +515,7 @@ function openPeer() {
   live.transport = "webrtc";
   live.openedAt = performance.now();
   live.ready = false;
+  followPeerClock(link);
   say(status, "Connecting over WebRTC...");
   link.connect().catch((error) => {
     if (link !== live.socket) return;
@@ -429,6 +527,7 @@ function openPeer() {
 }
 
 function openLink() {
+  liveCaptions.start(""); // the words' spans count from the session's first character
   if ($("transport").value === "webrtc") openPeer();
   else openSocket();
 }
@@ -453,6 +552,7 @@ function liveInput() {
   }
   if (!live.socket) openLink();
   liveSend({ type: "text", text: piece });
+  liveCaptions.append(piece);
   clearTimeout(live.flushTimer);
   live.flushTimer = setTimeout(() => {
     if (live.socket) liveSend({ type: "flush" });
@@ -461,6 +561,7 @@ function liveInput() {
 
 function liveStop() {
   clearTimeout(live.flushTimer);
+  liveCaptions.stop(); // by the clock before the queue is dropped
   livePlayer.clear();
   live.firstTextAt = null;
   if (live.socket && live.ready) {
@@ -482,6 +583,7 @@ function switchTransport() {
 async function livePrepare() {
   try {
     await livePlayer.open();
+    followMeters();
   } catch (error) {
     say($("live-status"), describe(error), "error");
   }

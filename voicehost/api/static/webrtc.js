@@ -8,6 +8,7 @@ import { call, speechCredential } from "./api.js";
 const PATH = "/v1/audio/speech/webrtc";
 const GATHER_MS = 5000; // non-trickle: the offer waits for every candidate, this long at most
 const CONNECT_MS = 15000; // from the answer to the data channel's opening
+const OPUS_RATE = 48000; // the track's decoded rate
 
 // The server's STUN/TURN servers, from the Link headers of its last answer: the next session
 // of this page offers candidates through them too (the first one offers host candidates).
@@ -116,6 +117,20 @@ export class PeerLink {
       this.finish(null, true);
       throw error;
     }
+  }
+
+  // Seconds of audio the track has given out from real packets (the jitter buffer's output,
+  // less what it concealed): the listener's clock over WebRTC. 0 before any.
+  async playedSeconds() {
+    if (!this.pc) return 0;
+    const stats = await this.pc.getStats();
+    for (const report of stats.values()) {
+      if (report.type === "inbound-rtp" && report.kind === "audio") {
+        const samples = (report.totalSamplesReceived || 0) - (report.concealedSamples || 0);
+        return samples / OPUS_RATE;
+      }
+    }
+    return 0;
   }
 
   send(text) {
