@@ -18,7 +18,7 @@ message after ``end``).
     tts = VoicehostTTSService(voice="tara", base_url="http://gpu-box:8000", speed=1.1)
     pipeline = Pipeline([..., llm, tts, transport.output(), context_aggregator.assistant()])
 
-Needs ``pipecat-ai`` (not a dependency of the service: ``pip install pipecat-ai``).
+Needs ``pipecat-ai`` (not a dependency of the service: ``pip install "voicehost[pipecat]"``).
 """
 
 from __future__ import annotations
