@@ -3,10 +3,7 @@ Pipecat's own classes, on the shared dev server: an LLM's reply goes in as ``LLM
 service speaks it to an output transport that plays in real time, and Pipecat's assistant
 aggregator writes what it is handed into the LLM context. Uninterrupted, every word comes back
 timed, in order; interrupted mid-sentence, the context keeps only the words that had been
-played.
-
-Pipecat is not in the test extra (pyproject.toml says why): where it is not installed, the module
-is skipped."""
+played."""
 
 from __future__ import annotations
 
@@ -16,10 +13,6 @@ import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
-
-pytest.importorskip("pipecat", reason="pipecat-ai is not installed (the `pipecat` extra)")
 
 from pipecat.frames.frames import (
     EndFrame,
