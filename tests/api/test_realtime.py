@@ -309,14 +309,16 @@ async def test_word_timing_points_into_the_text_sent_and_comes_with_the_audio_th
 async def test_a_cancel_with_word_timing_says_which_words_were_heard(http, server):
     """``cancelled`` carries the text up to the last word whose audio the listener had played
     by the server's clock (a socket's client plays from its first audio, in real time): a
-    prefix of the words sent, as a span of the text."""
+    prefix of the words sent, as a span of the text. The text has ended (``end``) before the
+    barge-in, as an agent's whole reply has while its last words play: ``cancel`` is still
+    taken, and ``done`` follows ``cancelled``."""
     text = paragraph(80, seed=11)
     async with http.ws_connect(server.url + WS) as ws:
         config = {"voice": "dev-b", "response_format": "pcm", "timestamps": "word"}
         await ws.send_json({"type": "config", **config})
         await receive_all(ws, until="ready")
         await ws.send_json({"type": "text", "text": text})
-        await ws.send_json({"type": "flush"})
+        await ws.send_json({"type": "end"})
         words, started = [], time.monotonic()
         while len(words) < 4:
             message = await ws.receive(timeout=120)
@@ -331,7 +333,9 @@ async def test_a_cancel_with_word_timing_says_which_words_were_heard(http, serve
         received = await receive_all(ws, until="cancelled", wait_s=10)
         words += [p for k, p in received if k == "event" and p["type"] == "word"]
         cancelled = received[-1][1]
-        await ws.send_json({"type": "end"})
+        after = await receive_all(ws, wait_s=10)  # to the close
+    assert [p["type"] for k, p in after if k == "event"] == ["done"], after
+    assert not [k for k, _ in after if k == "audio"]  # nothing of what was cancelled
     heard = cancelled["heard"]
     assert heard["start"] == 0 and text[heard["start"] : heard["end"]] == heard["text"]
     played = cancelled["played_seconds"]

@@ -219,7 +219,14 @@ class RealtimeSession:
 
     async def _handle(self, message: RealtimeText | RealtimeControl) -> None:
         if self.ended:
-            raise ProtocolError("ended", "the input has ended; open a new socket")
+            if isinstance(message, RealtimeControl) and message.type == "cancel":
+                # a barge-in while the last of the text is spoken: cancelled, then done
+                await self._cancel()
+                self.queue.put_nowait(END)
+                return
+            raise ProtocolError(
+                "ended", "the input has ended (only cancel is taken); open a new socket"
+            )
         if isinstance(message, RealtimeText):
             limit = self.serving.settings.max_input_chars  # over a socket as over HTTP
             if self.received + len(message.text) > limit:
