@@ -42,7 +42,23 @@ LANE_ENGINES = {1: 1, 2: 2}
 # unit tests, else to lane 1). Measured (docs/BENCHMARKS.md): lane 1's server modules hold about
 # a third of the unit tests' time and finished the whole run 40 s before lane 2; these,
 # about a fifth of it, even out both `make test` and `make test-fast`.
-ENGINELESS_LANES: dict[str, int] = {"test_quality": 1, "test_lifeline": 1}
+ENGINELESS_LANES: dict[str, int] = {
+    "test_quality": 1,
+    "test_lifeline": 1,
+    # a Redis of their own each, no engine: beside the cluster's modules, in the lane that
+    # ends first (lane 1 holds the shared server's modules, the trainings and the browser)
+    **dict.fromkeys(
+        (
+            "test_cluster_models",
+            "test_cluster_voices",
+            "test_cluster_usage",
+            "test_membership",
+            "test_leases",
+            "test_alert_metrics",
+        ),
+        2,
+    ),
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

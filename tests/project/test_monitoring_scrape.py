@@ -135,7 +135,7 @@ async def stream_while_watching(
         "voicehost_lora_adapters_in_use": 0.0,
         'voicehost_frontend_streams{frontend="0"}': 0.0,
     }
-    text = " ".join(["Every word of this is counted while it streams."] * 4)
+    text = " ".join(["Every word of this is counted while it streams."] * 2)
     await ws.send_json({"type": "config", "voice": "tara", "response_format": "pcm"})
     await ws.send_json({"type": "text", "text": text})
     await ws.send_json({"type": "end"})
@@ -144,7 +144,7 @@ async def stream_while_watching(
         while True:
             for name in watched:
                 watched[name] = max(watched[name], await metric(http, server, name))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
 
     watcher = asyncio.create_task(watch())
     audio = 0
