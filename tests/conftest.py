@@ -4,8 +4,16 @@ share are in helpers.py."""
 
 from __future__ import annotations
 
-import json
 import os
+
+# One OpenMP thread per process, this one and the dev processes it starts (vLLM binds each dev
+# engine to one core anyway): on two cores shared by half a dozen booting servers, a torch that
+# parallelises each small op over two threads waits at every barrier for the thread the kernel
+# has descheduled. A speaker-embedder test took 64-73 s so, and 3.6 s with one thread. Set
+# before anything imports torch (helpers does): torch reads it once, when it is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,11 +30,6 @@ pytest_plugins = ["lanes"]  # --lane K/N: make test runs the suite as lanes side
 # A test that means a Redis of its own must never reach the machine's: no URL from the
 # environment (Settings() has none by default, and connect() refuses to run without one).
 os.environ.pop("VOICEHOST_REDIS_URL", None)
-# One OpenMP thread per process, this one and the dev processes it starts (vLLM binds each dev
-# engine to one core anyway): on two cores shared by half a dozen booting servers, a torch that
-# parallelises each small op over two threads waits at every barrier for the thread the kernel
-# has descheduled. A speaker-embedder test took 64 s so, and 3.6 s with one thread.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # The fixtures that start a server process (a dev server, workers, a gateway, a Redis): a test

@@ -11,6 +11,7 @@ name each boot)."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import helpers
@@ -126,3 +127,12 @@ def test_the_budget_test_finds_a_fixture_over_the_budget(tmp_path, monkeypatch):
     assert declared_engines()["own_server"] == 1
     with pytest.raises(AssertionError, match="over the budget of 4: cluster"):
         test_the_suite_declares_at_most_four_engine_cores_and_three_at_once()
+
+
+def test_the_test_process_runs_torch_on_one_thread_as_its_servers_do():
+    """conftest sets ``OMP_NUM_THREADS`` before anything imports torch (torch reads it once, at
+    its import): two lanes side by side on two cores, beside booting engines, ran a speaker-
+    embedder test in 73 s with torch's default two threads, 3 s with one."""
+    import torch
+
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]) == 1
