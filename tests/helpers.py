@@ -63,6 +63,7 @@ __all__ = [
     "engines_stopped",
     "eventually",
     "free_port",
+    "gateway_before",
     "http_status",
     "is_frontend",
     "job_spec",
@@ -449,6 +450,41 @@ class RedisServer:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)  # redis flushes the AOF and exits
         self.process.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def gateway_before(
+    server_url: str, worker_id: str, capacity: int, root: Path, **env: str
+) -> AsyncIterator[str]:
+    """``voicehost gateway`` (its URL) with a Redis of its own and one running server joined as
+    its worker ``worker_id`` (one real heartbeat, long-lived: the server itself is no cluster
+    worker), ``env`` its settings besides. No engine of its own: a gateway only routes."""
+    from voicehost.cluster.state import WorkerPresence, connect
+    from voicehost.speech.admission import WorkerLoad
+
+    redis_server = RedisServer(free_port(), root)
+    redis_server.start()
+    port = free_port()
+    settings = dev_env(
+        VOICEHOST_REDIS_URL=redis_server.url,
+        VOICEHOST_SHARED_DIR=str(root / "shared"),
+        VOICEHOST_MEMBERSHIP_POLL_SECONDS="0.5",
+        **env,
+    )
+    log = root / "gateway.log"
+    process = launch([*voicehost_command("gateway", "--dev"), "--port", str(port)], settings, log)
+    registry = Settings(redis_url=redis_server.url, worker_ttl_seconds=3600)
+    redis = connect(registry)
+    load = WorkerLoad(0, 0, capacity, capacity)
+    presence = WorkerPresence(redis, registry, worker_id, server_url, lambda: load)
+    try:
+        await presence.heartbeat()
+        await asyncio.to_thread(wait_ready, process, f"http://127.0.0.1:{port}", log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await redis.aclose()
+        stop(process)
+        redis_server.stop()
 
 
 # --- waiting ---------------------------------------------------------------------------------

@@ -17,20 +17,17 @@ from helpers import (
     KEYED_FILE_KEYS,
     KEYED_KEYS,
     KEYED_TOKEN,
-    RedisServer,
     adapter_form,
     dev_env,
     eventually,
     free_port,
+    gateway_before,
     job_spec,
     key_entries,
-    launch,
     manage_versions_as_a_tenant,
     no_directory,
     open_playground,
     say_over_socket,
-    stop,
-    wait_ready,
 )
 from playwright.async_api import expect
 
@@ -57,9 +54,7 @@ from voicehost.api.server import INTERNAL_ROUTES
 from voicehost.cli import main
 from voicehost.client import AsyncClient
 from voicehost.cloning.jobs import RUNNING, CloneJobs
-from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.config import Settings
-from voicehost.speech.admission import WorkerLoad
 from voicehost.tenancy.audit import canonical
 from voicehost.tenancy.keys import (
     ApiKey,
@@ -1036,35 +1031,12 @@ async def eventually_usage(http, url, key, before, row, received, within=5.0):
 
 @pytest.fixture(scope="module")
 async def gateway(keyed, tmp_path_factory):
-    """``voicehost gateway`` with keys and the token, its own Redis, and the keyed server joined
-    as its worker (one real heartbeat, long-lived: the server itself is no cluster worker).
-    No engine of its own: a gateway only routes."""
+    """``voicehost gateway`` with keys and the token, the keyed server joined as its worker."""
     url, _ = keyed
     root = tmp_path_factory.mktemp("auth-gateway")
-    redis_server = RedisServer(free_port(), root)
-    redis_server.start()
-    port = free_port()
-    env = dev_env(
-        VOICEHOST_REDIS_URL=redis_server.url,
-        VOICEHOST_SHARED_DIR=str(root / "shared"),
-        VOICEHOST_API_KEYS=json.dumps(entries(KEYS)),
-        VOICEHOST_INTERNAL_TOKEN=TOKEN,
-        VOICEHOST_MEMBERSHIP_POLL_SECONDS="0.5",
-    )
-    command = [sys.executable, "-m", "voicehost", "gateway", "--dev", "--port", str(port)]
-    log = root / "gateway.log"
-    process = launch(command, env, log)
-    settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=3600)
-    redis = connect(settings)
-    presence = WorkerPresence(redis, settings, "keyed", url, lambda: WorkerLoad(0, 0, 64, 64))
-    try:
-        await presence.heartbeat()
-        await asyncio.to_thread(wait_ready, process, f"http://127.0.0.1:{port}", log)
-        yield f"http://127.0.0.1:{port}", root
-    finally:
-        await redis.aclose()
-        stop(process)
-        redis_server.stop()
+    env = {"VOICEHOST_API_KEYS": json.dumps(entries(KEYS)), "VOICEHOST_INTERNAL_TOKEN": TOKEN}
+    async with gateway_before(url, "keyed", 64, root, **env) as gateway_url:
+        yield gateway_url, root
 
 
 async def test_the_gateway_forwards_its_callers_with_the_internal_token(gateway, http):

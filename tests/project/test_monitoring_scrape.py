@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,23 +20,17 @@ import aiohttp
 import pytest
 import yaml
 from helpers import (
-    RedisServer,
     Server,
-    dev_env,
     free_port,
+    gateway_before,
     launch,
     metric,
     monitoring_exprs,
     named_metrics,
     runtime_settings,
     stop,
-    wait_ready,
     wait_until,
 )
-
-from voicehost.cluster.state import WorkerPresence, connect
-from voicehost.config import Settings
-from voicehost.speech.admission import WorkerLoad
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 PROMETHEUS = shutil.which("prometheus")
@@ -50,30 +43,10 @@ SPEECH = {"input": "Monitoring starts with a little speech.", "voice": "tara"}
 
 @pytest.fixture(scope="module")
 async def gateway(server: Server, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    """``voicehost gateway`` with its own Redis and the dev server as its one worker."""
+    """``voicehost gateway`` with the dev server as its one worker."""
     root = tmp_path_factory.mktemp("monitoring-gateway")
-    redis_server = RedisServer(free_port(), root)
-    redis_server.start()
-    port = free_port()
-    env = dev_env(
-        VOICEHOST_REDIS_URL=redis_server.url,
-        VOICEHOST_SHARED_DIR=str(root / "shared"),
-        VOICEHOST_MEMBERSHIP_POLL_SECONDS="0.5",
-    )
-    command = [sys.executable, "-m", "voicehost", "gateway", "--dev", "--port", str(port)]
-    log = root / "gateway.log"
-    process = launch(command, env, log)
-    settings = Settings(redis_url=redis_server.url, worker_ttl_seconds=3600)
-    redis = connect(settings)
-    presence = WorkerPresence(redis, settings, "dev", server.url, lambda: WorkerLoad(0, 0, 8, 8))
-    try:
-        await presence.heartbeat()
-        await asyncio.to_thread(wait_ready, process, f"http://127.0.0.1:{port}", log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await redis.aclose()
-        stop(process)
-        redis_server.stop()
+    async with gateway_before(server.url, "dev", 8, root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
