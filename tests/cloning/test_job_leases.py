@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import job_spec, no_directory
 
+from lora_training.worker import write_progress
 from voicehost.cloning.jobs import CloneJobs
 from voicehost.ids import parse_iso
 
@@ -159,3 +160,20 @@ async def test_a_job_is_stored_with_iso_times_and_one_stored_in_unix_seconds_rea
     saved = json.loads(path.read_text())
     assert saved["created"] == "2100-01-01T00:00:00.000000+00:00"
     assert parse_iso(saved["updated"]) >= parse_iso(stored["updated"])
+
+
+async def test_a_cancelled_job_keeps_what_its_runner_had_reported(tmp_path, dev_model):
+    """A cancel ends the job where it stood: the data report, stage, progress and eval loss its
+    runner had written stay on the record (a cancel read job.json alone, and they read null)."""
+    jobs = runner(tmp_path, "a")
+    job_id = await queued(jobs, dev_model)
+    assert jobs._claim(job_id) is not None and jobs._stage(job_id, "preparing")
+    data = {"speech_seconds": 41.5, "clips": 16}
+    write_progress(jobs._dir(job_id), "training", 0.4, [3.5, 3.2], data)  # as its worker does
+    seen = jobs.get(job_id)
+    assert (seen.status, seen.data) == ("training", data)
+    cancelled = await jobs.cancel(job_id)
+    for job in (cancelled, jobs.get(job_id), runner(tmp_path, "b").get(job_id)):
+        assert job is not None and (job.status, job.error) == ("cancelled", "cancelled by request")
+        reported = (job.stage, job.progress, job.eval_loss, job.data)
+        assert reported == ("training", 0.4, [3.5, 3.2], data)

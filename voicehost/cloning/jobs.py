@@ -513,7 +513,9 @@ class CloneJobs:
         """Stop a queued or running job; a finished one is left as it is."""
         try:
             with self._leasing(job_id):  # not between a runner's read and write of the record
-                job = self._load(job_id)
+                # with its runner's latest progress: the job ends where it stood (its data
+                # report, stage, progress), as _update's ends do
+                job = self._current(job_id)
                 if job is None or job.status in FINISHED:
                     return job
                 job.status, job.error = "cancelled", "cancelled by request"
