@@ -28,9 +28,11 @@ import redis
 import yaml
 
 from lora_training.recipe import VoiceJob
+from voicehost.cluster.state import WorkerPresence, connect
 from voicehost.config import Settings
 from voicehost.model import orpheus
 from voicehost.model.devmodel import DevModelPaths
+from voicehost.speech.admission import WorkerLoad
 from voicehost.tools import devserver
 from voicehost.tools.devserver import (
     DevServer,
@@ -459,9 +461,6 @@ async def gateway_before(
     """``voicehost gateway`` (its URL) with a Redis of its own and one running server joined as
     its worker ``worker_id`` (one real heartbeat, long-lived: the server itself is no cluster
     worker), ``env`` its settings besides. No engine of its own: a gateway only routes."""
-    from voicehost.cluster.state import WorkerPresence, connect
-    from voicehost.speech.admission import WorkerLoad
-
     redis_server = RedisServer(free_port(), root)
     redis_server.start()
     port = free_port()
