@@ -196,7 +196,10 @@ async function speak() {
 
 function stopSpeaking() {
   speakCaptions.stop(); // by the clock before the queue is dropped
+  // a stream still coming says "Stopped." as it ends; one that came whole (a server faster
+  // than real time) but still plays is stopped here
   if (speaking) speaking.abort();
+  else if (player.clock.queued > 0) say($("speak-status"), "Stopped.");
   player.clear();
 }
 
