@@ -214,10 +214,10 @@ class SpeechMetrics:
         self.lora_adapters_in_use = Gauge(
             "voicehost_lora_adapters_in_use",
             "Distinct LoRA adapters of the requests the engine holds (more than the slots: some "
-            "wait for one); a host's front ends summed, so an adapter two of them run counts "
-            "twice.",
+            "wait for one): the host's, whichever of its front ends runs them (an adapter two "
+            "front ends run counts once).",
             registry=r,
-            multiprocess_mode="livesum",
+            multiprocess_mode="max",
         )
         self.clone_jobs_ended = Counter(
             "voicehost_clone_jobs_ended",

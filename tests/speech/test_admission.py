@@ -16,6 +16,7 @@ from voicehost.host.board import HostBoard
 from voicehost.metrics import series
 from voicehost.model import orpheus
 from voicehost.speech.admission import Admission, Refused, WorkerLoad
+from voicehost.speech.board import LocalBoard
 from voicehost.tenancy.keys import TokenStreams
 
 
@@ -220,6 +221,24 @@ def test_the_host_board_publishes_each_front_ends_engine_requests(tmp_path):
     # each row's request-seconds brought up to the same moment, then summed
     assert first.generating(now=102.0) == (5, (10.0 + 2 * 2.0) + (1.0 + 3 * 1.0))
     assert second.generating(now=102.0) == first.generating(now=102.0)
+
+
+@pytest.mark.unit
+def test_the_host_board_counts_an_adapter_two_front_ends_run_once(tmp_path):
+    """LoRA ids are the host's (``voicehost.host.lora_ids``): an adapter both front ends have
+    requests of is one adapter in use on the engine core, not two; what a front end no longer
+    holds stops counting, and a front end alone counts its own."""
+    path = tmp_path / "board"
+    HostBoard.create(path, 2, 2)
+    first, second = (HostBoard(path, 2, index, 2) for index in range(2))
+    assert first.loras_in_use([3, 5]) == 2
+    assert second.loras_in_use([5, 7]) == 3  # 3, 5 and 7: 5 once
+    assert first.loras_in_use([3, 5]) == 3  # either front end says the host's
+    assert second.loras_in_use([]) == 2  # its requests ended
+    assert first.loras_in_use([]) == 0
+    # more ids than a row keeps (twice the host's streams: requests still being aborted)
+    assert first.loras_in_use(range(1, 10)) == 4
+    assert LocalBoard().loras_in_use([4, 9]) == 2
 
 
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3

@@ -8,13 +8,16 @@ memory, one row per front end, each row written only by its own front end under 
 step for the whole host.
 
 A row holds: the front end's streams, its engine requests generating, the request-seconds they have
-generated for (up to when), and a table of (key hash, streams) with as many columns as the host
-admits streams times ``KEYS_PER_STREAM``. A front end that dies takes the host down
+generated for (up to when), a table of (key hash, streams) with as many columns as the host
+admits streams times ``KEYS_PER_STREAM``, and the LoRA ids of the requests the front end has in
+the engine (host-wide ids, ``voicehost.host.lora_ids``: an adapter two front ends run is one id),
+as many columns again. A front end that dies takes the host down
 (``voicehost.host.launcher``), so a row is never left counting streams that no longer exist.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -34,18 +37,19 @@ class HostBoard:
     def __init__(self, path: Path, count: int, index: int, capacity: int) -> None:
         self.index = index
         self.key_columns = columns = capacity * KEYS_PER_STREAM
-        self._shared = hostfile.SharedTable(path, count, _KEYS + 2 * columns)
+        self._shared = hostfile.SharedTable(path, count, _KEYS + 3 * columns)
         table = self._shared.table
         self._table = table
         self._times = table[:, _BUSY : _AT + 1].view(np.float64)  # busy, at
         self._hashes = table[:, _KEYS : _KEYS + columns]
-        self._counts = table[:, _KEYS + columns :]
+        self._counts = table[:, _KEYS + columns : _KEYS + 2 * columns]
+        self._loras = table[:, _KEYS + 2 * columns :]
         self._locked = self._shared.locked
 
     @staticmethod
     def create(path: Path, count: int, capacity: int) -> None:
         """The zeroed file of ``count`` front ends' rows, for a host of ``capacity`` streams."""
-        hostfile.create(path, count, _KEYS + 2 * capacity * KEYS_PER_STREAM)
+        hostfile.create(path, count, _KEYS + 3 * capacity * KEYS_PER_STREAM)
 
     def reserve(self, keys: Keys, check: Check) -> None:
         with self._locked():
@@ -93,6 +97,18 @@ class HostBoard:
             busy, at = self._times[:, 0].copy(), self._times[:, 1].copy()
         return int(counts.sum()), float((busy + counts * (now - at)).sum())
 
+    def loras_in_use(self, held: Collection[int]) -> int:
+        """Say that this front end's engine requests use the LoRA ids ``held``; the distinct
+        ids the host's requests use. (A front end holds adapters of its streams only, at most
+        the host's capacity; its row keeps twice that, for requests still being aborted.)"""
+        ids = sorted(held)[: self._loras.shape[1]]
+        with self._locked():
+            row = self._loras[self.index]
+            row[:] = 0
+            row[: len(ids)] = ids
+            used = np.unique(self._loras)
+        return int(np.count_nonzero(used))
+
     def close(self) -> None:
-        del self._table, self._times, self._hashes, self._counts
+        del self._table, self._times, self._hashes, self._counts, self._loras
         self._shared.close()

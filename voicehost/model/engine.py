@@ -492,9 +492,9 @@ class SpeechEngine:
         self.llm.engine_core.resources.engine_dead = True
         self.llm.output_processor.propagate_error(EngineDeadError(suppress_context=True))
 
-    def loras_in_use(self) -> int:
-        """Distinct LoRA adapters of the requests this client has in the engine."""
-        return len(self._held_loras)
+    def held_loras(self) -> list[int]:
+        """The LoRA ids of the requests this client has in the engine, each once."""
+        return list(self._held_loras)
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""

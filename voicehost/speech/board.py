@@ -9,7 +9,7 @@ host of several front ends sharing one engine core is ``voicehost.host.board.Hos
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 Check = Callable[[int, tuple[int, ...]], None]  # (the host's streams, each key's): raise to refuse
@@ -40,6 +40,11 @@ class Board(Protocol):
 
     def generating(self, now: float) -> tuple[int, float]:
         """The host's engine requests generating and its request-seconds up to ``now``."""
+        ...
+
+    def loras_in_use(self, held: Collection[int]) -> int:
+        """Say that this process's engine requests use the LoRA ids ``held``; the distinct
+        ids the host's engine requests use."""
         ...
 
 
@@ -74,3 +79,6 @@ class LocalBoard:
     def generating(self, now: float) -> tuple[int, float]:
         count, busy, at = self._generating
         return count, busy + count * (now - at)
+
+    def loras_in_use(self, held: Collection[int]) -> int:
+        return len(set(held))
