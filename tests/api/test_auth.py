@@ -428,6 +428,12 @@ async def test_api_key_in_the_query_is_taken_on_the_websocket_route_only(edge):
         assert await answer(response) == (401, "missing_api_key")
     response = await edge.get("/v1/audio/speech/ws?api_key=")
     assert await answer(response) == (401, "missing_api_key")
+    # beside a header: the same key is that caller, another one is refused, not overridden
+    url = "/v1/audio/speech/ws?api_key=key-a"
+    assert await answer(await edge.get(url, headers=bearer("key-a"))) == (200, "a")
+    for other in ("key-b", "key-c"):
+        response = await edge.get(url, headers={"X-API-Key": other})
+        assert await answer(response) == (400, "ambiguous_api_key")
 
 
 @pytest.mark.unit
@@ -438,7 +444,9 @@ async def test_api_key_in_the_query_is_taken_on_the_websocket_route_only(edge):
         ({"Authorization": "bearer key-a"}, "a"),  # the scheme in any case
         ({"Authorization": "BEARER  key-a "}, "a"),
         ({"X-API-Key": " key-b "}, "b"),
-        ({"Authorization": "Bearer key-a", "X-API-Key": "key-b"}, "a"),  # Bearer first
+        ({"Authorization": "Bearer key-a", "X-API-Key": "key-a"}, "a"),  # one key, twice
+        ({"Authorization": "Bearer key-a", "X-API-Key": "key-b"}, "ambiguous_api_key"),
+        ({"Authorization": "Bearer key-a", "X-API-Key": "key-c"}, "ambiguous_api_key"),
         ({"Authorization": "Bearer ", "X-API-Key": "key-b"}, "b"),
         ({"Authorization": "Basic key-a", "X-API-Key": "key-b"}, "b"),
         ({"Authorization": "Basic key-a"}, "missing_api_key"),
@@ -449,8 +457,11 @@ async def test_api_key_in_the_query_is_taken_on_the_websocket_route_only(edge):
     ],
 )
 async def test_a_request_presents_its_key_as_bearer_or_x_api_key(edge, headers, caller):
+    """One key, in either header; two different ones are refused whichever is valid (400: which
+    caller a request is never depends on which header is read first)."""
     status, said = await answer(await edge.post("/v1/audio/speech", headers=headers))
-    assert said == caller and status == (200 if caller in ("a", "b") else 401)
+    expected = {"a": 200, "b": 200, "ambiguous_api_key": 400}.get(caller, 401)
+    assert said == caller and status == expected
 
 
 @pytest.mark.unit

@@ -222,16 +222,20 @@ def _principal_of(
 
 def presented_key(request: web.Request) -> str | None:
     """The API key of a request: ``Authorization: Bearer``, ``X-API-Key``, or on the WebSocket
-    route only, ``?api_key=``."""
+    route only, ``?api_key=``. Two different ones are ``AccessDenied`` (400
+    ``ambiguous_api_key``): which caller the request is must not depend on which place is read
+    first (RFC 6750: one way per request), say a page's ``?api_key=`` beside a proxy's header."""
     authorization = request.headers.get("Authorization", "")
     scheme, _, value = authorization.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    if key := request.headers.get("X-API-Key", "").strip():
-        return key
-    if _route(request) == WS_ROUTE and (key := request.query.get("api_key", "").strip()):
-        return key
-    return None
+    sent = [value.strip() if scheme.lower() == "bearer" else ""]
+    sent.append(request.headers.get("X-API-Key", "").strip())
+    if _route(request) == WS_ROUTE:
+        sent.append(request.query.get("api_key", "").strip())
+    keys = {key for key in sent if key}
+    if len(keys) > 1:
+        message = "different API keys were sent (Authorization, X-API-Key, ?api_key=): send one"
+        raise AccessDenied("ambiguous_api_key", message)
+    return keys.pop() if keys else None
 
 
 def bind_host(host: str, auth_enabled: bool) -> str:

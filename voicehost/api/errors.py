@@ -131,6 +131,12 @@ ERRORS: dict[str, ErrorKind] = _kinds(
         KEYED,
     ),
     (401, "invalid_api_key", "the API key is not valid.", KEYED),
+    (
+        400,
+        "ambiguous_api_key",
+        "different API keys were sent (`Authorization`, `X-API-Key`, `?api_key=`): send one.",
+        KEYED,
+    ),
     (401, "invalid_token", "a speech token that is not valid, or whose key is gone.", KEYED),
     (401, "token_expired", "a speech token past its expiry.", KEYED),
     (403, "insufficient_scope", "the key lacks the route's scope.", KEYED),
