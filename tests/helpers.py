@@ -134,7 +134,17 @@ def dev_env(**extra: str) -> dict[str, str]:
     return devserver.dev_env(**{**TEST_ENV, **extra})
 
 
-def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 300) -> list[int]:
+# How long a server the suite starts may take to be ready. A start that fails is seen at once
+# (its process exits, or /healthz says so); this only ends one that hangs. On a fresh machine
+# the first run's three boots beside the unit tests read vLLM and torch from a cold disk: the
+# keyed host was ready after 301 s once (its first `import vllm` 55 s, its engine 2 min more),
+# and 27 of its tests failed at the old 300 s.
+READY_TIMEOUT = 600.0
+
+
+def wait_ready(
+    process: subprocess.Popen, url: str, log: Path, timeout: float = READY_TIMEOUT
+) -> list[int]:
     """``devserver.wait_ready``, failing the test with the process's log tail."""
     try:
         return devserver.wait_ready(process, url, log, timeout)
@@ -148,7 +158,7 @@ def dev_server(root: Path, **env: str) -> Iterator[Server]:
     with the server's log tail."""
     refuse_in_a_unit_test("a dev server")
     try:
-        with devserver.dev_server(root, **{**TEST_ENV, **env}) as server:
+        with devserver.dev_server(root, READY_TIMEOUT, **{**TEST_ENV, **env}) as server:
             yield server
     except devserver.StartFailed as error:
         pytest.fail(str(error), pytrace=False)
@@ -169,7 +179,7 @@ class EarlyServer:
     def _wait(self) -> None:
         s = self.server
         try:
-            s.readiness.extend(devserver.wait_ready(s.process, s.url, s.log))
+            s.readiness.extend(devserver.wait_ready(s.process, s.url, s.log, READY_TIMEOUT))
         except devserver.StartFailed as error:
             self.failure = error
 
