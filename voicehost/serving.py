@@ -39,7 +39,7 @@ from voicehost.model.served import (
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
 from voicehost.speech.board import Board, LocalBoard
-from voicehost.speech.capacity import RateMeter, Realtime
+from voicehost.speech.capacity import DecodeCost, RateMeter, Realtime
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
 from voicehost.tenancy.audit import AuditTrail, FileAuditTrail
@@ -209,7 +209,8 @@ class ServingProcess:
         board = frontend.board(capacity) if frontend is not None else LocalBoard()
         self.board: Board = board
         self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
-        realtime = Realtime.from_settings(self.meter, settings)
+        self.decode_cost = DecodeCost()  # what this process's audio decoding takes
+        realtime = Realtime.from_settings(self.meter, settings, self.decode_cost)
         self.admission = Admission(capacity, settings.key_max_streams, realtime, board=board)
         self.draining = False
         self.startup_error: str | None = None
@@ -281,7 +282,7 @@ class ServingProcess:
             raise InvalidDevSettings(str(exc)) from exc
         for name in changes:
             setattr(s, name, getattr(checked, name))
-        self.admission.realtime = Realtime.from_settings(self.meter, s)
+        self.admission.realtime = Realtime.from_settings(self.meter, s, self.decode_cost)
         log.info("dev settings changed at run time: %s", dict(changes))
         return {name: getattr(s, name) for name in sorted(RUNTIME_DEV_SETTINGS)}
 
@@ -465,7 +466,9 @@ class ServingProcess:
             self.aligner = await asyncio.to_thread(load_aligner, s.aligner_model)
         if graphs := await asyncio.to_thread(self.codec.capture_graphs):
             log.info("captured CUDA graphs of SNAC for %d call shapes", graphs)
-        self.scheduler = DecodeScheduler(self.codec, s.codec_batch_window_ms, s.codec_max_batch)
+        self.scheduler = DecodeScheduler(
+            self.codec, s.codec_batch_window_ms, s.codec_max_batch, self.decode_cost.record
+        )
         synthesizer = Synthesizer(
             self.engine,
             self.scheduler,

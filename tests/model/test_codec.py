@@ -264,6 +264,25 @@ def test_a_lone_stream_never_waits_for_the_batch_window(codec):
     assert asyncio.run(decode_one(idle_streams=2)) >= 1.9  # waits for the other live stream
 
 
+def test_each_decode_batch_tells_its_wall_time_and_the_audio_it_gave(codec):
+    """What admission counts a front end's decoding by (``DecodeCost``): every batch, its
+    seconds and the seconds of audio its windows kept."""
+    told: list[tuple[float, float]] = []
+
+    async def run() -> float:
+        scheduler = DecodeScheduler(codec, record=lambda busy, audio: told.append((busy, audio)))
+        started = time.monotonic()
+        for seed in (15, 16):
+            await scheduler.decode(Span.whole(random_frames(5, seed=seed)))
+        elapsed = time.monotonic() - started
+        await scheduler.close()
+        return elapsed
+
+    elapsed = asyncio.run(run())
+    assert [audio for _, audio in told] == [5 * orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE] * 2
+    assert all(busy > 0 for busy, _ in told) and sum(busy for busy, _ in told) <= elapsed
+
+
 def test_a_failed_decode_reaches_its_stream_and_the_loop_serves_on(codec):
     broken = [orpheus.Frame((5000,), (0, 0), (0, 0, 0, 0))]  # no such code
 

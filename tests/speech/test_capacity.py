@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from voicehost.host.board import HostBoard
-from voicehost.speech.capacity import RateMeter, Realtime, step_line
+from voicehost.model import orpheus
+from voicehost.speech.capacity import DecodeCost, RateMeter, Realtime, step_line
 
 
 class Clock:
@@ -125,6 +126,55 @@ def test_before_any_measurement_one_stream_at_a_time_and_when_off_the_static_cap
     run(meter, clock, batch=1, rate=10, seconds=3)
     off = Realtime(meter, tokens_per_second=0, margin=1.2)
     assert off.refusal(5) is None and off.headroom(5, limit=3) == 3
+
+
+@pytest.mark.unit
+def test_the_decode_cost_is_its_recent_batches_seconds_per_audio_second():
+    clock = Clock()
+    cost = DecodeCost(window=10.0, clock=clock)
+    cost.record(busy=0.1, audio=1.0)
+    assert cost.per_audio_second() is None  # 1 s of audio: too little to go by
+    clock.now = 2.0
+    cost.record(busy=0.5, audio=1.0)
+    assert cost.per_audio_second() == pytest.approx(0.3)
+    clock.now = 11.0  # the first batch is older than the window
+    assert cost.per_audio_second() is None
+    cost.record(busy=0.2, audio=2.0)
+    assert cost.per_audio_second() == pytest.approx(0.7 / 3.0)
+
+
+def decoding(clock: Clock, seconds_per_audio_second: float) -> DecodeCost:
+    cost = DecodeCost(clock=clock)
+    cost.record(busy=4 * seconds_per_audio_second, audio=4.0)
+    return cost
+
+
+@pytest.mark.unit
+def test_one_more_stream_is_refused_once_the_front_ends_decoder_could_not_keep_up():
+    """The engine keeps 5 streams or more real time; this front end's decoding takes 0.3 s per
+    second of audio, so it keeps 3 (at the margin's 1.2 x real time: 0.36 a stream, 2). Its own
+    streams count, not the host's: another front end decodes its own."""
+    clock = Clock()
+    meter = meter_with(clock)
+    run(meter, clock, batch=1, rate=600, seconds=3)
+    run(meter, clock, batch=5, rate=120, seconds=3)
+    rate = orpheus.AUDIO_TOKENS_PER_SECOND
+    exact = Realtime(meter, rate, 1.0, decoding(clock, 0.3))
+    assert exact.refusal(2, here=2) is None  # a third: 0.9 of the decoder
+    reason = exact.refusal(3, here=3)
+    assert reason is not None and "0.30 s per second of audio" in reason
+    assert exact.refusal(3, here=1) is None  # the host's others decode elsewhere
+    assert exact.headroom(0, limit=10) == 3 and exact.headroom(3, limit=10, here=3) == 0
+    margin = Realtime(meter, rate, 1.2, decoding(clock, 0.3))
+    assert margin.refusal(1, here=1) is None and margin.refusal(2, here=2) is not None
+    assert margin.headroom(0, limit=10) == 2
+    without = Realtime(meter, rate, 1.0)  # the engine alone keeps more (5 measured at 120)
+    assert without.refusal(3, here=3) is None and without.headroom(0, limit=10) >= 5
+    slow = Realtime(meter, rate, 1.0, decoding(clock, 2.0))  # not even one in real time
+    assert slow.refusal(0) is None and slow.headroom(0, limit=10) == 1  # an idle one takes one
+    assert slow.refusal(1, here=1) is not None
+    off = Realtime(meter, 0, 1.2, decoding(clock, 2.0))
+    assert off.refusal(5, here=5) is None
 
 
 @pytest.mark.unit

@@ -327,8 +327,12 @@ class DecodeScheduler:
         codec: SnacCodec,
         window_ms: float = DEFAULT_BATCH_WINDOW_MS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        record: Callable[[float, float], None] | None = None,
     ) -> None:
         self.codec = codec
+        # told of each batch: the wall seconds it took, the seconds of audio it gave
+        # (``voicehost.speech.capacity.DecodeCost``: admission counts what decoding costs)
+        self.record = record
         self.window_s = window_ms / 1000
         self.max_batch = max_batch
         self.live = 0  # streams that may send windows
@@ -408,6 +412,7 @@ class DecodeScheduler:
         return [(span, future) for span, future in batch if not future.cancelled()]
 
     async def _decode(self, batch: list[tuple[Span, asyncio.Future[np.ndarray]]]) -> None:
+        started = time.monotonic()
         try:
             results = await self.codec.decode_batch_async([span for span, _ in batch])
         except Exception as exc:  # every stream of the batch sees the codec's error
@@ -416,6 +421,9 @@ class DecodeScheduler:
                 if not future.done():
                     future.set_exception(exc)
             return
+        if self.record is not None:
+            audio = sum(len(samples) for samples in results) / orpheus.SAMPLE_RATE
+            self.record(time.monotonic() - started, audio)
         self.batches += 1
         self.windows += len(batch)
         self.frames_decoded += sum(len(span.frames) for span, _ in batch)

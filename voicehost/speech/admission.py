@@ -72,7 +72,9 @@ class Admission:
         """Streams more the host would admit and keep real time."""
         streams = self.board.streams()
         room = self.capacity - streams
-        return room if self.realtime is None else self.realtime.headroom(streams, room)
+        if self.realtime is None:
+            return room
+        return self.realtime.headroom(streams, room, self.active)
 
     def _check(
         self,
@@ -104,7 +106,7 @@ class Admission:
                 f"this server is at its capacity of {self.capacity} real-time streams",
                 self.retry_after,
             )
-        if self.realtime is not None and (slower := self.realtime.refusal(streams)):
+        if self.realtime is not None and (slower := self.realtime.refusal(streams, self.active)):
             raise Refused(
                 "at_capacity",
                 f"this server is at its measured capacity: {slower}",

@@ -6,16 +6,20 @@ The engine gives every running request one token per decode step, so a request's
 over the step time, and the step time grows with the batch: a fixed part (the weights read once
 per step) and a part per request. ``RateMeter`` measures the per-request rate at each batch size
 it has seen over the last seconds; ``predict`` fits the step time as a line in the batch size
-through what it measured and reads the rate at a size it has not seen. Admission asks
-``Realtime.refusal`` before it admits a stream; a worker reports ``headroom`` to the gateways.
+through what it measured and reads the rate at a size it has not seen. The tokens are heard only
+once the front end has decoded them to audio: ``DecodeCost`` measures what its SNAC decoding
+takes per second of audio, and one more stream is refused too once the front end's decoder
+would be busy more than all the time. Admission asks ``Realtime.refusal`` before it admits a
+stream; a worker reports ``headroom`` to the gateways.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from voicehost.model import orpheus
@@ -195,6 +199,43 @@ def step_line(points: dict[int, tuple[float, float]]) -> tuple[float, float]:
     return intercept, slope
 
 
+DECODE_WINDOW_SECONDS = 10.0  # the decode batches DecodeCost remembers
+DECODE_MIN_AUDIO_SECONDS = 2.0  # audio decoded within it before its cost is taken as measured
+
+
+class DecodeCost:
+    """What this process's audio decoding costs: wall seconds of its SNAC decode batches per
+    second of audio they gave, over the last ``window`` seconds (the front end's
+    ``voicehost.model.codec.DecodeScheduler`` records each batch). Wall time, not CPU time: a
+    decoder short of CPU, or waiting for its GPU, makes its streams wait all the same."""
+
+    def __init__(
+        self, window: float = DECODE_WINDOW_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window = window
+        self.clock = clock
+        self._batches: deque[tuple[float, float, float]] = deque()  # (when, busy s, audio s)
+
+    def record(self, busy: float, audio: float) -> None:
+        """A decode batch took ``busy`` seconds and gave ``audio`` seconds of audio."""
+        now = self.clock()
+        self._batches.append((now, busy, audio))
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        while self._batches and self._batches[0][0] < now - self.window:
+            self._batches.popleft()
+
+    def per_audio_second(self) -> float | None:
+        """Decode seconds per second of audio lately; ``None`` until enough audio was decoded
+        (``DECODE_MIN_AUDIO_SECONDS`` within the window)."""
+        self._forget(self.clock())
+        audio = sum(a for _, _, a in self._batches)
+        if audio < DECODE_MIN_AUDIO_SECONDS:
+            return None
+        return sum(b for _, b, _ in self._batches) / audio
+
+
 @dataclass
 class Realtime:
     """Admission from measured capacity: a new stream only while the per-request rate predicted
@@ -204,28 +245,53 @@ class Realtime:
     meter: RateMeter
     tokens_per_second: float
     margin: float
+    # this process's audio decoding (None: not counted); what one stream keeps it busy for is
+    # its cost per audio second times the audio seconds per second a stream needs
+    decode: DecodeCost | None = field(default=None)
 
     @classmethod
-    def from_settings(cls, meter: RateMeter, settings: Settings) -> Realtime:
+    def from_settings(
+        cls, meter: RateMeter, settings: Settings, decode: DecodeCost | None = None
+    ) -> Realtime:
         """``realtime_tokens_per_second`` (by default the rate Orpheus' audio plays at; off
-        for the dev model) with ``realtime_margin``."""
+        for the dev model) with ``realtime_margin``, and this process's ``decode`` cost."""
         rate = settings.realtime_tokens_per_second
         if rate is None:
             rate = 0.0 if settings.dev else orpheus.AUDIO_TOKENS_PER_SECOND
-        return cls(meter, rate, settings.realtime_margin)
+        return cls(meter, rate, settings.realtime_margin, decode)
 
     @property
     def needed(self) -> float:
         return self.tokens_per_second * self.margin
 
-    def refusal(self, streams: int) -> str | None:
+    def decode_room(self, here: int) -> int | None:
+        """Streams more this process's decoder keeps real time beside its ``here`` streams
+        (``None``: not measured, or not counted)."""
+        if self.decode is None or not self.tokens_per_second:
+            return None
+        cost = self.decode.per_audio_second()
+        if not cost:
+            return None
+        busy = cost * self.needed / orpheus.AUDIO_TOKENS_PER_SECOND  # one stream's share
+        # an idle decoder takes one stream whatever it measured: it slows nobody down
+        return max(0 if here else 1, math.floor(1 / busy) - here)
+
+    def refusal(self, streams: int, here: int = 0) -> str | None:
         """Why one more stream would slow the others below real time (``None``: admit it).
-        ``streams``: those admitted now. With none, a stream is always admitted: it slows
-        nobody down, even if this engine cannot keep even one real-time. Before the meter has
-        measured anything (a cold start), streams are admitted one at a time: a burst would
-        otherwise all be admitted on no evidence at all."""
+        ``streams``: those admitted now on the host, ``here`` on this process (its decoder's).
+        With none, a stream is always admitted: it slows nobody down, even if this engine
+        cannot keep even one real-time. Before the meter has measured anything (a cold start),
+        streams are admitted one at a time: a burst would otherwise all be admitted on no
+        evidence at all."""
         if not self.tokens_per_second:
             return None
+        if here and self.decode_room(here) == 0:
+            share = self.decode.per_audio_second() if self.decode else 0.0
+            return (
+                f"this front end's audio decoding takes {share:.2f} s per second of audio: one "
+                f"more stream beside its {here} would keep it busy longer than audio made at "
+                f"{self.margin:g} x {self.tokens_per_second:g} tokens/s plays"
+            )
         self.meter.sample()
         batch = max(streams, self.meter.batch())
         if batch == 0:
@@ -240,11 +306,14 @@ class Realtime:
             f"{self.margin:g} x {self.tokens_per_second:g} tokens/s that play in real time"
         )
 
-    def headroom(self, streams: int, limit: int) -> int:
+    def headroom(self, streams: int, limit: int, here: int = 0) -> int:
         """How many more streams this process predicts it keeps real time (at most
-        ``limit``, the static capacity's room)."""
+        ``limit``, the static capacity's room, and what its decoder keeps beside its ``here``
+        streams)."""
         if not self.tokens_per_second:
             return max(0, limit)
+        if (decoding := self.decode_room(here)) is not None:
+            limit = min(limit, decoding)
         self.meter.sample()
         batch = max(streams, self.meter.batch())
         limit = max(0, limit)
