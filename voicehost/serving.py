@@ -38,7 +38,7 @@ from voicehost.model.served import (
 )
 from voicehost.speech.admission import Admission, WorkerLoad
 from voicehost.speech.alignment import Aligner, EstimatedAligner, spoken_letters
-from voicehost.speech.board import Board, LocalBoard
+from voicehost.speech.board import LocalBoard
 from voicehost.speech.capacity import DecodeCost, RateMeter, Realtime
 from voicehost.speech.forced_alignment import load_aligner
 from voicehost.speech.synthesis import Synthesizer
@@ -207,7 +207,6 @@ class ServingProcess:
         # the host's streams: this process's, or every front end's of the engine core
         capacity = settings.stream_capacity()
         board = frontend.board(capacity) if frontend is not None else LocalBoard()
-        self.board: Board = board
         self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
         self.decode_cost = DecodeCost()  # what this process's audio decoding takes
         realtime = Realtime.from_settings(self.meter, settings, self.decode_cost)
@@ -452,7 +451,7 @@ class ServingProcess:
         )
         self.engine = await asyncio.shield(self._engine_start)
         self.metrics.watch_engine(self.engine.unfinished_requests)
-        engine, board = self.engine, self.board
+        engine, board = self.engine, self.admission.board
         self.metrics.watch_loras(engine.max_loras, lambda: board.loras_in_use(engine.held_loras()))
         self.codec = await asyncio.to_thread(
             SnacCodec.load,

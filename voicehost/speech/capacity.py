@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from voicehost.model import orpheus
@@ -215,25 +215,31 @@ class DecodeCost:
         self.window = window
         self.clock = clock
         self._batches: deque[tuple[float, float, float]] = deque()  # (when, busy s, audio s)
+        self._busy = self._audio = 0.0  # their sums, kept as they come and go
 
     def record(self, busy: float, audio: float) -> None:
         """A decode batch took ``busy`` seconds and gave ``audio`` seconds of audio."""
         now = self.clock()
         self._batches.append((now, busy, audio))
+        self._busy += busy
+        self._audio += audio
         self._forget(now)
 
     def _forget(self, now: float) -> None:
         while self._batches and self._batches[0][0] < now - self.window:
-            self._batches.popleft()
+            _, busy, audio = self._batches.popleft()
+            self._busy -= busy
+            self._audio -= audio
+        if not self._batches:  # no rounding left over
+            self._busy = self._audio = 0.0
 
     def per_audio_second(self) -> float | None:
         """Decode seconds per second of audio lately; ``None`` until enough audio was decoded
         (``DECODE_MIN_AUDIO_SECONDS`` within the window)."""
         self._forget(self.clock())
-        audio = sum(a for _, _, a in self._batches)
-        if audio < DECODE_MIN_AUDIO_SECONDS:
+        if self._audio < DECODE_MIN_AUDIO_SECONDS:
             return None
-        return sum(b for _, b, _ in self._batches) / audio
+        return self._busy / self._audio
 
 
 @dataclass
@@ -247,7 +253,7 @@ class Realtime:
     margin: float
     # this process's audio decoding (None: not counted); what one stream keeps it busy for is
     # its cost per audio second times the audio seconds per second a stream needs
-    decode: DecodeCost | None = field(default=None)
+    decode: DecodeCost | None = None
 
     @classmethod
     def from_settings(
@@ -264,13 +270,16 @@ class Realtime:
     def needed(self) -> float:
         return self.tokens_per_second * self.margin
 
-    def decode_room(self, here: int) -> int | None:
-        """Streams more this process's decoder keeps real time beside its ``here`` streams
-        (``None``: not measured, or not counted)."""
+    def decode_cost(self) -> float | None:
+        """This process's decoding, seconds per audio second (``None``: not measured, or not
+        counted)."""
         if self.decode is None or not self.tokens_per_second:
             return None
-        cost = self.decode.per_audio_second()
-        if not cost:
+        return self.decode.per_audio_second() or None
+
+    def decode_room(self, here: int, cost: float | None) -> int | None:
+        """Streams more a decoder of ``cost`` keeps real time beside its ``here`` streams."""
+        if cost is None:
             return None
         busy = cost * self.needed / orpheus.AUDIO_TOKENS_PER_SECOND  # one stream's share
         # an idle decoder takes one stream whatever it measured: it slows nobody down
@@ -285,10 +294,9 @@ class Realtime:
         evidence at all."""
         if not self.tokens_per_second:
             return None
-        if here and self.decode_room(here) == 0:
-            share = self.decode.per_audio_second() if self.decode else 0.0
+        if here and self.decode_room(here, cost := self.decode_cost()) == 0:
             return (
-                f"this front end's audio decoding takes {share:.2f} s per second of audio: one "
+                f"this front end's audio decoding takes {cost:.2f} s per second of audio: one "
                 f"more stream beside its {here} would keep it busy longer than audio made at "
                 f"{self.margin:g} x {self.tokens_per_second:g} tokens/s plays"
             )
@@ -312,7 +320,7 @@ class Realtime:
         streams)."""
         if not self.tokens_per_second:
             return max(0, limit)
-        if (decoding := self.decode_room(here)) is not None:
+        if (decoding := self.decode_room(here, self.decode_cost())) is not None:
             limit = min(limit, decoding)
         self.meter.sample()
         batch = max(streams, self.meter.batch())
