@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
+import cluster_fleet
 import helpers
 import hypothesis
 import pytest
@@ -44,6 +45,9 @@ SERVER_FIXTURES = frozenset(
     {
         "server",
         "keyed_host",
+        "fleet",
+        "french_worker",
+        "second_worker",
         "gateway",
         "cluster",
         "redis_server",
@@ -145,7 +149,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             first_use.setdefault(name, index)
             if name in helpers.EARLY_SERVERS:
                 last_use[name] = index
-    needed[:] = sorted(set(helpers.EARLY_SERVERS) & set(first_use), key=first_use.get)
+    # by first use, and in the order registered where a test is the first of several (the
+    # fleet before the workers that join it)
+    registered = list(helpers.EARLY_SERVERS)
+    needed[:] = sorted(
+        set(helpers.EARLY_SERVERS) & set(first_use),
+        key=lambda name: (first_use[name], registered.index(name)),
+    )
     helpers.start_early_servers(needed, session.config._tmp_path_factory, deferred=False)
 
 
@@ -176,51 +186,65 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# --- the keyed host: keys, two front ends ------------------------------------------------------
+# --- the cluster: w1 (the keyed host before the cluster's tests), fr, w2 ----------------------
 
 
-# What test_auth (keys of two tenants, the playground's recorded clone), test_frontends (one
-# engine core, two front ends: what is one per host) and their admission tests need, in one
-# host: its keys (helpers.KEYED_KEYS, one in a keys file), an internal token, private metrics, 3
-# streams in all and 2 per key, one encoding process per front end, word timing by a forced
-# aligner from a folder (a random-weight wav2vec2 the test builds), cheap clones. Its own: the
-# shared server is open with one front end, and keys cannot be added to a running server. The
-# last test of test_frontends drains it and kills its engine core.
-@helpers.start_early("keyed_host")
-def start_keyed_host(tmp_path_factory: pytest.TempPathFactory) -> helpers.EarlyServer:
-    root = tmp_path_factory.mktemp("keyed-host")
-    keys_file = root / "keys.json"
-    keys_file.write_text(json.dumps(helpers.key_entries(helpers.KEYED_FILE_KEYS)))
-    return helpers.EarlyServer(
-        root,
-        VOICEHOST_FRONTENDS="2",
-        VOICEHOST_API_KEYS=json.dumps(helpers.key_entries(helpers.KEYED_KEYS)),
-        VOICEHOST_API_KEYS_FILE=str(keys_file),
-        VOICEHOST_INTERNAL_TOKEN=helpers.KEYED_TOKEN,
-        VOICEHOST_METRICS_PUBLIC="false",
-        VOICEHOST_WORKER_CAPACITY=str(helpers.KEYED_HOST_CAPACITY),
-        VOICEHOST_KEY_MAX_STREAMS=str(helpers.KEYED_HOST_QUOTA),
-        VOICEHOST_USAGE_FLUSH_SECONDS="0.2",
-        VOICEHOST_ENCODE_PROCESSES="1",
-        VOICEHOST_ALIGNER_MODEL=str(helpers.tiny_ctc_model(root / "tiny-ctc")),
-        VOICEHOST_SEGMENT_MAX_CHARS="900",
-        # the playground's recorded clone (three short takes, one held out), the suite's one
-        # clone through the API end to end: the cheapest that still trains, measures and
-        # evaluates it against a built-in voice (one sentence each)
-        VOICEHOST_MIN_SPEECH_SECONDS="1",
-        VOICEHOST_CLONE_EPOCHS="1",
-        VOICEHOST_EVAL_SENTENCES="1",
-        VOICEHOST_EVAL_BASELINES="1",
-    )
+@helpers.start_early("fleet")
+def start_fleet(tmp_path_factory: pytest.TempPathFactory) -> cluster_fleet.EarlyFleet:
+    return cluster_fleet.EarlyFleet(tmp_path_factory.mktemp("cluster"))
+
+
+# Booted with test_auth's first test (its tests leave a core mostly idle); ended by
+# test_frontends' first tests, before w2 boots.
+@helpers.start_early("french_worker", with_module="test_auth")
+def start_french_worker(tmp_path_factory: pytest.TempPathFactory) -> cluster_fleet.EarlyWorker:
+    return cluster_fleet.EarlyWorker("fr", cluster_fleet.french_env)
+
+
+# Booted while test_frontends' tests of the keyed host (w1) run, once fr has ended
+# (helpers.MAX_ENGINES).
+@helpers.start_early("second_worker", with_module="test_frontends")
+def start_second_worker(tmp_path_factory: pytest.TempPathFactory) -> cluster_fleet.EarlyWorker:
+    return cluster_fleet.EarlyWorker("w2", lambda root: cluster_fleet.W2_ENV)
 
 
 @pytest.fixture(scope="session")
-def keyed_host(
+def fleet(
     dev_model: DevModelPaths, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """The keyed host (``start_keyed_host``), ready; its root is ``adapters.parent``."""
-    with helpers.early_server("keyed_host", tmp_path_factory) as server:
-        yield server
+) -> Iterator[cluster_fleet.Cluster]:
+    """The cluster's Redis, gateway and w1 (``cluster_fleet.EarlyFleet``), ready."""
+    with helpers.early_server("fleet", tmp_path_factory) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def french_worker(
+    fleet: cluster_fleet.Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[cluster_fleet.Node]:
+    """fr, the French dev model's worker in the cluster, ready."""
+    with helpers.early_server("french_worker", tmp_path_factory) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def second_worker(
+    fleet: cluster_fleet.Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[cluster_fleet.Node]:
+    """w2, the cluster's second English worker, ready."""
+    with helpers.early_server("second_worker", tmp_path_factory) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def keyed_host(fleet: cluster_fleet.Cluster) -> Iterator[cluster_fleet.Node]:
+    """w1 as test_auth and test_frontends use it: a host of two front ends with keys
+    (``cluster_fleet.KEYED_KEYS``, one in a keys file), the internal token, private metrics and word
+    timing from a forced aligner in a folder. The error answers its OpenAPI operations do not
+    list are read once the module is done (w1 ends by a kill, whose end reads none)."""
+    node = fleet.workers["w1"]
+    yield node
+    if node.process.poll() is None:
+        helpers.undocumented.extend(helpers.undocumented_errors(node.url))
 
 
 # --- the shared server, hot -------------------------------------------------------------------

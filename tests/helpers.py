@@ -46,11 +46,6 @@ __all__ = [
     "CHROMIUM",
     "DEV_DIR",
     "EARLY_SERVERS",
-    "KEYED_FILE_KEYS",
-    "KEYED_HOST_CAPACITY",
-    "KEYED_HOST_QUOTA",
-    "KEYED_KEYS",
-    "KEYED_TOKEN",
     "EarlyServer",
     "PageWatch",
     "RedisServer",
@@ -208,7 +203,8 @@ undocumented: list[str] = []
 
 def undocumented_errors(url: str) -> list[str]:
     """``operation code (n)`` for each undocumented error answer ``url``'s server counted
-    (its metrics read with the keyed host's admin key where they are private)."""
+    (its metrics read with the keyed host's admin key, ``cluster_fleet.KEYED_KEYS``, where they
+    are private)."""
     import urllib.error
     import urllib.request
 
@@ -396,24 +392,7 @@ def started(fixture: str) -> Early | None:
     return early_servers.get(fixture) or taken.get(fixture)
 
 
-# --- the keyed host ----------------------------------------------------------------------------
-
-# The keyed host's internal token and keys (conftest's ``keyed_host``): key -> (id, tenant,
-# scopes). Tenants A and B are test_auth's (and the playground's with keys), acme and globex
-# test_frontends' (its capacity and quota tests); one admin for both.
-KEYED_TOKEN = "internal-token-for-tests-0123456789"
-KEYED_HOST_CAPACITY, KEYED_HOST_QUOTA = 3, 2  # streams it admits in all, and per key
-KEYED_KEYS = {
-    "key-a": ("a", "A", ["synthesize", "voices"]),
-    "key-a-speak": ("a-speak", "A", ["synthesize"]),
-    "key-a-manage": ("a-manage", "A", ["voices"]),
-    "key-b": ("b", "B", ["synthesize", "voices"]),
-    "key-admin": ("ops", "ops", ["admin"]),
-    "key-acme-1": ("acme-1", "acme", ["synthesize"]),
-    "key-acme-2": ("acme-2", "acme", ["synthesize"]),
-    "key-globex": ("globex", "globex", ["synthesize"]),
-}
-KEYED_FILE_KEYS = {"key-b-file": ("b-file", "B", ["synthesize", "voices"])}  # from its keys file
+# --- keys ------------------------------------------------------------------------------------
 
 
 def key_entries(keys: dict[str, tuple[str, str, list[str]]]) -> list[dict[str, object]]:
@@ -659,25 +638,37 @@ async def read_socket(ws: aiohttp.ClientWebSocketResponse) -> tuple[list[str], i
 
 
 @contextlib.asynccontextmanager
-async def runtime_settings(server: Server, **values: object) -> AsyncIterator[dict[str, object]]:
+async def runtime_settings(
+    server: Any, *, headers: dict[str, str] | None = None, frontends: int = 1, **values: object
+) -> AsyncIterator[dict[str, object]]:
     """``values`` set on the dev server ``server`` at run time (``PATCH /internal/dev/settings``)
     while the block runs, then set back: what a test would otherwise boot a server of its own
-    for. Yields every runtime setting's value."""
+    for. On a host of ``frontends`` front ends each is changed (a connection of its own each
+    time, until every front end has answered); ``headers``: the internal token where the server
+    has one. Yields every runtime setting's value."""
+    from voicehost.api.edge import FRONTEND_HEADER
+
     url = server.url + "/internal/dev/settings"
-    async with aiohttp.ClientSession() as http:
-        async with http.patch(url, json={}) as response:
-            assert response.status == 200, await response.text()
-            before = await response.json()
-        async with http.patch(url, json=values) as response:
-            assert response.status == 200, await response.text()
-            now = await response.json()
+
+    async def patch(body: dict[str, object]) -> dict[str, object]:
+        answers: dict[str, dict[str, object]] = {}
+        for attempt in range(64):
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
+                async with http.patch(url, json=body) as response:
+                    assert response.status == 200, await response.text()
+                    answers[response.headers.get(FRONTEND_HEADER, "0")] = await response.json()
+            if len(answers) >= frontends:
+                return next(iter(answers.values()))
+            await asyncio.sleep(0.05 if attempt < 8 else 0.3)  # a busy front end accepts late
+        raise AssertionError(f"{len(answers)} of {frontends} front ends answered")
+
+    before = await patch({})
+    now = await patch(values)
     try:
         yield now
     finally:
-        async with aiohttp.ClientSession() as http:
-            restore = {name: before[name] for name in values}
-            async with http.patch(url, json=restore) as response:
-                assert response.status == 200, await response.text()
+        await patch({name: before[name] for name in values})
 
 
 async def metric(http: aiohttp.ClientSession, server: Server, name: str) -> float:

@@ -8,7 +8,7 @@ so each still boots once in a run (the engine budget: ``helpers.ENGINE_BOOTS``),
 runs at most its share of ``helpers.MAX_ENGINES`` at once.
 
     pytest --lane 1/2    # the shared server's modules and their share of the rest
-    pytest --lane 2/2    # the keyed host's, the cluster's and the rest
+    pytest --lane 2/2    # the cluster's (w1 the keyed host first, then fr, w2) and the rest
 
 Tests marked ``paced`` or ``last`` (they hold code to real time, or measure the engine's rate)
 wait, in a run of lanes, until every other lane has reached its own paced tests or ended
@@ -33,12 +33,12 @@ import pytest
 
 LANES = 2
 # the lane of each fixture that boots engine cores, and the cores each lane runs at once at
-# most (together helpers.MAX_ENGINES): the shared server beside the keyed host, then the
-# cluster's two workers, one after the other in lane 2
-FIXTURE_LANES = {"server": 1, "keyed_host": 2, "cluster": 2}
+# most (together helpers.MAX_ENGINES): the shared server in lane 1; the cluster's w1 in lane 2,
+# beside fr, then beside w2 (tests/cluster_fleet.py)
+FIXTURE_LANES = {"server": 1, "fleet": 2, "french_worker": 2, "second_worker": 2}
 LANE_ENGINES = {1: 1, 2: 2}
 # modules without an engine whose cost would tip the lanes' balance: where each goes (the
-# others go to lane 2, beside the keyed host's and the cluster's modules, if all their tests are
+# others go to lane 2, beside the cluster's modules (the keyed host's too), if all their tests are
 # unit tests, else to lane 1). Measured (docs/BENCHMARKS.md): lane 1's server modules hold about
 # a third of the unit tests' time and finished the whole run 40 s before lane 2; these,
 # about a fifth of it, even out both `make test` and `make test-fast`.

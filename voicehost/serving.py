@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 # What a dev server lets a test change while it runs (``PATCH /internal/dev/settings``), so that
 # a test needs no server of its own for them: each is read per request (sampling, the text
-# stage, prefetch), or its admission is rebuilt when it changes.
+# stage, prefetch), per clone (the speech an upload needs, the epochs its job is given, its
+# evaluation and the gate's verdict), or its admission is rebuilt when it changes.
 RUNTIME_DEV_SETTINGS = frozenset(
     {
         "temperature",
@@ -66,6 +67,11 @@ RUNTIME_DEV_SETTINGS = frozenset(
         "realtime_margin",
         "segment_prefetch",
         "segment_max_chars",
+        "min_speech_seconds",
+        "clone_epochs",
+        "eval_sentences",
+        "eval_baselines",
+        "eval_report_only",
     }
 )
 

@@ -13,20 +13,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from cluster_fleet import KEYED_FILE_KEYS, KEYED_KEYS
+from cluster_fleet import TOKEN as KEYED_TOKEN
 from helpers import (
-    KEYED_FILE_KEYS,
-    KEYED_KEYS,
-    KEYED_TOKEN,
     adapter_form,
     dev_env,
     eventually,
     free_port,
-    gateway_before,
     job_spec,
     key_entries,
     manage_versions_as_a_tenant,
     no_directory,
     open_playground,
+    runtime_settings,
     say_over_socket,
 )
 from playwright.async_api import expect
@@ -68,7 +67,8 @@ from voicehost.tenancy.keys import (
 from voicehost.voices.folders import FolderVoiceDirectory
 from voicehost.voices.validation import AdapterRules, assign_tenant
 
-# the keyed host's (conftest): key -> (id, tenant, scopes); tenants A and B are this module's
+# the keyed host's (w1: cluster_fleet): key -> (id, tenant, scopes); tenants A and B are this
+# module's
 TOKEN, KEYS, FILE_KEYS, entries = KEYED_TOKEN, KEYED_KEYS, KEYED_FILE_KEYS, key_entries
 
 
@@ -723,10 +723,11 @@ def test_without_keys_only_a_loopback_address_is_bound(host, bound, caplog):
 
 
 @pytest.fixture(scope="module")
-def keyed(keyed_host):
-    """The keyed host's URL and root folder (conftest: keys of tenants A and B in the
-    environment and in a keys file, an internal token, private metrics, cheap clones)."""
-    return keyed_host.url, keyed_host.adapters.parent
+def keyed(keyed_host, fleet):
+    """The keyed host's URL and the cluster's root folder (the keyed host is the cluster's w1,
+    before the cluster's tests: ``tests/cluster_fleet.py``; keys of tenants A and B in the
+    environment and in a keys file, the internal token, private metrics)."""
+    return keyed_host.url, fleet.root
 
 
 HTTP_TIMEOUT = 120  # conftest's `http` session
@@ -863,16 +864,16 @@ async def test_the_owner_speaks_with_its_voice_over_http_and_websocket(keyed, ht
     async with http.ws_connect(ws_url) as ws:
         events, audio = await say_over_socket(ws, a_voice, "Hi.")
     assert events[0] == "ready" and events[-1] == "done" and audio > 0
-    log = root / "server.log"
+    log = root / "w1.log"
     await eventually(lambda: "api_key=<redacted>" in log.read_text(), 10)
     assert "key-a-speak" not in log.read_text()  # the access log hides keys sent in the URL
 
 
 async def test_another_tenants_job_is_404(keyed, http, dev_model):
     url, root = keyed
-    jobs = CloneJobs(root / "jobs", on_voice_ready=no_directory)  # the server's jobs folder
+    jobs = CloneJobs(root / "shared" / "jobs", on_voice_ready=no_directory)  # the cluster's
     job_id, _ = jobs.new_job_dir()
-    await jobs.submit(job_id, job_spec(root / "jobs", job_id, dev_model), tenant="A")
+    await jobs.submit(job_id, job_spec(root / "shared" / "jobs", job_id, dev_model), tenant="A")
     missing = "job-0000000000000000"
     for method, suffix in [("GET", ""), ("DELETE", ""), ("POST", "/retry")]:
         for job in (job_id, missing):
@@ -943,7 +944,7 @@ async def test_a_tenant_reads_its_own_voices_events_and_a_damaged_log_is_found(k
     assert "head" not in await audit_of(http, url, "key-a-manage")
     async with http.get(url + "/v1/audit", headers=bearer("key-a-speak")) as response:
         assert response.status == 403  # synthesize only: no audit trail
-    log = root / "audit.jsonl"
+    log = root / "shared" / "audit" / "audit.jsonl"  # the cluster's chain, mirrored
     check = ["audit", "verify", "--url", url, "--api-key", "key-admin"]
     assert await asyncio.to_thread(main, check) == 0
     assert await asyncio.to_thread(main, ["audit", "verify", "--path", str(log)]) == 0
@@ -1037,17 +1038,13 @@ async def eventually_usage(http, url, key, before, row, received, within=5.0):
         await asyncio.sleep(0.1)
 
 
-# --- a gateway with keys, in front of the keyed server -----------------------------------------
+# --- a gateway with keys, in front of the keyed host --------------------------------------------
 
 
 @pytest.fixture(scope="module")
-async def gateway(keyed, tmp_path_factory):
-    """``voicehost gateway`` with keys and the token, the keyed server joined as its worker."""
-    url, _ = keyed
-    root = tmp_path_factory.mktemp("auth-gateway")
-    env = {"VOICEHOST_API_KEYS": json.dumps(entries(KEYS)), "VOICEHOST_INTERNAL_TOKEN": TOKEN}
-    async with gateway_before(url, "keyed", 64, root, **env) as gateway_url:
-        yield gateway_url, root
+def gateway(keyed, fleet):
+    """The cluster's gateway (the same keys and token), the keyed host (w1) its one worker."""
+    return fleet.gateway.url, fleet.root
 
 
 async def test_the_gateway_forwards_its_callers_with_the_internal_token(gateway, http):
@@ -1061,7 +1058,8 @@ async def test_the_gateway_forwards_its_callers_with_the_internal_token(gateway,
     async with http.get(url + "/v1/cluster", headers=bearer("key-b")) as response:
         assert response.status == 403  # admins only
     async with http.get(url + "/v1/cluster", headers=bearer("key-admin")) as response:
-        assert [w["id"] for w in (await response.json())["workers"]] == ["keyed"]
+        workers = {w["id"] for w in (await response.json())["workers"]}
+    assert "w1" in workers and workers <= {"w1", "fr"}  # fr: the French worker, booting beside
 
 
 async def test_at_the_gateway_another_tenants_voice_and_job_are_404(gateway, http, dev_model):
@@ -1191,14 +1189,15 @@ async def the_clone_was_evaluated_and_speaks(http, url: str, root, job: dict) ->
     assert evaluation == voice["manifest"]["eval"]
     assert evaluation["report_only"] is True and job["held_reason"] is None
     assert evaluation["encoder"] == "resemblyzer-ge2e" and evaluation["references"] == 1
-    assert len(evaluation["similarity"]["values"]) == 1  # the keyed host's VOICEHOST_EVAL_SENTENCES
-    assert evaluation["baseline_voice"] == "tara"  # the first built-in (VOICEHOST_EVAL_BASELINES=1)
+    assert len(evaluation["similarity"]["values"]) == 1  # CHEAP_CLONE's eval_sentences
+    assert evaluation["baseline_voice"] == "tara"  # the first built-in (eval_baselines 1)
     assert evaluation["intelligibility"]["measured"] is False
     below = evaluation["similarity"]["mean"] < 0.75  # VOICEHOST_EVAL_MIN_SIMILARITY's default
     assert any("speaker similarity" in f for f in evaluation["findings"]) == below
     assert len(evaluation["samples"]) == 1
-    for sample in evaluation["samples"]:
-        assert (root / "adapters" / "recorded" / sample).stat().st_size > 1000
+    for sample in evaluation["samples"]:  # in the cluster's store, under the voice's version
+        (kept,) = (root / "shared" / "adapters" / "recorded").glob(f"*/{sample}")
+        assert kept.stat().st_size > 1000
     body = {"input": "Hello there.", "voice": "recorded", "response_format": "pcm"}
     async with http.post(url + "/v1/audio/speech", json=body, headers=a) as response:
         assert response.status == 200
@@ -1214,68 +1213,88 @@ async def the_clone_was_evaluated_and_speaks(http, url: str, root, job: dict) ->
         await asyncio.sleep(0.2)
     assert events[0]["action"] == "job.created"
     assert events[0]["actor"] == {"kind": "key", "key_id": "a", "tenant": "A"}
-    by_runner = {e["action"]: e for e in events if e["actor"].get("runner") == "local"}
+    by_runner = {e["action"]: e for e in events if e["actor"].get("runner") == "w1"}
     assert {"voice.created", "job.done"} <= set(by_runner)  # the runner's, kind "service"
     made = by_runner["voice.created"]
     assert made["details"]["source"] == "clone" and made["voice"] == "recorded"
 
 
+# The suite's one clone through the API end to end, the playground's recorded one: the cheapest
+# that still trains, measures and evaluates it against a built-in voice (one sentence each),
+# reported and not gated. Set on the keyed host's two front ends while the test runs (w1's are
+# the cluster's: 10 s of speech, 3 epochs, 6 sentences, the gate on).
+CHEAP_CLONE = {
+    "min_speech_seconds": 1,
+    "clone_epochs": 1,
+    "eval_sentences": 1,
+    "eval_baselines": 1,
+    "eval_report_only": True,
+}
+
+
 async def test_in_the_playground_recorded_takes_become_a_clone_followed_to_its_end(
-    keyed, keyed_page, http
+    keyed, keyed_host, keyed_page, http
 ):
     url, root = keyed
-    page, watch = keyed_page  # key A is in the tab's session storage (the test above)
-    await page.locator("#tab-clone").click()
-    await page.locator("#clone-name").fill("Recorded")
-    started = time.monotonic()
-    for take in range(3):  # Chromium's fake microphone reads the first three prompts
-        await expect(page.locator("#clone-take-label")).to_have_text(f"Take {take + 1}")
-        await page.locator("#clone-record-start").click()
-        await page.wait_for_timeout(1200)
-        await page.locator("#clone-record-stop").click()
-        await expect(page.locator("#clone-takes li")).to_have_count(take + 1)
-    recorded = time.monotonic() - started
-    takes = await page.locator("#clone-takes li span").all_text_contents()
-    assert takes == clone_prompts()[:3]
-    # the consent form: the record goes with the upload and is kept with the voice
-    await page.locator("#consent-speaker").fill("Ada Speaker")
-    await page.locator("#consent-collected-by").fill("the playground test")
-    await page.locator("#consent-purpose").fill("a browser test")
-    await page.locator("#clone-submit").click()
-    status = page.locator("#clone-job-status")
-    await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
-    # every state the job passes through, as the API tells its tenant (the page follows it)
-    job_id = await page.locator("#clone-job-id").text_content()
-    seen = await job_states(http, url, job_id, "key-a")
-    await expect(status).to_have_text(re.compile("^(done|held|failed|cancelled)$"), timeout=30_000)
-    followed = time.monotonic() - started - recorded
-    print(f"3 takes recorded in {recorded:.1f} s; the job followed to its end {followed:.1f} s")
-    assert await status.text_content() == "done", await page.locator("#clone-status").text_content()
-    job = seen[-1]
-    assert job["status"] == "done", job  # the dev model's gate only reports
-    assert job["voice_id"] == "recorded" and len(job["data"]["clips"]) == 3
-    # the data report is in the job from the end of prepare on, before training starts
-    training = next(s for s in seen if s["status"] == "training")
-    assert job["data"] == training["data"]
-    assert len(job["eval_loss"]) == 2  # before training and after its one epoch
-    await the_clone_was_evaluated_and_speaks(http, url, root, job)
-    # the page shows the data report and the evaluation the job holds
-    report = page.locator("#clone-report-figures")
-    await expect(report.locator("div").first).to_have_text("Clips3")
-    similarity = f"{job['eval']['similarity']['mean']:.3f}"
-    await expect(page.locator("#clone-eval-figures div").first).to_contain_text(similarity)
-    assert await page.locator("#clone-job-progress").get_attribute("value") == "1"
-    # ready to be heard beside the first take (its recording), and listed for tenant A
-    await expect(page.locator("#clone-listen")).to_be_visible()
-    assert (await page.locator("#clone-reference").get_attribute("src")).startswith("blob:")
-    await expect(page.locator("#speak-voice option[value=recorded]")).to_have_count(1)
-    assert watch.problems() == []
-    async with http.get(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
-        consent = (await response.json())["voice"]["manifest"]["consent"]
-    assert (consent["speaker_name"], consent["purpose"]) == ("Ada Speaker", "a browser test")
-    assert consent["statement"].startswith("I agree to have my voice cloned")
-    async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
-        assert response.status == 204
+    async with runtime_settings(
+        keyed_host, headers={INTERNAL_TOKEN_HEADER: TOKEN}, frontends=2, **CHEAP_CLONE
+    ):
+        page, watch = keyed_page  # key A is in the tab's session storage (the test above)
+        await page.locator("#tab-clone").click()
+        await page.locator("#clone-name").fill("Recorded")
+        started = time.monotonic()
+        for take in range(3):  # Chromium's fake microphone reads the first three prompts
+            await expect(page.locator("#clone-take-label")).to_have_text(f"Take {take + 1}")
+            await page.locator("#clone-record-start").click()
+            await page.wait_for_timeout(1200)
+            await page.locator("#clone-record-stop").click()
+            await expect(page.locator("#clone-takes li")).to_have_count(take + 1)
+        recorded = time.monotonic() - started
+        takes = await page.locator("#clone-takes li span").all_text_contents()
+        assert takes == clone_prompts()[:3]
+        # the consent form: the record goes with the upload and is kept with the voice
+        await page.locator("#consent-speaker").fill("Ada Speaker")
+        await page.locator("#consent-collected-by").fill("the playground test")
+        await page.locator("#consent-purpose").fill("a browser test")
+        await page.locator("#clone-submit").click()
+        status = page.locator("#clone-job-status")
+        await expect(status).to_have_text(re.compile("preparing|training|evaluating|done"))
+        # every state the job passes through, as the API tells its tenant (the page follows it)
+        job_id = await page.locator("#clone-job-id").text_content()
+        seen = await job_states(http, url, job_id, "key-a")
+        await expect(status).to_have_text(
+            re.compile("^(done|held|failed|cancelled)$"), timeout=30_000
+        )
+        followed = time.monotonic() - started - recorded
+        print(f"3 takes recorded in {recorded:.1f} s; the job followed to its end {followed:.1f} s")
+        assert await status.text_content() == "done", await page.locator(
+            "#clone-status"
+        ).text_content()
+        job = seen[-1]
+        assert job["status"] == "done", job  # the gate only reports (CHEAP_CLONE)
+        assert job["voice_id"] == "recorded" and len(job["data"]["clips"]) == 3
+        # the data report is in the job from the end of prepare on, before training starts
+        training = next(s for s in seen if s["status"] == "training")
+        assert job["data"] == training["data"]
+        assert len(job["eval_loss"]) == 2  # before training and after its one epoch
+        await the_clone_was_evaluated_and_speaks(http, url, root, job)
+        # the page shows the data report and the evaluation the job holds
+        report = page.locator("#clone-report-figures")
+        await expect(report.locator("div").first).to_have_text("Clips3")
+        similarity = f"{job['eval']['similarity']['mean']:.3f}"
+        await expect(page.locator("#clone-eval-figures div").first).to_contain_text(similarity)
+        assert await page.locator("#clone-job-progress").get_attribute("value") == "1"
+        # ready to be heard beside the first take (its recording), and listed for tenant A
+        await expect(page.locator("#clone-listen")).to_be_visible()
+        assert (await page.locator("#clone-reference").get_attribute("src")).startswith("blob:")
+        await expect(page.locator("#speak-voice option[value=recorded]")).to_have_count(1)
+        assert watch.problems() == []
+        async with http.get(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
+            consent = (await response.json())["voice"]["manifest"]["consent"]
+        assert (consent["speaker_name"], consent["purpose"]) == ("Ada Speaker", "a browser test")
+        assert consent["statement"].startswith("I agree to have my voice cloned")
+        async with http.delete(f"{url}/v1/voices/recorded", headers=bearer("key-a")) as response:
+            assert response.status == 204
 
 
 # --- speech tokens for browsers ---------------------------------------------------------------

@@ -6,10 +6,14 @@ chain stays one chain when both write to it at once. Each front end encodes in a
 process of its own (``VOICEHOST_ENCODE_PROCESSES=1``): its loss ends only its streams, and
 SIGTERM and kill -9 leave none behind.
 
-On the keyed host (conftest's ``keyed_host``, which test_auth shares): a capacity of 3 streams
-and a quota of 2 per key, whose refusals are tested here too. The last test here drains it,
-SIGTERMs it and kills its engine core mid-stream. A host's kill -9 is the cluster's
-(``tests/cluster/test_cluster.py``: its worker w1 is a host of two front ends)."""
+On the keyed host (conftest's ``keyed_host``, which test_auth shares: the cluster's w1, before
+the cluster's own tests; ``tests/cluster_fleet.py``): a capacity of 4 streams and a quota of 2 per
+key, whose refusals are tested here too. A host's kill -9 is the cluster's (its w1).
+
+First fr, the cluster's French worker (a host of two front ends too, of the French dev model):
+the cluster's two-language test, behind the cluster's gateway beside w1, then a test that
+drains fr, SIGTERMs it and kills its engine core mid-stream. It ends fr, and w2 boots while the
+keyed host's tests run (``tests/cluster_fleet.py``)."""
 
 from __future__ import annotations
 
@@ -28,14 +32,23 @@ from typing import Any
 import aiohttp
 import av
 import pytest
+from cluster_fleet import (
+    ADMIN_KEY,
+    FRENCH_MODEL,
+    KEYED_QUOTA,
+    TOKEN,
+    WORKER_CAPACITY,
+    Cluster,
+    Node,
+    members,
+)
 from helpers import (
-    KEYED_HOST_CAPACITY,
-    KEYED_HOST_QUOTA,
-    KEYED_TOKEN,
+    adapter_form,
     alive,
     is_engine_core,
     is_frontend,
     process_tree,
+    read_socket,
     wait_until,
 )
 
@@ -46,17 +59,18 @@ from voicehost.host.frontend import CORE_LOST_SIGNAL
 from voicehost.tenancy.audit import Head, verify_events
 
 SPEECH = "/v1/audio/speech"
-# the keyed host's (conftest): streams it admits in all and per key, its keys by the name each
-# test calls them (a and b: tenant acme; c: globex; admin) and its internal token
-CAPACITY, QUOTA = KEYED_HOST_CAPACITY, KEYED_HOST_QUOTA
+# the keyed host's (w1: cluster_fleet): streams it admits in all and per key, its keys by the
+# name each test calls them (a and b: tenant acme; c: globex; admin) and its internal token
+CAPACITY, QUOTA = WORKER_CAPACITY, KEYED_QUOTA
 KEYS = {"a": "key-acme-1", "b": "key-acme-2", "c": "key-globex", "admin": "key-admin"}
-INTERNAL_TOKEN = KEYED_TOKEN
+KEYS |= {"d1": "key-drain-1", "d2": "key-drain-2"}  # fr's last test's (cluster_fleet)
+INTERNAL_TOKEN = TOKEN
 LONG_TEXT = "A long sentence that keeps the engine busy for a good while. " * 3
 
 
 @pytest.fixture(scope="module")
-def frontends(keyed_host):
-    """The keyed host: one engine core, two front ends (conftest)."""
+def frontends(keyed_host: Node) -> Node:
+    """The keyed host (w1): one engine core, two front ends (conftest)."""
     return keyed_host
 
 
@@ -179,6 +193,204 @@ def test_a_front_end_killed_ends_the_host_at_once_and_as_a_failure(tmp_path, sto
     assert [p.exitcode for p in front_ends] == [-signal.SIGKILL, -signal.SIGKILL]
 
 
+# --- fr first: the cluster's two languages, then fr drained and ended (w2 boots meanwhile) ---
+
+
+async def gateway_speaks(
+    cluster: Cluster, voice: str, text: str
+) -> tuple[int, str | None, bytes, str | None]:
+    """A speech request through the cluster's gateway (its admin key): status, the worker that
+    spoke (``X-Voicehost-Worker``), the body and ``Retry-After``."""
+    body = {"input": text, "voice": voice, "response_format": "pcm"}
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with connection() as http:
+        async with http.post(cluster.gateway.url + SPEECH, json=body, headers=headers) as r:
+            worker, retry = r.headers.get("X-Voicehost-Worker"), r.headers.get("Retry-After")
+            return r.status, worker, await r.read(), retry
+
+
+async def test_each_voice_is_spoken_only_by_the_worker_of_its_base_model(
+    fleet: Cluster, french_worker: Node, dev_model
+):
+    """The cluster's two languages: w1 serves ``voicehost-dev`` (English), fr the French dev
+    model under a name of its own (``voicehost-dev-fr``), behind one gateway. Each says its
+    model and its voices' languages; the gateway lists both models and every voice with its
+    language, and places each voice on its model's ring only: the French voices, and a French
+    adapter uploaded at the gateway, are spoken by fr, over HTTP and the socket; the English
+    ones by w1; an adapter of a model no worker serves is refused, naming those served. (fr
+    drained: the next test.)"""
+    await asyncio.to_thread(wait_until, lambda: members(fleet) >= {"w1", "fr"}, 10)
+    store = fleet.redis.client()
+    assert store.hget("vh:member:w1", "base_model") == "voicehost-dev"
+    assert store.hget("vh:member:fr", "base_model") == FRENCH_MODEL
+    assert json.loads(store.hget("vh:member:fr", "voices")) == {
+        "pierre": "fr",
+        "amelie": "fr",
+        "marie": "fr",
+    }
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    gateway = fleet.gateway.url
+    async with connection() as http:
+        async with http.get(gateway + "/v1/models", headers=admin) as response:
+            models = {m["id"]: m["languages"] for m in (await response.json())["data"]}
+        assert models[FRENCH_MODEL] == ["fr"] and models["voicehost-dev"] == ["en"], models
+        async with http.get(gateway + "/v1/audio/voices", headers=admin) as response:
+            listed = {v["id"]: v.get("language") for v in (await response.json())["voices"]}
+    assert {listed[v] for v in ("pierre", "amelie", "marie")} == {"fr"}, listed
+    assert {listed[v] for v in ("tara", "leo", "dev-a")} == {"en"}, listed
+    config = json.loads((dev_model.adapters / "dev-b" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = FRENCH_MODEL
+    form = adapter_form(dev_model, "lea-fr", config)
+    form.add_field("language", "fr")
+    async with connection() as http:
+        async with http.post(gateway + "/v1/voices", data=form, headers=admin) as response:
+            assert response.status == 201, await response.text()
+        german = adapter_form(dev_model, "hans", {**config, "base_model_name_or_path": "3b-de"})
+        async with http.post(gateway + "/v1/voices", data=german, headers=admin) as response:
+            refusal = (await response.json())["error"]
+    assert (response.status, refusal["code"]) == (400, "invalid_adapter"), refusal
+    assert f"'{FRENCH_MODEL}'" in refusal["message"]  # the models the cluster serves, named
+    try:
+        assert store.hget("vh:voice:lea-fr", "base_model") == FRENCH_MODEL
+        spoken = {}
+        for voice, text in [
+            ("pierre", "Il est 14h30, le 3 mars."),
+            ("amelie", "Ça coûte 42,50 €."),
+            ("lea-fr", "Bonjour !"),
+            ("tara", "It is half past two."),
+            ("leo", "That costs $42.50."),
+            ("dev-a", "Hello there."),
+        ]:
+            status, worker, audio, _ = await gateway_speaks(fleet, voice, text)
+            assert status == 200 and len(audio) > 0, (voice, audio[:200])
+            spoken[voice] = worker
+        assert spoken == {
+            "pierre": "fr",
+            "amelie": "fr",
+            "lea-fr": "fr",
+            "tara": "w1",
+            "leo": "w1",
+            "dev-a": "w1",
+        }, spoken
+        async with connection() as http:
+            async with http.ws_connect(gateway + SPEECH + "/ws", headers=admin) as ws:
+                await ws.send_json({"type": "config", "voice": "marie", "response_format": "pcm"})
+                await ws.send_json({"type": "text", "text": "Merci beaucoup."})
+                await ws.send_json({"type": "end"})
+                events, audio = await read_socket(ws)
+        assert events[0] == "ready" and events[-1] == "done" and audio > 0, events
+    finally:
+        async with connection() as http:
+            async with http.delete(gateway + "/v1/voices/lea-fr", headers=admin) as response:
+                assert response.status == 204, await response.text()
+
+
+async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(
+    fleet: Cluster, french_worker: Node
+):
+    """fr's last test: it ends it (before the keyed host's tests, while w2 boots). A raw
+    stream, an SSE stream (mp3, through the encoding processes) and a socket play, of a French
+    voice. One front end is drained (``/internal/drain``, as ``voicehost drain`` reaches one of
+    them): ``/readyz`` is 503 from every front end at once, every front end has drained by the
+    time the drain is answered (told over the host's channel: new streams 503 ``not_ready``),
+    and ``/internal/load`` on either counts the host's streams; fr has left the ring, and the
+    cluster's gateway answers its voices 503 ``model_unavailable`` with ``Retry-After``, never
+    speaking them on w1 (another model's worker). SIGTERM to the host reaches its front ends,
+    which keep their streams playing. Then the engine core is killed: a front end's engine
+    client does not watch a core it did not start, so the host does. It tells its front ends,
+    which fail their engine requests: every stream ends as a failure after the first byte does
+    (before, they waited for tokens for ever, then were cut by the front end's end), the SSE
+    stream and the socket with an error event. The host exits by itself, not cleanly, leaving
+    no process: front ends, encoding processes, core. (A SIGTERM that drains a host to a clean
+    exit is the cluster's last test, on w2.)"""
+    frontends = french_worker
+    url = frontends.url
+    tree = process_tree(frontends.process.pid)
+    assert len(encoding_processes(frontends.process.pid)) == 2
+    body = {"input": LONG_TEXT * 8, "voice": "pierre", "response_format": "pcm", "seed": 7}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        raw = await http.post(url + SPEECH, json=body, headers=auth("d1"))
+        mp3 = {**body, "response_format": "mp3", "stream_format": "sse"}
+        sse = await http.post(url + SPEECH, json=mp3, headers=auth("d1"))
+        for response in (raw, sse):
+            assert response.status == 200, await response.text()
+            assert await response.content.readany()
+        ws = await http.ws_connect(url + "/v1/audio/speech/ws", headers=auth("d2"))
+        await ws.send_json({"type": "config", "voice": "pierre", "response_format": "pcm"})
+        await ws.send_json({"type": "text", "text": LONG_TEXT})
+        while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
+            pass  # ready, segment.started: then audio
+        internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
+        async with connection() as client:
+            async with client.post(url + "/internal/drain", headers=internal) as response:
+                assert response.status == 200
+                drained = response.headers[FRONTEND_HEADER]
+        answers = []
+        while len(answers) < 40 and len({frontend for frontend, _, _ in answers}) < 2:
+            answers.append(await readiness(url))  # the kernel spreads connections over both
+        assert all(status == 503 for _, status, _ in answers), answers
+        others = [message for frontend, _, message in answers if frontend != drained]
+        assert others, answers
+        assert all(f"[{drained}]" in m or "draining" in m for m in others), others
+        # the drained front end answered once it had told the others over the host's channel
+        refusals = await from_both(lambda: attempt(url, "c", "pierre"))
+        assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
+        # out of the ring: no worker serves the French model, and w1 never speaks its voices
+        await asyncio.to_thread(wait_until, lambda: "fr" not in members(fleet), 10)
+        status, worker, answer, retry = await gateway_speaks(fleet, "pierre", "Bonjour.")
+        assert (status, worker) == (503, None) and retry and int(retry) >= 1, answer
+        error = json.loads(answer)["error"]
+        assert error["code"] == "model_unavailable" and FRENCH_MODEL in error["message"], error
+
+        async def load() -> tuple[str, int]:
+            async with connection() as client:
+                async with client.get(url + "/internal/load", headers=internal) as response:
+                    answer = await response.json()
+                    assert answer["draining"] is True
+                    return response.headers[FRONTEND_HEADER], answer["active_streams"]
+
+        assert set(await from_both(load, least=2)) == {3}  # the host's three, on either
+        os.kill(frontends.process.pid, signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert await raw.content.readany()  # draining: the streams play on
+        assert frontends.process.poll() is None
+        await ws.send_json({"type": "text", "text": LONG_TEXT})  # more for the socket to say
+        await ws.send_json({"type": "end"})
+        (core,) = [p for p in tree if is_engine_core(p)]
+        core.kill()
+        # each ends within the session's timeout (a TimeoutError fails the test): with the
+        # error, or whole if its speech had already ended; never cut without a word
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            await raw.read()
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in (await sse.text()).splitlines()
+            if line.startswith("data: ")
+        ]
+        last = [event["type"] for event in events][-1]
+        assert last in ("error", "speech.audio.done"), events[-3:]
+        if last == "error":
+            assert events[-1]["error"]["code"] == "synthesis_failed", events[-1]
+        said = []
+        while (message := await ws.receive(timeout=60)).type in (
+            aiohttp.WSMsgType.BINARY,
+            aiohttp.WSMsgType.TEXT,
+        ):
+            if message.type == aiohttp.WSMsgType.TEXT:
+                said.append(json.loads(message.data))
+        # the socket's last text was sent after the drain, before the core died: never spoken
+        assert said and said[-1]["type"] == "error", said[-3:]
+        print(f"after the core's death: SSE ended with {last}, the socket with {said[-1]}")
+    code = await asyncio.to_thread(frontends.process.wait, 60)
+    assert code != 0  # a host without its engine core is not a clean exit
+    gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)
+    print(f"{len(tree)} processes of the host were gone {gone:.2f} s after its core died")
+
+
+# --- the keyed host (w1) ---------------------------------------------------------------------
+
+
 async def test_both_front_ends_speak_from_one_engine_core(frontends):
     tree = process_tree(frontends.process.pid)
     names = [p.name() for p in tree]
@@ -264,9 +476,9 @@ async def open_stream(
     return response
 
 
-async def attempt(url: str, key: str) -> tuple[str, tuple[int, str]]:
+async def attempt(url: str, key: str, voice: str = "dev-b") -> tuple[str, tuple[int, str]]:
     """A speech request expected to be refused: its front end, status and error code."""
-    body = {"input": "Hello there.", "voice": "dev-b", "response_format": "pcm"}
+    body = {"input": "Hello there.", "voice": voice, "response_format": "pcm"}
     async with connection() as http:
         async with http.post(url + SPEECH, json=body, headers=auth(key)) as response:
             code = (await response.json())["error"]["code"] if response.status != 200 else ""
@@ -290,13 +502,13 @@ async def host_metric(url: str, name: str) -> tuple[str, float]:
 
 
 async def test_the_capacity_and_a_keys_quota_count_the_streams_of_both_front_ends(frontends):
-    """Key a holds its quota (2 streams) and key b one more: the host's capacity of 3. Every
-    front end then refuses key a with 429 and key c with 503, whichever holds the streams:
-    with counts of its own, a front end holding fewer would admit them. ``/metrics`` on either
-    says 3 streams. Once the streams end, both admit again."""
+    """Keys a and b hold their quotas (2 streams each): the host's capacity of 4. Every front
+    end then refuses key a with 429 and key c with 503, whichever holds the streams: with
+    counts of its own, a front end holding fewer would admit them. ``/metrics`` on either says
+    4 streams. Once the streams end, both admit again."""
     url = frontends.url
     async with connection() as http:
-        held = [await open_stream(http, url, key) for key in ("a", "a", "b")]
+        held = [await open_stream(http, url, key) for key in ("a", "a", "b", "b")]
         try:
             holders = sorted(r.headers[FRONTEND_HEADER] for r in held)
             over = await from_both(lambda: attempt(url, "a"))
@@ -469,10 +681,10 @@ async def refused_webrtc(url: str, key: str) -> str:
 
 async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_after(frontends):
     """Key a holds its quota (2): its third stream is 429 by HTTP and refused on WebRTC's data
-    channel, though the host has room; key b's stream fills the host (3): key c is 503 by HTTP
-    and the socket's handshake and refused on WebRTC's channel, answered while the admitted
-    streams play (no queue). A stream whose
-    client leaves is let go at once, and the others play to their end meanwhile."""
+    channel, though the host has room; key b's two streams fill the host (4): key c is 503 by
+    HTTP and the socket's handshake and refused on WebRTC's channel, answered while the
+    admitted streams play (no queue). A stream whose client leaves is let go at once, and the
+    others play to their end meanwhile."""
     url = frontends.url
     async with aiohttp.ClientSession() as http:
         first = await open_stream(http, url, "a")
@@ -480,6 +692,7 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
         assert await refused(http, url, "a") == (429, "quota_exceeded")
         assert await refused_webrtc(url, "a") == "quota_exceeded"
         third = await open_stream(http, url, "b")
+        fourth = await open_stream(http, url, "b")
         assert await refused(http, url, "c") == (503, "at_capacity")
         assert (await host_metric(url, "voicehost_active_streams"))[1] == CAPACITY
         assert await refused_webrtc(url, "c") == "at_capacity"
@@ -496,97 +709,5 @@ async def test_beyond_capacity_and_quota_streams_are_refused_at_once_with_retry_
                     break
                 assert response.status == 503 and time.monotonic() < deadline
             await asyncio.sleep(0.1)
-        for admitted in (second, third):  # played to their end meanwhile
+        for admitted in (second, third, fourth):  # played to their end meanwhile
             assert await admitted.read() and admitted.status == 200
-
-
-async def test_a_drained_host_under_sigterm_whose_engine_core_dies_ends_every_stream(frontends):
-    """The last test of the keyed host: it ends it. A raw stream, an SSE stream (mp3, through the
-    encoding processes) and a socket play: the host's capacity. One front end is drained
-    (``/internal/drain``, as ``voicehost drain`` reaches one of them): ``/readyz`` is 503 from
-    every front end at once, every front end has drained by the time the drain is answered (told
-    over the host's channel: new streams 503 ``not_ready``), and ``/internal/load`` on either
-    counts the host's streams. SIGTERM to the host reaches its front ends, which keep their
-    streams playing. Then the engine core is killed: a front end's engine client does not watch
-    a core it did not start, so the host does. It tells its front ends, which fail their engine
-    requests: every stream ends as a failure after the first byte does (before, they waited for
-    tokens for ever, then were cut by the front end's end), the SSE stream and the socket with
-    an error event. The host exits by itself, not cleanly, leaving no process: front ends,
-    encoding processes, core. (A SIGTERM that drains a host to a clean exit is the cluster's
-    last test, on w2.)"""
-    url = frontends.url
-    tree = process_tree(frontends.process.pid)
-    assert len(encoding_processes(frontends.process.pid)) == 2
-    body = {"input": LONG_TEXT * 8, "voice": "dev-a", "response_format": "pcm", "seed": 7}
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        raw = await http.post(url + SPEECH, json=body, headers=auth("a"))
-        mp3 = {**body, "response_format": "mp3", "stream_format": "sse"}
-        sse = await http.post(url + SPEECH, json=mp3, headers=auth("a"))
-        for response in (raw, sse):
-            assert response.status == 200, await response.text()
-            assert await response.content.readany()
-        ws = await http.ws_connect(url + "/v1/audio/speech/ws", headers=auth("b"))
-        await ws.send_json({"type": "config", "voice": "dev-a", "response_format": "pcm"})
-        await ws.send_json({"type": "text", "text": LONG_TEXT})
-        while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
-            pass  # ready, segment.started: then audio
-        internal = {INTERNAL_TOKEN_HEADER: INTERNAL_TOKEN}
-        async with connection() as client:
-            async with client.post(url + "/internal/drain", headers=internal) as response:
-                assert response.status == 200
-                drained = response.headers[FRONTEND_HEADER]
-        answers = []
-        while len(answers) < 40 and len({frontend for frontend, _, _ in answers}) < 2:
-            answers.append(await readiness(url))  # the kernel spreads connections over both
-        assert all(status == 503 for _, status, _ in answers), answers
-        others = [message for frontend, _, message in answers if frontend != drained]
-        assert others, answers
-        assert all(f"[{drained}]" in m or "draining" in m for m in others), others
-        # the drained front end answered once it had told the others over the host's channel
-        refusals = await from_both(lambda: attempt(url, "c"))
-        assert all(refusal == (503, "not_ready") for refusal in refusals), refusals
-
-        async def load() -> tuple[str, int]:
-            async with connection() as client:
-                async with client.get(url + "/internal/load", headers=internal) as response:
-                    answer = await response.json()
-                    assert answer["draining"] is True
-                    return response.headers[FRONTEND_HEADER], answer["active_streams"]
-
-        assert set(await from_both(load, least=2)) == {CAPACITY}  # the host's, on either
-        os.kill(frontends.process.pid, signal.SIGTERM)
-        await asyncio.sleep(0.5)
-        assert await raw.content.readany()  # draining: the streams play on
-        assert frontends.process.poll() is None
-        await ws.send_json({"type": "text", "text": LONG_TEXT})  # more for the socket to say
-        await ws.send_json({"type": "end"})
-        (core,) = [p for p in tree if is_engine_core(p)]
-        core.kill()
-        # each ends within the session's timeout (a TimeoutError fails the test): with the
-        # error, or whole if its speech had already ended; never cut without a word
-        with contextlib.suppress(aiohttp.ClientPayloadError):
-            await raw.read()
-        events = [
-            json.loads(line[len("data: ") :])
-            for line in (await sse.text()).splitlines()
-            if line.startswith("data: ")
-        ]
-        last = [event["type"] for event in events][-1]
-        assert last in ("error", "speech.audio.done"), events[-3:]
-        if last == "error":
-            assert events[-1]["error"]["code"] == "synthesis_failed", events[-1]
-        said = []
-        while (message := await ws.receive(timeout=60)).type in (
-            aiohttp.WSMsgType.BINARY,
-            aiohttp.WSMsgType.TEXT,
-        ):
-            if message.type == aiohttp.WSMsgType.TEXT:
-                said.append(json.loads(message.data))
-        # the socket's last text was sent after the drain, before the core died: never spoken
-        assert said and said[-1]["type"] == "error", said[-3:]
-        print(f"after the core's death: SSE ended with {last}, the socket with {said[-1]}")
-    code = await asyncio.to_thread(frontends.process.wait, 60)
-    assert code != 0  # a host without its engine core is not a clean exit
-    gone = await asyncio.to_thread(wait_until, lambda: not alive(tree), 30)
-    print(f"{len(tree)} processes of the host were gone {gone:.2f} s after its core died")

@@ -186,6 +186,31 @@ def test_an_encoding_process_that_dies_fails_its_streams_and_is_replaced() -> No
     assert len(pids) == 2 and all(not alive(pid) for pid in pids)  # closed: both ended
 
 
+def test_a_stream_never_goes_to_an_encoding_process_that_has_ended_unnoticed() -> None:
+    """An encoding process killed while no call waited on it, the next stream asked for before
+    its loop has read the end of its socket: the stream goes to a new process and ends whole.
+    It was given the dead one, whose first call failed before the response's first byte (a 500
+    for an mp3 request: test_frontends' encoding test, once)."""
+    chunks = chunked(speechlike(1.0, 5), 5)
+    pool = EncodingPool(1, processes=1)
+    (dead,) = pool.pids
+
+    async def run() -> tuple[bytes, list[int]]:
+        first = pool.stream("mp3")
+        await encode_all(first, chunks, [])  # used: its answers' reader runs, then idles
+        os.kill(dead, signal.SIGKILL)
+        while alive(dead):  # dead, and the loop not run meanwhile: its reader has seen nothing
+            time.sleep(0.01)  # noqa: ASYNC251 (blocking on purpose: the loop must not run)
+        return await encode_all(pool.stream("mp3"), chunks, []), pool.pids
+
+    try:
+        data, pids = asyncio.run(run())
+    finally:
+        pool.close()
+    assert data == sequential("mp3", None, chunks)
+    assert dead not in pids
+
+
 def test_an_abandoned_stream_is_forgotten_and_the_processes_ignore_the_groups_signals() -> None:
     """A stream dropped mid-way (its client left) is freed in its encoding process, which goes
     on with the next; SIGTERM and SIGINT (a service manager's, a terminal's, to the whole

@@ -1,6 +1,7 @@
-"""Cluster mode with real parts: a Redis server of its own, two dev-model workers and gateways,
-over real HTTP, with API keys (an admin's for most tests), a per-key stream quota and a small
-capacity per worker. The tests run in order; the last ones kill and drain the workers."""
+"""Cluster mode with real parts: the suite's cluster (``tests/cluster_fleet.py``: a Redis server of
+its own, two dev-model workers w1 and w2, gateways), over real HTTP, with API keys (an admin's
+for most tests), a per-key stream quota and a small capacity per worker. The tests run in order;
+the last ones kill and drain the workers."""
 
 import asyncio
 import base64
@@ -8,25 +9,36 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
+from cluster_fleet import (
+    ADMIN_KEY,
+    BUSY_KEY,
+    HEARTBEAT,
+    KEY_MAX_STREAMS,
+    POLL,
+    QUOTA_KEY,
+    SLACK,
+    TENANT_KEYS,
+    TOKEN,
+    TTL,
+    WORKER_CAPACITY,
+    Cluster,
+    Node,
+    bearer,
+    members,
+    start_gateway,
+)
 from helpers import (
-    RedisServer,
     adapter_form,
     alive,
     audio_form,
-    dev_env,
-    early_server,
-    engines_stopped,
     eventually,
-    free_port,
     http_status,
     is_engine_core,
     is_frontend,
@@ -37,9 +49,7 @@ from helpers import (
     read_socket,
     same_audio,
     say_over_socket,
-    start_early,
     stop,
-    stop_in_background,
     wait_ready,
     wait_until,
 )
@@ -50,31 +60,9 @@ from voicehost.client import AsyncClient
 from voicehost.cloning.jobs import LEASE_FILE, CloneJobs
 from voicehost.cluster.jobs import GROUP, SWEPT, RedisJobQueue, jobs_stream
 from voicehost.tenancy.audit import verify
-from voicehost.tenancy.keys import hash_key
 from voicehost.tools import devcorpus
 from voicehost.tools.devcorpus import build_corpus
 
-HEARTBEAT = 1.0  # the defaults: two engines on 2 busy cores can starve a worker for 2 s
-TTL = 5.0
-POLL = 0.5
-SLACK = 1.0  # scheduling on a busy 2-core machine
-JOB_LEASE = 3.0  # a clone job's runner renews its lease every second
-TOKEN = "internal-token-for-cluster-tests"  # a keyed gateway forwards callers with it
-ADMIN_KEY = "key-cluster-admin"  # every test's caller but the quota's
-QUOTA_KEY = "key-cluster-quota"  # the quota test's alone: no other test's stream counts against it
-BUSY_KEY = "key-cluster-busy"  # fills a worker to its capacity: the at-capacity tests' alone
-KEY_MAX_STREAMS = 4  # per key in the whole cluster; the other tests open at most 3 streams at once
-WORKER_CAPACITY = KEY_MAX_STREAMS  # streams a worker admits: the busy key alone fills one
-TENANT_KEYS = {"ta": "key-cluster-tenant-a", "tb": "key-cluster-tenant-b"}  # voices scope only
-KEYS = [
-    {"id": "ops", "tenant": "ops", "scopes": ["admin"], "sha256": hash_key(ADMIN_KEY)},
-    *[
-        {"id": tenant, "tenant": tenant, "scopes": ["voices"], "sha256": hash_key(key)}
-        for tenant, key in TENANT_KEYS.items()
-    ],
-    {"id": "quota", "tenant": "q", "scopes": ["synthesize"], "sha256": hash_key(QUOTA_KEY)},
-    {"id": "busy", "tenant": "busy", "scopes": ["synthesize"], "sha256": hash_key(BUSY_KEY)},
-]
 CONSENT = {
     "speaker_name": "Fleet Speaker",
     "statement": "I agree that my voice is cloned for the voicehost cluster tests.",
@@ -88,137 +76,17 @@ LONG_TEXT = (
 )  # two segments: a stream long enough to be cut
 
 
-@dataclass
-class Node:
-    name: str
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-
-@dataclass
-class Cluster:
-    redis: RedisServer
-    gateway: Node
-    workers: dict[str, Node]
-    root: Path
-    env: dict[str, str]
-
-
-def cluster_env(root: Path, redis_server: RedisServer) -> dict[str, str]:
-    return dev_env(
-        VOICEHOST_REDIS_URL=redis_server.url,
-        VOICEHOST_SHARED_DIR=str(root / "shared"),
-        VOICEHOST_ADAPTER_CACHE_DIR=str(root / "cache"),
-        VOICEHOST_HEARTBEAT_SECONDS=str(HEARTBEAT),
-        VOICEHOST_WORKER_TTL_SECONDS=str(TTL),
-        VOICEHOST_MEMBERSHIP_POLL_SECONDS=str(POLL),
-        # a checkpoint after each: r1's kill lands between the first and the last (the clone test)
-        VOICEHOST_CLONE_EPOCHS="3",
-        VOICEHOST_JOB_LEASE_SECONDS=str(JOB_LEASE),
-        VOICEHOST_MIN_SPEECH_SECONDS="10",
-        VOICEHOST_API_KEYS=json.dumps(KEYS),
-        VOICEHOST_INTERNAL_TOKEN=TOKEN,
-        VOICEHOST_KEY_MAX_STREAMS=str(KEY_MAX_STREAMS),
-        VOICEHOST_WORKER_CAPACITY=str(WORKER_CAPACITY),
-        # the gate on, above anything a clone can measure: a clone here is held
-        VOICEHOST_EVAL_REPORT_ONLY="false",
-        VOICEHOST_EVAL_MIN_SIMILARITY="0.999",
-        # 6 sentences (the most) and a baseline's: evaluating outlasts the lease (the clone test)
-        VOICEHOST_EVAL_SENTENCES="6",
-        VOICEHOST_EVAL_BASELINES="1",
-        VOICEHOST_REQUIRE_CONSENT="true",  # as in production, not as --dev would have it
-    )
-
-
-def bearer(key: str = ADMIN_KEY) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+@pytest.fixture(scope="module")
+def cluster(fleet: Cluster, second_worker: Node) -> Cluster:
+    """The fleet (``cluster_fleet``: Redis, gateway, w1) with w2 joined: the English ring."""
+    workers = {"w1": fleet.workers["w1"], "w2": second_worker}
+    cluster = Cluster(fleet.redis, fleet.gateway, workers, fleet.root, fleet.env)
+    wait_until(lambda: members(cluster) == {"w1", "w2"}, 10)
+    return cluster
 
 
 HTTP_HEADERS = bearer()  # conftest's `http` session: every test's caller but the quota's is admin
 HTTP_TIMEOUT = 300
-
-
-def start_gateway(root: Path, env: dict[str, str], name: str, hash_seed: str) -> Node:
-    port = free_port()
-    log = root / f"{name}.log"
-    command = [sys.executable, "-m", "voicehost", "gateway", "--dev", "--port", str(port)]
-    process = launch(command, {**env, "PYTHONHASHSEED": hash_seed}, log)
-    return Node(name, f"http://127.0.0.1:{port}", process, log)
-
-
-def members(cluster: Cluster, gateway: Node | None = None) -> set[str]:
-    import json
-    import urllib.request
-
-    url = (gateway or cluster.gateway).url + "/v1/cluster"
-    with urllib.request.urlopen(
-        urllib.request.Request(url, headers=bearer()), timeout=2
-    ) as response:
-        return {w["id"] for w in json.loads(response.read())["workers"]}
-
-
-# w1 is one engine core with two front ends: one ring member all the same. w2 is a worker alone
-# (one front end) with an encoding process: the last test here kills it with SIGKILL.
-W1_ENV = {"VOICEHOST_FRONTENDS": "2"}
-W2_ENV = {"VOICEHOST_FRONTENDS": "1", "VOICEHOST_ENCODE_PROCESSES": "1"}
-
-
-class EarlyCluster:
-    """A Redis, two dev workers and a gateway of this module's own: its tests stop Redis, kill
-    one worker and drain the other; w1 runs two front ends on its engine core (every test that
-    fills w1 holds for the host, not for the front end it reached), and the kill -9 of one
-    of its front ends ends the host (exit 1), its other front end and its engine core with it;
-    w2's kill -9 is a whole host's.
-    Started with test_hostile_uploads (``start_cluster``): its boots then run beside the tests
-    of the modules before this one, which leave a core mostly idle, not beside other boots."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.redis = RedisServer(free_port(), root)
-        self.redis.start()
-        self.env = cluster_env(root, self.redis)
-        self.workers: dict[str, Node] = {}
-        for name in ("w1", "w2"):
-            port = free_port()
-            log = root / f"{name}.log"
-            command = [sys.executable, "-m", "voicehost", "worker", "--dev", "--port", str(port)]
-            command += ["--worker-id", name]
-            own = W1_ENV if name == "w1" else W2_ENV
-            process = launch(command, {**self.env, **own}, log)
-            self.workers[name] = Node(name, f"http://127.0.0.1:{port}", process, log)
-        self.gateway = start_gateway(root, self.env, "gateway", "1")
-        self.engines = 2
-
-    def running(self) -> bool:
-        return any(w.process.poll() is None for w in self.workers.values())
-
-    def ready(self) -> Cluster:
-        for worker in self.workers.values():
-            wait_ready(worker.process, worker.url, worker.log)
-        wait_ready(self.gateway.process, self.gateway.url, self.gateway.log)
-        cluster = Cluster(self.redis, self.gateway, self.workers, self.root, self.env)
-        wait_until(lambda: members(cluster) == {"w1", "w2"}, 10)
-        return cluster
-
-    def stop(self) -> None:
-        stop_in_background(self.gateway.process, *(w.process for w in self.workers.values()))
-        engines_stopped(self)
-        self.redis.stop()
-
-
-# Booted while the modules between test_frontends and this one run (about three minutes),
-# once test_frontends' hosts have stopped (helpers.MAX_ENGINES).
-@start_early("cluster", engines=2, with_module="test_hostile_uploads")
-def start_cluster(tmp_path_factory) -> EarlyCluster:
-    return EarlyCluster(tmp_path_factory.mktemp("cluster"))
-
-
-@pytest.fixture(scope="module")
-def cluster(dev_model, tmp_path_factory):
-    """The module's cluster (``EarlyCluster``), ready."""
-    with early_server("cluster", tmp_path_factory) as cluster:
-        yield cluster
 
 
 async def owners(http, gateway: Node, voices: list[str]) -> dict[str, str]:
@@ -300,7 +168,8 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
     published for, and the gateway places a voice on its model's ring. A voice of a model no
     live worker serves (here: a record that says another model, its workers all gone) is 503
     ``model_unavailable`` with ``Retry-After``, over HTTP and the socket, never spoken by a
-    worker of another model; the model's own voices speak on."""
+    worker of another model; the model's own voices speak on. (A real French worker beside w1,
+    each voice spoken by its own: test_frontends, before w2 joins.)"""
     store = cluster.redis.client()
     models = {store.hget(f"vh:member:{w}", "base_model") for w in cluster.workers}
     assert models == {"voicehost-dev"}
@@ -353,12 +222,12 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
         async with http.get(cluster.gateway.url + "/v1/models") as response:
             models = {m["id"]: m["languages"] for m in (await response.json())["data"]}
         assert models["voicehost-dev-fr"] == ["fr"] and models["voicehost-dev"] == ["en"]
-        form = adapter_form(dev_model, "amelie", config)
+        form = adapter_form(dev_model, "celine", config)
         form.add_field("language", "fr")
         async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
             assert response.status == 201, await response.text()
-        assert store.hget("vh:voice:amelie", "base_model") == "voicehost-dev-fr"
-        assert (await listed())["amelie"] == "fr"
+        assert store.hget("vh:voice:celine", "base_model") == "voicehost-dev-fr"
+        assert (await listed())["celine"] == "fr"
         form = adapter_form(dev_model, "hans", {**config, "base_model_name_or_path": "3b-de-ft"})
         async with http.post(cluster.gateway.url + "/v1/voices", data=form) as response:
             refusal = (await response.json())["error"]
@@ -374,11 +243,11 @@ async def test_a_voice_is_placed_only_on_the_workers_of_its_base_model(cluster, 
         store.zrem("vh:members", "fr1")
         store.delete("vh:member:fr1")
     await eventually(lambda: "fr1" not in members(cluster), POLL + SLACK)
-    for voice in ("pierre", "amelie"):
+    for voice in ("pierre", "celine"):
         status, served_by, body = await speak(http, cluster.gateway.url, voice, "Bonjour.")
         assert (status, served_by) == (503, None), body
         assert json.loads(body)["error"]["code"] == "model_unavailable"
-    async with http.delete(cluster.gateway.url + "/v1/voices/amelie") as response:
+    async with http.delete(cluster.gateway.url + "/v1/voices/celine") as response:
         assert response.status == 204
 
 
@@ -1093,7 +962,7 @@ async def test_the_audit_trail_is_one_chain_across_gateway_workers_and_a_redis_f
     assert verify(lines).ok, verify(lines)
     events = [json.loads(line) for line in lines]
     kept = [(e["action"], e["actor"]["key_id"]) for e in events if e["voice"] == "kept"]
-    assert kept[0] == ("voice.created", "ops") and kept[-1] == ("voice.deleted", "ops"), kept
+    assert kept[0] == ("voice.created", "fleet") and kept[-1] == ("voice.deleted", "fleet"), kept
     trained = [e for e in events if e["voice"] == "fleet-voice"]
     actions = [e["action"] for e in trained]
     assert actions[0] == "job.created" and trained[0]["actor"]["kind"] == "key"  # the gateway
@@ -1123,7 +992,7 @@ async def test_usage_is_counted_by_the_worker_that_speaks_and_summed_for_the_clu
         async with http.get(cluster.gateway.url + "/v1/usage") as r:
             assert r.status == 200, await r.text()
             rows = (await r.json())["usage"]
-        return {r["voice"]: r["audio_seconds"] for r in rows if r["key_id"] == "ops"}
+        return {r["voice"]: r["audio_seconds"] for r in rows if r["key_id"] == "fleet"}
 
     before = await usage()
     spoken = await asyncio.gather(*(speak(http, cluster.gateway.url, v, "Hi.") for v in voices))
@@ -1461,7 +1330,7 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     assert sorted(cut) == sorted(victim_voices)
     ballast.close()  # the key's fourth stream: w1's three leases stay until they expire
     leases = cluster.redis.client()
-    await eventually(lambda: leases.zcard("vh:lease:ops") <= 3, 5)
+    await eventually(lambda: leases.zcard("vh:lease:fleet") <= 3, 5)
     code, after = await exited
     print(f"w1 exited with {code} {after:.2f} s after one front end's kill -9")
     assert code == 1 and after < 10

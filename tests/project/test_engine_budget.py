@@ -67,13 +67,14 @@ def test_the_suite_declares_at_most_four_engine_cores_and_three_at_once():
     assert booted <= helpers.ENGINE_BOOTS, (
         f"the suite's fixtures boot {booted} engine cores, over the budget of "
         f"{helpers.ENGINE_BOOTS}: {listed}. Share the shared server (a runtime setting: "
-        f"helpers.runtime_settings) or the keyed host instead of booting another."
+        f"helpers.runtime_settings) or the cluster's w1 instead of booting another."
     )
     assert helpers.ENGINE_BOOTS == 4 and helpers.MAX_ENGINES == 3
     assert all(cores <= helpers.MAX_ENGINES for cores in declared.values()), listed
-    # what each is: the shared server, the keyed host, the cluster's two workers
+    # what each is: the shared server, and the cluster's three workers (w1, which is the keyed
+    # host before the cluster's tests; fr, its French worker; w2)
     engines = {name: cores for name, cores in declared.items() if cores}
-    assert engines == {"server": 1, "keyed_host": 1, "cluster": 2}, listed
+    assert engines == {"server": 1, "fleet": 1, "french_worker": 1, "second_worker": 1}, listed
 
 
 def test_each_engine_fixture_boots_in_one_lane_within_that_lanes_share():
@@ -125,7 +126,7 @@ def test_the_budget_test_finds_a_fixture_over_the_budget(tmp_path, monkeypatch):
         globals(), "modules", lambda: [*real, (extra, ast.parse(extra.read_text()))]
     )
     assert declared_engines()["own_server"] == 1
-    with pytest.raises(AssertionError, match="over the budget of 4: cluster"):
+    with pytest.raises(AssertionError, match="over the budget of 4: fleet"):
         test_the_suite_declares_at_most_four_engine_cores_and_three_at_once()
 
 

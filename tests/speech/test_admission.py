@@ -331,7 +331,7 @@ async def speech_stream(http: aiohttp.ClientSession, server: Server) -> aiohttp.
     return response
 
 
-# The capacity and per-key quota refusals are test_frontends' (the keyed host's 3 and 2).
+# The capacity and per-key quota refusals are test_frontends' (the keyed host's 4 and 2).
 
 
 @pytest.mark.last

@@ -163,7 +163,8 @@ async def send_encoded(
     """Encode and ``write`` the first item's audio and the rest's, each counted by the tally
     once written, then the stream's end; each word to ``word`` once the audio that ends it
     has been written (``captions.WordClock``). The samples sent (at the stream's rate: exact
-    for the raw formats), or the exception of a synthesis that failed after the first byte."""
+    for the raw formats), or the exception of a synthesis or an encoding that failed once the
+    response had begun (a raw response is ended broken then, not left waiting)."""
     stream, tally = out.stream, out.tally
     clock = WordClock(stream)
 
@@ -179,8 +180,8 @@ async def send_encoded(
             if word is not None:
                 await word(ready)
 
-    await send(out.first)
     try:
+        await send(out.first)  # encoded here: its encoding process may be lost before it
         async for item in out.rest:
             await send(item)
         data = await stream.finish()

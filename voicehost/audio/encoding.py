@@ -266,6 +266,14 @@ class EncodingProcess:
                     answer.set_exception(EncodingFailed(self.lost))
         self._waiting.clear()
 
+    def ended(self) -> bool:
+        """Whether it takes no more calls: lost, or exited though the end of its socket has not
+        been read yet (its loop reads it only while a call waits): a stream given to it now
+        would fail at its first call, before any byte of its response."""
+        if self.lost is None and (code := self.process.poll()) is not None:
+            self._lose(f"the encoding process ended (exit status {code})")
+        return self.lost is not None
+
     def close(self) -> None:
         """End the encoding process: it reads the end of its socket and exits (it ignores the
         signals a terminal or a service manager sends the whole group: its serving process
@@ -310,7 +318,7 @@ class EncodingPool:
         if not self._processes:
             return _ThreadStream(fmt, sample_rate, speed, self._executor)
         for index, process in enumerate(self._processes):
-            if process.lost is not None:  # ended: a new one for the next streams
+            if process.ended():  # a new one for the next streams
                 process.close()
                 self._processes[index] = EncodingProcess()
         process = min(self._processes, key=lambda p: p.streams)
