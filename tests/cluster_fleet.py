@@ -14,12 +14,14 @@ its own, a gateway, and dev workers of two base models, over real HTTP with API 
 - **w2** (``voicehost-dev``): one front end with an encoding process, booted while
   test_frontends' tests of w1 run; the cluster's last tests drain it and kill it.
 
-Four engine boots in a run with the shared server: w1 holds what was a keyed host's boot."""
+Four engine boots in a run with the shared server: w1 serves as the keyed host, whose boot is
+fr's now."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +102,7 @@ FRENCH_MODEL = "voicehost-dev-fr"
 class Node:
     name: str
     url: str
-    process: object  # subprocess.Popen
+    process: subprocess.Popen
     log: Path
 
 

@@ -1043,7 +1043,7 @@ async def eventually_usage(http, url, key, before, row, received, within=5.0):
 
 @pytest.fixture(scope="module")
 def gateway(keyed, fleet):
-    """The cluster's gateway (the same keys and token), the keyed host (w1) its one worker."""
+    """The cluster's gateway (the same keys and token), the keyed host (w1) its English worker."""
     return fleet.gateway.url, fleet.root
 
 
