@@ -219,6 +219,15 @@ class SpeechMetrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.decode_seconds_per_audio_second = Gauge(
+            "voicehost_decode_seconds_per_audio_second",
+            "Wall seconds the front end's audio decoder (SNAC) took per second of audio it gave, "
+            "over the last 10 s (0 until it has decoded 2 s of audio in them): the host's slowest "
+            "front end. Its streams stutter once this times their audio seconds per second "
+            "passes 1; measured-capacity admission refuses a stream before then.",
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.clone_jobs_ended = Counter(
             "voicehost_clone_jobs_ended",
             "Clone job runs this process ended, by how: done, held (by the gate) or failed.",
@@ -265,6 +274,9 @@ class SpeechMetrics:
     def watch_loras(self, max_loras: int, in_use: Callable[[], int]) -> None:
         self.lora_slots.set(max_loras)
         self._watch(self.lora_adapters_in_use, in_use)
+
+    def watch_decode(self, per_audio_second: Callable[[], float]) -> None:
+        self._watch(self.decode_seconds_per_audio_second, per_audio_second)
 
     def _watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
         if self.multiprocess:  # a function is not shared through the files: ``refresh`` it

@@ -215,6 +215,7 @@ class ServingProcess:
         board = frontend.board(capacity) if frontend is not None else LocalBoard()
         self.meter = RateMeter(board=board)  # the engine's tokens/s per request, by batch size
         self.decode_cost = DecodeCost()  # what this process's audio decoding takes
+        self.metrics.watch_decode(lambda: self.decode_cost.per_audio_second() or 0.0)
         realtime = Realtime.from_settings(self.meter, settings, self.decode_cost)
         self.admission = Admission(capacity, settings.key_max_streams, realtime, board=board)
         self.draining = False

@@ -99,14 +99,18 @@ async def query(http: aiohttp.ClientSession, prometheus: str, expr: str) -> list
     return answer["data"]["result"]
 
 
+DECODE_COST = "voicehost_decode_seconds_per_audio_second"
+
+
 async def stream_while_watching(
     http: aiohttp.ClientSession, server: Server, ws: aiohttp.ClientWebSocketResponse
 ) -> dict[str, float]:
     """Speak over the open socket, reading ``/metrics`` while it streams: the most of each of
-    the gauges that count what is in flight."""
+    the gauges that count what is in flight, and of the decoder's cost per audio second."""
     watched = {
         "voicehost_lora_adapters_in_use": 0.0,
         'voicehost_frontend_streams{frontend="0"}': 0.0,
+        DECODE_COST: 0.0,
     }
     text = " ".join(["Every word of this is counted while it streams."] * 2)
     await ws.send_json({"type": "config", "voice": "tara", "response_format": "pcm"})
@@ -147,6 +151,8 @@ async def test_every_metric_the_rules_and_dashboard_name_has_a_series_in_a_real_
                 assert response.status == 503, await response.text()
                 assert (await response.json())["error"]["code"] == "at_capacity"
             in_flight = await stream_while_watching(http, server, ws)
+    # the decoder's cost, read once it had decoded 2 s of audio in its window (0 before)
+    assert in_flight.pop(DECODE_COST) > 0, in_flight
     assert all(most >= 1 for most in in_flight.values()), in_flight
 
     exprs = monitoring_exprs()
