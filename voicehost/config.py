@@ -765,9 +765,10 @@ class Settings(BaseSettings):
         description=(
             "Streams one API key may hold at once (0: no quota): on `serve`, in "
             "the process; in a cluster, in the whole cluster (each stream holds "
-            "a lease in Redis, `vh:lease:<key id>`, refreshed while it runs, so "
-            "a crashed worker's leases expire within 15 s; while Redis is away, "
-            "per worker, said once in the log). Beyond it, 429 with "
+            "a lease in Redis, `vh:lease:<key id>`, refreshed while it runs; a "
+            "gateway that finds a worker gone drops its leases at once, and any "
+            "left expire within 15 s; while Redis is away, per worker, said once "
+            "in the log). Beyond it, 429 with "
             "`Retry-After: 1`. A key's entry may set its own (`max_streams`)."
         ),
     )

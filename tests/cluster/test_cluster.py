@@ -1318,6 +1318,14 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     # behind a ring that no longer routes to it) and its core, and exits 1 for its supervisor
     os.kill(front_ends[0].pid, signal.SIGKILL)
     killed = time.monotonic()
+    store = cluster.redis.client()  # w1's stream leases, each with when it would expire
+    held_by_w1 = {
+        (key, member): expiry
+        for key in store.scan_iter(match="vh:lease:*")
+        for member, expiry in store.zrange(key, 0, -1, withscores=True)
+        if member.rsplit(":", 1)[0] == "w1"
+    }
+    assert len(held_by_w1) == 4, held_by_w1  # the raw, SSE, socket and WebRTC streams
 
     def host_exit() -> tuple[int, float]:
         return worker.wait(30), time.monotonic() - killed
@@ -1328,7 +1336,7 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     left = asyncio.create_task(eventually(lambda: members(cluster) == {"w2"}, gone))
     await asyncio.wait_for(asyncio.gather(*streams), 15)  # a terminal error, never a hang
     assert sorted(cut) == sorted(victim_voices)
-    ballast.close()  # the key's fourth stream: w1's three leases stay until they expire
+    ballast.close()  # the key's fourth stream: w1's three leases stay until it is found gone
     leases = cluster.redis.client()
     await eventually(lambda: leases.zcard("vh:lease:fleet") <= 3, 5)
     code, after = await exited
@@ -1348,6 +1356,13 @@ async def test_a_killed_worker_ends_its_streams_and_its_voices_move_on(cluster, 
     status, served_by, _ = await speak(http, cluster.gateway.url, victim_voices[0], "Hi.")
     assert status == 200 and served_by == "w2"
     print(f"w1 left the ring {await left:.2f} s after kill -9")
+    # the gateway that found it gone dropped its leases (its keys' quotas whole again for the
+    # streams their clients start over), before they would have expired (15 s unrefreshed)
+    await eventually(
+        lambda: all(store.zscore(key, member) is None for key, member in held_by_w1), POLL + SLACK
+    )
+    seconds, micros = store.time()
+    assert seconds * 1000 + micros / 1000 < min(held_by_w1.values()), "expired, not dropped"
     assert (await owners(http, cluster.gateway, victim_voices)) == dict.fromkeys(
         victim_voices, "w2"
     )

@@ -8,7 +8,7 @@ import logging
 import pytest
 import redis.asyncio
 
-from voicehost.cluster.leases import KeyLeases
+from voicehost.cluster.leases import KeyLeases, release_owners
 from voicehost.speech.admission import Refused
 
 
@@ -45,6 +45,27 @@ async def test_a_crashed_workers_leases_expire_and_a_live_ones_are_kept(redis_cl
                     pass
         finally:
             refresher.cancel()
+
+
+async def test_a_gone_workers_leases_are_dropped_at_once_and_the_others_kept(redis_client):
+    """What a gateway does for a worker it found gone without leaving: its leases on every key
+    are dropped (its key's quota whole again at once, not in 15 s); another worker's stay,
+    and so does a worker whose name only begins with the gone one's."""
+    gone, other, longer = (KeyLeases(redis_client, name) for name in ("w1", "w2", "w1b"))
+    held = [  # kept: a lease's context collected unfinished would give its lease back
+        leases.hold(key, 4)
+        for leases, key in [(gone, "app"), (gone, "app"), (gone, "other"), (other, "app")]
+    ]
+    held.append(longer.hold("app", 4))
+    for lease in held:
+        await lease.__aenter__()  # never left: as if its process had died holding it
+    assert await release_owners(redis_client, ["w1"]) == 3
+    owners = [m.rsplit(":", 1)[0] for m in await redis_client.zrange("vh:lease:app", 0, -1)]
+    assert sorted(owners) == ["w1b", "w2"]
+    assert await redis_client.zcard("vh:lease:other") == 0
+    async with gone.hold("app", 4), gone.hold("app", 4):  # the quota: 2 held of 4
+        pass
+    assert await release_owners(redis_client, ["w9"]) == 0
 
 
 async def test_without_redis_the_process_count_alone_holds_and_the_log_says_so_once(

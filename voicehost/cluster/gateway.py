@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import aiohttp
@@ -58,6 +59,7 @@ from voicehost.cluster.adapters import SharedDirStore
 from voicehost.cluster.audit import RedisAuditTrail
 from voicehost.cluster.intake import WorkerIntake
 from voicehost.cluster.jobs import RedisJobQueue
+from voicehost.cluster.leases import release_owners
 from voicehost.cluster.lexicons import shared_lexicons
 from voicehost.cluster.ring import choose_worker
 from voicehost.cluster.state import Membership, SessionPins, WorkerInfo, connect
@@ -123,6 +125,7 @@ class Gateway:
         )
         self.ring_metrics = RingMetrics(self.metrics.registry, lambda: len(self.membership.workers))
         self.membership.on_lost = self.ring_metrics.lost.inc
+        self.membership.on_gone = partial(release_owners, self.redis)  # their stream leases
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         rules = adapter_rules(settings)
         store = SharedDirStore(settings.shared_dir)

@@ -3,8 +3,10 @@
 ``VOICEHOST_KEY_MAX_STREAMS`` is a per-key limit for the whole cluster, not per worker: a stream
 takes a lease in ``vh:lease:<key id>`` (a sorted set: one member per stream, scored by when it
 expires on Redis' clock) before it starts, and gives it back when it ends. Leases are refreshed
-while their streams run, so a crashed worker's leases expire after ``LEASE_SECONDS``. While
-Redis is away, quotas fall back to the per-process count (said once in the log).
+while their streams run, so a crashed worker's leases expire after ``LEASE_SECONDS``; a gateway
+that finds a worker gone without leaving (its member key expired) drops that worker's leases at
+once (``release_owners``), so its clients' keys have their whole quota for the streams they start
+over. While Redis is away, quotas fall back to the per-process count (said once in the log).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
 from redis.asyncio import Redis
@@ -118,6 +120,21 @@ class KeyLeases:
         if not self.redis_ok:
             log.info("redis reachable: key quotas hold for the cluster again")
         self.redis_ok = True
+
+
+async def release_owners(redis: Redis, owners: Collection[str]) -> int:
+    """Drop every lease of the processes ``owners`` (workers found gone without leaving: their
+    streams ended with them): their keys' quotas are whole at once, not once the leases would
+    have expired. How many were dropped. A worker that drained first has left the ring alive and
+    is not found gone: its leases stay while its streams finish, and expire if it dies then."""
+    dropped = 0
+    async for key in redis.scan_iter(match=lease_key("*"), count=100):
+        stale = [m for m in await redis.zrange(key, 0, -1) if m.rsplit(":", 1)[0] in owners]
+        if stale:
+            dropped += await redis.zrem(key, *stale)
+    if dropped:
+        log.info("dropped %d stream leases of %s (gone)", dropped, ", ".join(sorted(owners)))
+    return dropped
 
 
 def _whose(key_id: str) -> str:

@@ -309,6 +309,8 @@ class Membership:
         self.on_change: Callable[[Mapping[str, WorkerInfo]], None] | None = None
         # told how many workers a poll found gone without leaving (their member keys expired)
         self.on_lost: Callable[[int], None] | None = None
+        # and which: what they held in Redis is theirs no more (their stream leases)
+        self.on_gone: Callable[[list[str]], Awaitable[object]] | None = None
         self.redis_ok = False
         self._empty_since: float | None = None  # when a poll first found no worker at all
 
@@ -324,6 +326,8 @@ class Membership:
             log.warning("workers gone without leaving: %s", ", ".join(sorted(gone)))
             if self.on_lost is not None:
                 self.on_lost(len(gone))
+            if self.on_gone is not None:
+                await self.on_gone(gone)
         workers = {}
         for worker_id, record in zip(ids, records, strict=True):
             if record and record.get("url"):
