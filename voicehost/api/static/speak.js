@@ -264,18 +264,39 @@ const livePlayer = new StreamPlayer((stats) => showSamples("live-samples", stats
 // PEER_CLOCK_MS and carried on between reads while it advances. The words' seconds count the
 // audio the server sent, a barge-in's dropped audio too, so each run (from the session's start
 // or a barge-in) is placed by its first word: heard when the analyser first heard audio.
+// Never back: a read below what was carried on (the track played less than the estimate, or
+// stalled) holds the clock there until the track catches up, or a caption would step back a word.
 const PEER_CLOCK_MS = 100;
-const peerClock = { seconds: 0, at: 0, advancing: false, timer: null, anchor: null, offset: null };
+const peerClock = {
+  seconds: 0,
+  at: 0,
+  advancing: false,
+  timer: null,
+  anchor: null,
+  offset: null,
+  shown: 0,
+};
 
 function peerSeconds() {
-  if (!peerClock.advancing) return peerClock.seconds;
-  const since = (performance.now() - peerClock.at) / 1000;
-  return peerClock.seconds + Math.min(PEER_CLOCK_MS / 1000, since);
+  let seconds = peerClock.seconds;
+  if (peerClock.advancing) {
+    const since = (performance.now() - peerClock.at) / 1000;
+    seconds += Math.min(PEER_CLOCK_MS / 1000, since);
+  }
+  peerClock.shown = Math.max(peerClock.shown, seconds);
+  return peerClock.shown;
 }
 
 function followPeerClock(link) {
   clearInterval(peerClock.timer);
-  Object.assign(peerClock, { seconds: 0, at: 0, advancing: false, anchor: null, offset: null });
+  Object.assign(peerClock, {
+    seconds: 0,
+    at: 0,
+    advancing: false,
+    anchor: null,
+    offset: null,
+    shown: 0,
+  });
   peerClock.timer = setInterval(async () => {
     if (link !== live.socket) return;
     const played = await link.playedSeconds();
