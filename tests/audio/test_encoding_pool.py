@@ -11,6 +11,7 @@ import io
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 
 import av
 import numpy as np
@@ -186,6 +187,13 @@ def test_an_encoding_process_that_dies_fails_its_streams_and_is_replaced() -> No
     assert len(pids) == 2 and all(not alive(pid) for pid in pids)  # closed: both ended
 
 
+def exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited and can be waited for (left so: ``WNOWAIT``). A
+    zombie's ``Z`` in /proc comes first while its other threads still end, and its parent's
+    wait does not see it until they have."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
 def test_a_stream_never_goes_to_an_encoding_process_that_has_ended_unnoticed() -> None:
     """An encoding process killed while no call waited on it, the next stream asked for before
     its loop has read the end of its socket: the stream goes to a new process and ends whole.
@@ -199,7 +207,7 @@ def test_a_stream_never_goes_to_an_encoding_process_that_has_ended_unnoticed() -
         first = pool.stream("mp3")
         await encode_all(first, chunks, [])  # used: its answers' reader runs, then idles
         os.kill(dead, signal.SIGKILL)
-        while alive(dead):  # dead, and the loop not run meanwhile: its reader has seen nothing
+        while not exited(dead):  # and the loop not run meanwhile: its reader has seen nothing
             time.sleep(0.01)  # noqa: ASYNC251 (blocking on purpose: the loop must not run)
         return await encode_all(pool.stream("mp3"), chunks, []), pool.pids
 
@@ -209,6 +217,43 @@ def test_a_stream_never_goes_to_an_encoding_process_that_has_ended_unnoticed() -
         pool.close()
     assert data == sequential("mp3", None, chunks)
     assert dead not in pids
+
+
+def test_a_response_whose_encoding_process_dies_before_its_first_chunk_ends_broken(
+    tmp_path,
+) -> None:
+    """A response's stream was given a live encoding process, which died before the first
+    chunk (no pool can foresee it): ``send_encoded`` hands the failure back, for the response
+    to end as a broken stream, rather than raising it past a response that has begun (a 500
+    after its headers, and a client left waiting for the rest)."""
+    from voicehost.api.server import Outgoing, send_encoded
+    from voicehost.tenancy.usage import FileUsageStore, UsageLedger
+
+    pool = EncodingPool(1, processes=1)
+    (dead,) = pool.pids
+    ledger = UsageLedger(FileUsageStore(tmp_path / "usage.jsonl"), None)
+
+    async def rest() -> AsyncIterator[np.ndarray]:
+        yield speechlike(0.5, 6)
+
+    async def run() -> tuple[int | Exception, list[bytes]]:
+        stream = pool.stream("mp3")
+        os.kill(dead, signal.SIGKILL)
+        while not exited(dead):
+            time.sleep(0.01)  # noqa: ASYNC251 (blocking on purpose: the loop must not run)
+        written: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            written.append(data)
+
+        out = Outgoing(stream, speechlike(0.5, 7), rest(), ledger.tally(None, "tara"), {})
+        return await send_encoded(out, write), written
+
+    try:
+        sent, written = asyncio.run(run())
+    finally:
+        pool.close()
+    assert isinstance(sent, EncodingFailed) and written == [], (sent, written)
 
 
 def test_an_abandoned_stream_is_forgotten_and_the_processes_ignore_the_groups_signals() -> None:
