@@ -139,7 +139,11 @@ async def test_a_gateway_counts_the_workers_on_its_ring_and_those_gone_without_l
     registry = CollectorRegistry()
     membership = Membership(redis_client, 0.1)
     ring = RingMetrics(registry, lambda: len(membership.workers))
-    membership.on_lost = ring.lost.inc
+
+    async def gone(workers: list[str]) -> None:  # as the gateway counts them
+        ring.lost.inc(len(workers))
+
+    membership.on_gone = gone
     presences = {
         name: WorkerPresence(
             redis_client, settings, name, f"http://{name}:8080", lambda: WorkerLoad(0, 0, 4, 4)

@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
-from functools import partial
 from typing import TypeVar
 
 import aiohttp
@@ -124,8 +123,7 @@ class Gateway:
             self.redis, settings.membership_poll_seconds, settings.worker_ttl_seconds
         )
         self.ring_metrics = RingMetrics(self.metrics.registry, lambda: len(self.membership.workers))
-        self.membership.on_lost = self.ring_metrics.lost.inc
-        self.membership.on_gone = partial(release_owners, self.redis)  # their stream leases
+        self.membership.on_gone = self._workers_gone
         self.pins = SessionPins(self.redis, settings.session_ttl_seconds)
         rules = adapter_rules(settings)
         store = SharedDirStore(settings.shared_dir)
@@ -187,6 +185,12 @@ class Gateway:
         if self.client is not None:
             await self.client.close()
         await self.redis.aclose()
+
+    async def _workers_gone(self, gone: list[str]) -> None:
+        """Workers the membership found gone without leaving: counted lost, and their stream
+        leases dropped (their keys' quotas whole for the streams their clients start over)."""
+        self.ring_metrics.lost.inc(len(gone))
+        await release_owners(self.redis, gone)
 
     def _learn_voices(self, workers: Mapping[str, WorkerInfo]) -> None:
         """The built-in voices of every model the workers serve, each with its model and

@@ -127,7 +127,7 @@ async def release_owners(redis: Redis, owners: Collection[str]) -> int:
     streams ended with them): their keys' quotas are whole at once, not once the leases would
     have expired. How many were dropped. A worker that drained first has left the ring alive and
     is not found gone: its leases stay while its streams finish, and expire if it dies then."""
-    dropped = 0
+    dropped, owners = 0, set(owners)
     async for key in redis.scan_iter(match=lease_key("*"), count=100):
         stale = [m for m in await redis.zrange(key, 0, -1) if m.rsplit(":", 1)[0] in owners]
         if stale:

@@ -307,9 +307,7 @@ class Membership:
         self._serving: dict[str, tuple[str, tuple]] = {}  # what the last membership served
         # told each new membership (a gateway learns the built-in voices of its workers' models)
         self.on_change: Callable[[Mapping[str, WorkerInfo]], None] | None = None
-        # told how many workers a poll found gone without leaving (their member keys expired)
-        self.on_lost: Callable[[int], None] | None = None
-        # and which: what they held in Redis is theirs no more (their stream leases)
+        # told which workers a poll found gone without leaving (their member keys expired)
         self.on_gone: Callable[[list[str]], Awaitable[object]] | None = None
         self.redis_ok = False
         self._empty_since: float | None = None  # when a poll first found no worker at all
@@ -324,8 +322,6 @@ class Membership:
         if gone:  # their member keys expired: prune the index (no clocks compared)
             await self.redis.zrem(MEMBERS, *gone)
             log.warning("workers gone without leaving: %s", ", ".join(sorted(gone)))
-            if self.on_lost is not None:
-                self.on_lost(len(gone))
             if self.on_gone is not None:
                 await self.on_gone(gone)
         workers = {}
